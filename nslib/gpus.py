@@ -1,0 +1,125 @@
+"""GPU datasheets: a frozen dataclass, loaded from NeuSight's device JSON files and validated."""
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from .paths import data_root, require
+
+# NeuSight JSON key -> (dataclass field, description with unit)
+FIELDS = {
+    "Dev_Mem": ("mem_gb", "device memory, GB"),
+    "Mem_Bw": ("mem_bw", "memory bandwidth, GB/s"),
+    "Num_Sm": ("num_sm", "streaming multiprocessors"),
+    "Core_Per_SM": ("cores_per_sm", "FP32 cores per SM"),
+    "Freq": ("clock_mhz", "boost clock, MHz"),
+    "SingleFLOPs": ("peak_gflops", "FP32 peak, GFLOP/s"),
+    "L2Cache": ("l2_mb", "L2 cache, MB"),
+}
+
+
+@dataclass(frozen=True)
+class GPU:
+    """One GPU's datasheet. ``name`` is the ``Device`` string profilers report."""
+
+    name: str
+    mem_gb: float       # GB
+    mem_bw: float       # GB/s
+    num_sm: int
+    cores_per_sm: int
+    clock_mhz: float    # MHz
+    peak_gflops: float  # FP32 GFLOP/s
+    l2_mb: float        # MB
+    key: str = ""       # file stem, e.g. NVIDIA_H100_80GB_HBM3 (also the label folder name)
+
+    def columns(self) -> dict:
+        """The datasheet as the kernel-frame GPU columns (see nslib.kernels.GPU_COLS)."""
+        return {"gpu": self.name, "num_sm": float(self.num_sm), "peak_gflops": self.peak_gflops,
+                "mem_bw": self.mem_bw, "mem_gb": self.mem_gb, "l2_mb": self.l2_mb}
+
+    def to_json(self) -> dict:
+        """The datasheet in NeuSight's JSON format (round-trips through :func:`gpu_from_dict`)."""
+        d = asdict(self)
+        return {"Device": self.name, **{k: d[f] for k, (f, _) in FIELDS.items()}}
+
+
+def gpu_from_dict(raw: dict, source: str = "<dict>", key: str = "") -> GPU:
+    """Validate a NeuSight-format dict and build a :class:`GPU`.
+
+    Raises ValueError naming ``source`` and the field when a key is missing, a value is not a
+    number, or a value is zero or negative.
+    """
+    if not isinstance(raw, dict):
+        raise ValueError(f"{source}: a GPU spec must be a JSON object with keys Device, "
+                         f"{', '.join(FIELDS)}")
+    name = raw.get("Device")
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError(f"{source}: field 'Device' (the GPU's name) is missing or empty")
+    vals = {}
+    for k, (field, desc) in FIELDS.items():
+        if k not in raw:
+            raise ValueError(f"{source}: field '{k}' ({desc}) is missing")
+        v = raw[k]
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise ValueError(f"{source}: field '{k}' ({desc}) must be a number, got {v!r}")
+        if not v > 0:
+            raise ValueError(f"{source}: field '{k}' ({desc}) must be positive, got {v!r}")
+        vals[field] = v
+    vals["num_sm"], vals["cores_per_sm"] = int(vals["num_sm"]), int(vals["cores_per_sm"])
+    return GPU(name=name.strip(), key=key or _stem(name), **vals)
+
+
+def _stem(name: str) -> str:
+    return name.strip().replace(" ", "_")
+
+
+def load_gpu_file(path: str | os.PathLike) -> GPU:
+    """Load one NeuSight device JSON file (errors name the file)."""
+    path = Path(path)
+    try:
+        raw = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise FileNotFoundError(f"GPU spec file not found: {path}") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON ({e}); fix the file") from None
+    return gpu_from_dict(raw, source=str(path), key=path.stem)
+
+
+def load_gpus(data: str | os.PathLike | None = None) -> dict[str, GPU]:
+    """Every GPU in ``data/device_configs``, keyed by file stem, in sorted order."""
+    folder = require(data_root(data) / "data" / "device_configs", "GPU configs folder")
+    return {p.stem: load_gpu_file(p) for p in sorted(folder.glob("*.json"))}
+
+
+def _norm(s: str) -> str:
+    return re.sub(r"[\s_\-]+", " ", s.strip().lower())
+
+
+def find_gpu(query: str, gpus: dict[str, GPU]) -> GPU:
+    """Look a GPU up by file stem, ``Device`` string or an unambiguous short alias.
+
+    When several files share a ``Device`` string (variants such as ``..._TP``), the file whose
+    stem is the Device string itself is the canonical one. Aliases match whole words of the
+    Device string (``H100``, ``V100``, ``A100 80GB``); an ambiguous alias lists the candidates.
+    """
+    if query in gpus:
+        return gpus[query]
+    q = _norm(query)
+    exact = [g for g in gpus.values() if _norm(g.name) == q or _norm(g.key) == q]
+    if not exact:
+        words = q.split()
+        exact = [g for g in gpus.values()
+                 if all(re.search(rf"(^| ){re.escape(w)}( |$)", _norm(g.name)) for w in words)]
+    canon = [g for g in exact if g.key == _stem(g.name)]
+    hits = canon or exact
+    if len({g.key for g in hits}) == 1:
+        return hits[0]
+    known = ", ".join(sorted(gpus))
+    if not hits:
+        raise KeyError(f"unknown GPU {query!r}; known GPUs: {known} (or pass a spec file "
+                       "with --gpu-spec)")
+    raise KeyError(f"GPU {query!r} is ambiguous: {', '.join(sorted(g.key for g in hits))}; "
+                   "use a longer name")

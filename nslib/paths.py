@@ -1,0 +1,104 @@
+"""The one place that decides where data, caches and figures live.
+
+Settings (environment variables, each overridable by a CLI option):
+
+- ``NSLIB_DATA``: root of the NeuSight data, either the repository root (it holds
+  ``scripts/asplos``) or the ``scripts/asplos`` folder itself. Default ``datasets/neusight``.
+- ``NSLIB_CACHE``: the user cache folder for built tables, traces and trained weights.
+  Default ``~/.cache/nslib``. The data folder may be read-only, so nothing is written beside it.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_DATA = PROJECT_ROOT / "datasets" / "neusight"
+ASPLOS = Path("scripts") / "asplos"
+
+
+class DataNotFoundError(FileNotFoundError):
+    """The NeuSight data (or a file inside it) is missing; the message says how to get it."""
+
+
+def _how_to_get() -> str:
+    return (
+        "Get the data with `nslib fetch` (downloads the pinned NeuSight repository into "
+        f"{DEFAULT_DATA}), or point NSLIB_DATA (or --data) at an existing copy, "
+        "e.g. NSLIB_DATA=../shared/neusight."
+    )
+
+
+def data_root(data: str | os.PathLike | None = None) -> Path:
+    """The ``scripts/asplos`` folder of the NeuSight data.
+
+    ``data`` (or ``NSLIB_DATA``, or the default) may name the repository root or the
+    ``scripts/asplos`` folder itself. Raises :class:`DataNotFoundError` when neither is there.
+    """
+    raw = data if data is not None else os.environ.get("NSLIB_DATA") or DEFAULT_DATA
+    root = Path(raw).expanduser()
+    for cand in (root / ASPLOS, root):
+        if (cand / "data" / "device_configs").is_dir():
+            return cand.resolve()
+    raise DataNotFoundError(f"No NeuSight data at {root} (looked for data/device_configs there "
+                            f"and under {ASPLOS}). {_how_to_get()}")
+
+
+def require(path: Path, what: str) -> Path:
+    """Return ``path`` if it exists, else raise :class:`DataNotFoundError` naming ``what``."""
+    if not path.exists():
+        raise DataNotFoundError(f"Missing {what}: {path}. {_how_to_get()}")
+    return path
+
+
+def cache_dir(sub: str | None = None) -> Path:
+    """The user cache folder (``NSLIB_CACHE`` or ``~/.cache/nslib``), or a sub-folder of it."""
+    base = Path(os.environ.get("NSLIB_CACHE") or Path.home() / ".cache" / "nslib").expanduser()
+    path = base / sub if sub else base
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def figures_dir(out: str | os.PathLike | None = None) -> Path:
+    """Where figures go: ``out`` if given, else the project's ``figures/`` folder."""
+    path = Path(out) if out is not None else PROJECT_ROOT / "figures"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def hash_files(paths, extra: object = None) -> str:
+    """SHA-256 (hex, first 16 chars) over the contents of ``paths`` in order, plus ``extra``.
+
+    Cache keys come from content, never from paths or time stamps, so a moved or re-downloaded
+    copy of the same data hits the same cache entry.
+    """
+    h = hashlib.sha256()
+    for p in paths:
+        h.update(Path(p).name.encode())
+        h.update(Path(p).read_bytes())
+    if extra is not None:
+        h.update(json.dumps(extra, sort_keys=True, default=str).encode())
+    return h.hexdigest()[:16]
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> Path:
+    """Write ``data`` to ``path`` through a temporary file and a rename (never half-written)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def atomic_write_text(path: Path, text: str) -> Path:
+    """Text version of :func:`atomic_write_bytes` (UTF-8)."""
+    return atomic_write_bytes(path, text.encode("utf-8"))

@@ -1,0 +1,269 @@
+"""NeuSight: per-class MLPs predicting the utilisation of one wave, bounded by the roofline.
+
+For each kernel class an MLP maps per-SM-normalised log2 tile features to (alpha, gamma) in
+(0, 1) through sigmoids; the utilisation of a wave is ``u = gamma * (1 - alpha / num_waves)``
+(method.md's ``gamma - alpha' / num_waves`` with ``alpha' = alpha * gamma``, which keeps u in
+(0, 1) for every wave count), and the latency is
+
+    t = num_waves * (num_sm * tile_FLOPs) / (roofline_throughput * u)
+
+so a prediction can never beat the roofline. Training minimises the symmetric percentage
+error of the per-wave latency. Kernels without a parsed tile (unprofiled GPUs, traced models)
+take the tile of the nearest measured training kernel (:mod:`nslib.tiles`).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import pandas as pd
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from .. import kernels
+from ..paths import data_root
+from ..tiles import TILE_COLS, TileLookup
+from .base import Predictor, by_class
+
+
+
+FEATURES = ("compute", "load", "dram_footprint", "l2_footprint")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Hyper-parameters of one class's MLP (the paper's: 8 x 512, AdamW, batch 128)."""
+
+    layers: int = 4
+    hidden: int = 128
+    lr: float = 1e-3
+    weight_decay: float = 1e-4
+    batch: int = 256
+    epochs: int = 60
+    val_frac: float = 0.2
+    features: tuple = FEATURES
+
+
+def paper_config(cls: str, data=None) -> dict:
+    """The published hyper-parameters of ``cls`` from ``data/predictor/configs/MLP_WAVE_*``."""
+    name = {"bmm": "BMM", "linear": "LINEAR", "elementwise": "VEC", "softmax": "SOFTMAX",
+            "layernorm": "LN"}[cls]
+    raw = json.loads((data_root(data) / "data" / "predictor" / "configs" /
+                      f"MLP_WAVE_{name}.json").read_text())
+    return {"layers": raw["num_layers"], "hidden": raw["hidden_size"], "lr": raw["lr"],
+            "batch": raw["train_batch"]}
+
+
+def tile_features(frame: pd.DataFrame, features=FEATURES) -> np.ndarray:
+    """The (n, len(features)) log2 per-SM-normalised features of method.md section 4.
+
+    ``compute``: tile FLOPs / (peak TFLOP/s per SM); ``load``: tile MB / (GB/s per SM);
+    ``dram_footprint``: waves * tile MB / (memory MB per SM); ``l2_footprint``:
+    waves * tile MB / (L2 MB per SM, times 1024 as in the paper). float64.
+    """
+    sm = frame["num_sm"].to_numpy(float)
+    tile_mb = frame["tile_bytes"].to_numpy(float) / 2**20
+    waves = frame["waves"].to_numpy(float)
+    cols = {
+        "compute": lambda: frame["tile_flops"].to_numpy(float)
+        / (frame["peak_gflops"].to_numpy(float) / 1000 / sm),
+        "load": lambda: tile_mb / (frame["mem_bw"].to_numpy(float) / sm),
+        "dram_footprint": lambda: waves * tile_mb / (frame["mem_gb"].to_numpy(float) * 1024 / sm),
+        "l2_footprint": lambda: waves * tile_mb / (frame["l2_mb"].to_numpy(float) * 1024 / sm),
+        "waves": lambda: waves,
+    }
+    unknown = set(features) - set(cols)
+    if unknown:
+        raise ValueError(f"unknown NeuSight feature(s) {sorted(unknown)}; known: {sorted(cols)}")
+    return np.log2(np.column_stack([cols[f]() for f in features]))
+
+
+def roofline_wave_ms(frame: pd.DataFrame) -> np.ndarray:
+    """Time of one full wave at the roofline, ms: ``num_sm * tile_FLOPs / roofline``."""
+    return frame["num_sm"].to_numpy(float) * frame["tile_flops"].to_numpy(float) / \
+        frame["roofline_tput"].to_numpy(float) * 1e3
+
+
+def make_mlp(n_in: int, layers: int, hidden: int, n_out: int) -> nn.Sequential:
+    mods, d = [], n_in
+    for _ in range(layers):
+        mods += [nn.Linear(d, hidden), nn.ReLU()]
+        d = hidden
+    mods.append(nn.Linear(d, n_out))
+    return nn.Sequential(*mods)
+
+
+def smape(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Symmetric absolute percentage error (a fraction, mean over the batch)."""
+    return (2 * (pred - target).abs() / (pred.abs() + target.abs())).mean()
+
+
+class NeuSight(Predictor):
+    """Tile/wave-bounded MLP predictor, one MLP per kernel class."""
+
+    name = "neusight"
+    description = "NeuSight: per-class MLP of wave utilisation, bounded by the roofline"
+    bounded = True
+
+    def __init__(self, seed: int = 0, configs: dict | None = None, **common):
+        """``configs`` maps a class to TrainConfig fields; ``common`` applies to every class."""
+        self.seed = seed
+        self.configs = {c: asdict(TrainConfig(**{**common, **(configs or {}).get(c, {})}))
+                        for c in kernels.CLASSES}
+        self.models: dict[str, nn.Module] = {}
+        self.norm: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        self.tiles = TileLookup()
+        self.history: dict[str, list] = {}
+
+    # ----- the model of one class
+    def _outputs(self, cls: str, frame: pd.DataFrame) -> torch.Tensor:
+        feats = tile_features(frame, self.configs[cls]["features"])
+        return self.models[cls](self._inputs(cls, feats))
+
+    def _inputs(self, cls: str, feats: np.ndarray) -> torch.Tensor:
+        """Standardised MLP inputs, clipped to the training range.
+
+        Clipping makes a kernel larger than any trained on (more waves, a bigger footprint)
+        saturate at the edge of what was learned instead of extrapolating the MLP freely;
+        the wave count still enters through ``u`` and the roofline through the bound.
+        """
+        mean, std, lo, hi = self.norm[cls]
+        z = np.clip((feats - mean) / std, lo, hi)
+        return torch.from_numpy(z.astype(np.float32))
+
+    def _scale(self, frame: pd.DataFrame) -> np.ndarray:
+        """What the MLP's time is multiplied by: the waves (bounded) or 1 (plain latency)."""
+        return frame["waves"].to_numpy(float) if self.bounded else np.ones(len(frame))
+
+    def _latency(self, raw: torch.Tensor, frame: pd.DataFrame) -> np.ndarray:
+        """Latency in ms (float64) of each kernel from the MLP's raw outputs."""
+        waves = torch.from_numpy(frame["waves"].to_numpy(float))
+        wave_ms = self._wave_ms(raw, torch.from_numpy(roofline_wave_ms(frame)), waves)
+        return wave_ms.numpy() * self._scale(frame)
+
+    def utilisation(self, frame: pd.DataFrame) -> np.ndarray:
+        """The predicted utilisation u in (0, 1) of each kernel (bounded model only)."""
+        frame = self._with_tiles(frame)
+        out = np.empty(len(frame))
+        for cls, idx, sub in by_class(frame):
+            with torch.no_grad():
+                raw = self._outputs(cls, sub).double()
+            a, g = torch.sigmoid(raw[:, 0]).numpy(), torch.sigmoid(raw[:, 1]).numpy()
+            out[idx] = g * (1 - a / sub["waves"].to_numpy(float))
+        return out
+
+    # ----- training
+    def fit(self, frame: pd.DataFrame, progress: bool = True) -> "NeuSight":
+        self.tiles.fit(frame)
+        for i, (cls, _, sub) in enumerate(by_class(frame)):
+            self._fit_class(cls, sub.reset_index(drop=True), self.seed + i, progress)
+        return self
+
+    def _fit_class(self, cls: str, df: pd.DataFrame, seed: int, progress: bool) -> None:
+        cfg = TrainConfig(**self.configs[cls])
+        rng = np.random.default_rng(seed)
+        torch.manual_seed(seed)
+        feats = tile_features(df, cfg.features)
+        mean, std = feats.mean(axis=0), feats.std(axis=0)
+        std = np.where(std > 0, std, 1.0)
+        z = (feats - mean) / std
+        self.norm[cls] = (mean, std, z.min(axis=0), z.max(axis=0))
+        model = make_mlp(len(cfg.features), cfg.layers, cfg.hidden, 2)
+        self.models[cls] = model
+        x = self._inputs(cls, feats)
+        target = torch.from_numpy(df["latency_ms"].to_numpy(float) / self._scale(df))
+        base = torch.from_numpy(roofline_wave_ms(df))
+        waves = torch.from_numpy(df["waves"].to_numpy(float, copy=True))
+        perm = rng.permutation(len(df))
+        n_val = int(round(cfg.val_frac * len(df)))
+        val, tr = perm[:n_val], perm[n_val:]
+        opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=cfg.epochs)
+        best, best_state, hist = np.inf, None, []
+        bar = tqdm(range(cfg.epochs), desc=f"{self.name} {cls}", disable=not progress, leave=False)
+        for _ in bar:
+            model.train()
+            order = tr[rng.permutation(len(tr))]
+            for s in range(0, len(order), cfg.batch):
+                b = torch.from_numpy(order[s:s + cfg.batch])
+                pred = self._wave_ms(model(x[b]), base[b], waves[b])
+                loss = smape(pred, target[b])
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+            sched.step()
+            model.eval()
+            with torch.no_grad():
+                vb = torch.from_numpy(val if n_val else tr)
+                err = float(smape(self._wave_ms(model(x[vb]), base[vb], waves[vb]), target[vb]))
+            hist.append(err)
+            if err < best:
+                best, best_state = err, {k: v.clone() for k, v in model.state_dict().items()}
+            bar.set_postfix(val_smape=f"{err:.4f}")
+        model.load_state_dict(best_state)
+        model.eval()
+        self.history[cls] = hist
+
+    def _wave_ms(self, raw, base, waves):
+        """Per-wave ms (bounded) or whole-kernel ms (unbounded) from raw MLP outputs."""
+        raw = raw.double()
+        if not self.bounded:
+            return torch.exp(raw[:, 0])
+        alpha, gamma = torch.sigmoid(raw[:, 0]), torch.sigmoid(raw[:, 1])
+        return base / (gamma * (1 - alpha / waves))
+
+    # ----- prediction
+    def _with_tiles(self, frame: pd.DataFrame) -> pd.DataFrame:
+        """Fill missing tiles by lookup, then (re)compute the derived columns."""
+        need = [c for cols in TILE_COLS.values() for c in cols]
+        have = all(c in frame for c in need)
+        if have:
+            gemm = frame["cls"].isin(kernels.GEMM_CLASSES).to_numpy()
+            ew = (frame["cls"] == "elementwise").to_numpy()
+            missing = (gemm & ~np.isfinite(frame["tile_m"].to_numpy(float))) | \
+                      (ew & ~np.isfinite(frame["tile"].to_numpy(float)))
+            if not missing.any() and "waves" in frame:
+                return frame
+        if not have or missing.any():
+            frame = self.tiles.lookup(frame)
+        return kernels.add_features(frame)
+
+    def predict(self, frame: pd.DataFrame, lookup: bool = False) -> np.ndarray:
+        """Latency in ms per row; ``lookup=True`` ignores parsed tiles and looks all up."""
+        if lookup:
+            frame = self.tiles.lookup(frame)
+            frame = kernels.add_features(frame)
+        else:
+            frame = self._with_tiles(frame)
+        out = np.empty(len(frame))
+        for cls, idx, sub in by_class(frame):
+            if cls not in self.models:
+                raise ValueError(f"{self.name} has no trained {cls} model; train it first")
+            with torch.no_grad():
+                out[idx] = self._latency(self._outputs(cls, sub), sub)
+        return out
+
+    # ----- persistence
+    def get_state(self) -> dict:
+        return {"seed": self.seed, "configs": self.configs, "bounded": self.bounded,
+                "models": {c: m.state_dict() for c, m in self.models.items()},
+                "norm": {c: tuple(torch.from_numpy(a) for a in arrs)
+                         for c, arrs in self.norm.items()},
+                "tiles": self.tiles.get_state(), "history": self.history}
+
+    def set_state(self, state: dict) -> None:
+        if bool(state["bounded"]) != self.bounded:
+            raise ValueError("bounded/unbounded mismatch")
+        self.seed, self.configs, self.history = state["seed"], state["configs"], state["history"]
+        self.models = {}
+        for c, sd in state["models"].items():
+            self.configs[c]["features"] = tuple(self.configs[c]["features"])
+            cfg = TrainConfig(**self.configs[c])
+            m = make_mlp(len(cfg.features), cfg.layers, cfg.hidden, 2)
+            m.load_state_dict(sd)
+            m.eval()
+            self.models[c] = m
+        self.norm = {c: tuple(a.numpy() for a in arrs) for c, arrs in state["norm"].items()}
+        self.tiles = TileLookup.from_state(state["tiles"])

@@ -1,0 +1,102 @@
+"""Tile lookup for GPUs that were never profiled (method.md section 3).
+
+Without a kernel name there is no tile, so each kernel takes the tile of the nearest measured
+training kernel in (log2 dims, log2 GPU features), found with a KD-tree over the whole frame at
+once. Softmax and layernorm need no lookup: their tile is always one row (H).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+from scipy.spatial import cKDTree
+
+from . import kernels
+
+LOOKUP_GPU_COLS = ("num_sm", "peak_gflops", "mem_bw", "mem_gb", "l2_mb")
+TILE_COLS = {"bmm": ("tile_m", "tile_k"), "linear": ("tile_m", "tile_k"), "elementwise": ("tile",)}
+
+
+def lookup_keys(frame: pd.DataFrame, cls: str) -> np.ndarray:
+    """The (n, d) log2 matrix a tile is looked up by: the class's dims, then GPU features."""
+    dims = ["B", "M", "N", "K"] if cls in kernels.GEMM_CLASSES else []
+    cols = [frame[d].to_numpy(float) for d in dims]
+    if cls == "elementwise":  # elementwise kernels are flat: only the element count matters
+        cols = [(frame["B"] * frame["H"]).to_numpy(float)]
+    cols += [frame[g].to_numpy(float) for g in LOOKUP_GPU_COLS]
+    return np.log2(np.column_stack(cols))
+
+
+class TileLookup:
+    """Nearest-neighbour tile tables, one per class that has tiles."""
+
+    def __init__(self):
+        self.tables: dict[str, dict] = {}
+
+    def fit(self, frame: pd.DataFrame) -> "TileLookup":
+        """Remember the keys and tiles of measured kernels (rows with parsed tiles)."""
+        for cls, cols in TILE_COLS.items():
+            sub = frame[frame["cls"] == cls]
+            if len(sub):
+                keys = lookup_keys(sub, cls)
+                # dedupe identical keys: keeps the tree small and the answer order-independent
+                tiles = sub[list(cols)].to_numpy(float)
+                both = np.unique(np.column_stack([keys, tiles]), axis=0)
+                self.tables[cls] = {"keys": both[:, :keys.shape[1]], "tiles": both[:, keys.shape[1]:],
+                                    "cols": list(cols)}
+        self._trees = {}
+        return self
+
+    def _tree(self, cls: str):
+        if cls not in getattr(self, "_trees", {}):
+            self._trees = getattr(self, "_trees", {})
+            t = self.tables[cls]
+            scale = t["keys"].std(axis=0)
+            scale[scale == 0] = 1.0
+            self._trees[cls] = (cKDTree(t["keys"] / scale), scale)
+        return self._trees[cls]
+
+    def lookup(self, frame: pd.DataFrame) -> pd.DataFrame:
+        """Return a copy of ``frame`` with its tile columns replaced by looked-up tiles."""
+        out = frame.copy()
+        for cls, cols in TILE_COLS.items():
+            mask = (out["cls"] == cls).to_numpy()
+            if not mask.any():
+                continue
+            if cls not in self.tables:
+                raise ValueError(f"no measured {cls} kernels to look tiles up from")
+            tree, scale = self._tree(cls)
+            _, idx = tree.query(lookup_keys(out[mask], cls) / scale)
+            tiles = self.tables[cls]["tiles"][idx]
+            for j, c in enumerate(cols):
+                if c not in out:
+                    out[c] = np.nan
+                out.loc[mask, c] = tiles[:, j]
+        return out
+
+    def get_state(self) -> dict:
+        import torch
+        return {c: {"keys": torch.from_numpy(t["keys"]), "tiles": torch.from_numpy(t["tiles"]),
+                    "cols": t["cols"]} for c, t in self.tables.items()}
+
+    @classmethod
+    def from_state(cls, state: dict) -> "TileLookup":
+        obj = cls()
+        obj.tables = {c: {"keys": t["keys"].numpy(), "tiles": t["tiles"].numpy(),
+                          "cols": list(t["cols"])} for c, t in state.items()}
+        return obj
+
+
+def agreement(true: pd.DataFrame, looked_up: pd.DataFrame) -> pd.DataFrame:
+    """Fraction of rows whose looked-up tile equals the parsed tile, per class and GPU."""
+    rows = []
+    for cls, cols in TILE_COLS.items():
+        mask = (true["cls"] == cls).to_numpy()
+        if mask.any():
+            same = np.all(true.loc[mask, list(cols)].to_numpy() ==
+                          looked_up.loc[mask, list(cols)].to_numpy(), axis=1)
+            rows.append(pd.DataFrame({"cls": cls, "gpu": true.loc[mask, "gpu"].to_numpy(),
+                                      "same": same}))
+    if not rows:
+        return pd.DataFrame(columns=["cls", "gpu", "match", "n"])
+    df = pd.concat(rows)
+    return df.groupby(["cls", "gpu"]).agg(match=("same", "mean"), n=("same", "size")).reset_index()

@@ -1,0 +1,182 @@
+"""Tests of ``nslib.fetch`` on small fake NeuSight archives (no network)."""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import tarfile
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from nslib import fetch as nsfetch
+from nslib import paths
+
+T4 = {"Device": "Tesla T4", "Dev_Mem": 15, "Mem_Bw": 320, "Num_Sm": 40, "Core_Per_SM": 64,
+      "Freq": 1590, "SingleFLOPs": 8141, "L2Cache": 4}
+CONFIG = "scripts/asplos/data/device_configs/Tesla_T4.json"
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("NSLIB_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("NSLIB_DATA", raising=False)
+
+
+def _files(prefix: str = "NeuSight-abc/", config: str = CONFIG) -> dict[str, bytes]:
+    return {prefix + config: json.dumps(T4).encode(), prefix + "README.md": b"fake NeuSight\n"}
+
+
+def _tar(path: Path, files: dict[str, bytes]) -> Path:
+    with tarfile.open(path, "w:gz") as tf:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+    return path
+
+
+def _zip(path: Path, files: dict[str, bytes]) -> Path:
+    with zipfile.ZipFile(path, "w") as zf:
+        for name, data in files.items():
+            zf.writestr(name, data)
+    return path
+
+
+def _sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture
+def dest(tmp_path) -> Path:
+    (tmp_path / "out").mkdir()
+    return tmp_path / "out" / "neusight"
+
+
+def _clean(dest: Path) -> None:
+    """Nothing but what was there before: no dest, no temp folders, no lock beside it."""
+    assert not dest.exists()
+    assert list(dest.parent.iterdir()) == []
+
+
+@pytest.mark.parametrize("kind", ["tar", "zip"])
+def test_fetch_local_archive(tmp_path, dest, kind):
+    archive = (_tar(tmp_path / "a.tar.gz", _files()) if kind == "tar"
+               else _zip(tmp_path / "a.zip", _files()))
+    assert nsfetch.fetch(dest, source=archive, progress=False) == dest
+    assert json.loads((dest / CONFIG).read_text()) == T4  # prefix NeuSight-abc/ stripped
+    assert paths.data_root(dest) == (dest / "scripts" / "asplos").resolve()
+    lock = json.loads((dest.parent / "neusight.lock.json").read_text())
+    assert lock["sha256"] == _sha(archive)
+    assert lock["source"] == str(archive)
+    assert lock["commit"] == nsfetch.load_registry()["commit"]
+    assert lock["fetched_at"]
+    assert nsfetch.read_lock(dest) == lock
+    assert sorted(p.name for p in dest.parent.iterdir()) == ["neusight", "neusight.lock.json"]
+
+
+def test_fetch_right_sha256_accepted(tmp_path, dest):
+    archive = _tar(tmp_path / "a.tgz", _files())
+    nsfetch.fetch(dest, source=archive, sha256=_sha(archive), progress=False)
+    assert (dest / CONFIG).is_file()
+
+
+def test_wrong_sha256_refused(tmp_path, dest):
+    archive = _tar(tmp_path / "a.tar.gz", _files())
+    with pytest.raises(ValueError) as err:
+        nsfetch.fetch(dest, source=archive, sha256="0" * 64, progress=False)
+    assert "0" * 64 in str(err.value) and _sha(archive) in str(err.value)
+    _clean(dest)
+
+
+def test_not_a_neusight_archive_refused(tmp_path, dest):
+    archive = _zip(tmp_path / "other.zip", {"other-1.0/setup.py": b"print()\n"})
+    with pytest.raises(ValueError, match="not a NeuSight repository"):
+        nsfetch.fetch(dest, source=archive, progress=False)
+    _clean(dest)
+
+
+def test_unsafe_member_refused(tmp_path, dest):
+    files = _files()
+    files["NeuSight-abc/../evil"] = b"boom"
+    archive = _tar(tmp_path / "evil.tar.gz", files)
+    with pytest.raises(ValueError, match="unsafe"):
+        nsfetch.fetch(dest, source=archive, progress=False)
+    _clean(dest)
+    assert not (tmp_path / "out" / "evil").exists() and not (tmp_path / "evil").exists()
+
+
+def test_unsafe_zip_member_refused(tmp_path, dest):
+    archive = _zip(tmp_path / "evil.zip", {**_files(), "/abs/evil": b"boom"})
+    with pytest.raises(ValueError, match="unsafe"):
+        nsfetch.fetch(dest, source=archive, progress=False)
+    _clean(dest)
+
+
+def test_existing_dest_needs_force(tmp_path, dest):
+    dest.mkdir()
+    (dest / "keep.txt").write_text("old")
+    archive = _tar(tmp_path / "a.tar.gz", _files())
+    with pytest.raises(FileExistsError, match="--force"):
+        nsfetch.fetch(dest, source=archive, progress=False)
+    assert [p.name for p in dest.iterdir()] == ["keep.txt"]
+    assert sorted(p.name for p in dest.parent.iterdir()) == ["neusight"]
+    nsfetch.fetch(dest, source=archive, force=True, progress=False)
+    assert not (dest / "keep.txt").exists() and (dest / CONFIG).is_file()
+    assert sorted(p.name for p in dest.parent.iterdir()) == ["neusight", "neusight.lock.json"]
+
+
+def test_failed_force_keeps_old_copy(tmp_path, dest):
+    dest.mkdir()
+    (dest / "keep.txt").write_text("old")
+    archive = _zip(tmp_path / "other.zip", {"other/x.txt": b"x"})
+    with pytest.raises(ValueError):
+        nsfetch.fetch(dest, source=archive, force=True, progress=False)
+    assert (dest / "keep.txt").read_text() == "old"
+    assert sorted(p.name for p in dest.parent.iterdir()) == ["neusight"]
+
+
+@pytest.mark.parametrize("level", ["repo", "asplos"])
+def test_folder_source(tmp_path, dest, level):
+    repo = tmp_path / "copy"
+    cfg = repo / CONFIG
+    cfg.parent.mkdir(parents=True)
+    cfg.write_text(json.dumps(T4))
+    src = repo if level == "repo" else repo / "scripts" / "asplos"
+    nsfetch.fetch(dest, source=src, progress=False)
+    assert json.loads((paths.data_root(dest) / "data/device_configs/Tesla_T4.json").read_text()) == T4
+    lock = nsfetch.read_lock(dest)
+    assert lock["sha256"] is None and lock["source"] == str(src)
+    assert cfg.is_file()  # the source is left alone
+
+
+def test_folder_not_a_repo_refused(tmp_path, dest):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="not a NeuSight repository"):
+        nsfetch.fetch(dest, source=tmp_path / "empty", progress=False)
+    _clean(dest)
+
+
+def test_url_goes_through_pooch(tmp_path, dest, monkeypatch):
+    archive = _tar(tmp_path / "a.tar.gz", _files())
+    calls = []
+
+    def fake_retrieve(url, known_hash=None, path=None, progressbar=False, **kw):
+        calls.append((url, known_hash, Path(path), progressbar))
+        return str(archive)
+
+    monkeypatch.setattr(nsfetch.pooch, "retrieve", fake_retrieve)
+    nsfetch.fetch(dest, sha256=_sha(archive), progress=False)
+    entry = nsfetch.load_registry()
+    assert calls == [(entry["url"], _sha(archive), tmp_path / "cache" / "downloads", False)]
+    assert nsfetch.read_lock(dest)["source"] == entry["url"]
+    nsfetch.fetch(dest, source="https://mirror.example/n.tar.gz", force=True, progress=False)
+    assert calls[-1][0] == "https://mirror.example/n.tar.gz"
+
+
+def test_registry():
+    entry = nsfetch.load_registry()
+    assert entry["repository"] == "sitar-lab/NeuSight" and entry["url"].endswith(".tar.gz")
+    with pytest.raises(ValueError, match="Unknown dataset"):
+        nsfetch.load_registry("nope")
