@@ -1,0 +1,124 @@
+"""The ``nslib`` command line. Every sub-command is a thin layer over library functions."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import pandas as pd
+
+
+def _gpus(args) -> int:
+    from .gpus import load_gpus
+    gpus = load_gpus()
+    rows = [{"key": k, **g.to_json()} for k, g in gpus.items()]
+    if args.json:
+        print(json.dumps(rows, indent=1))
+    else:
+        print(pd.DataFrame(rows).set_index("key").to_string())
+    return 0
+
+
+def _fetch(args) -> int:
+    from .fetch import fetch, read_lock
+    dest = fetch(dest=args.data, source=args.source, sha256=args.sha256, force=args.force)
+    lock = read_lock(dest) or {}
+    print(f"NeuSight data ready at {dest} (sha256 {lock.get('sha256')})")
+    return 0
+
+
+def _predictors(args) -> int:
+    from .predictors import available
+    for name, desc in available().items():
+        print(f"{name:10s} {desc}")
+    return 0
+
+
+def _train_kw(args) -> dict:
+    return {"quick": args.quick, "seed": args.seed, "epochs": args.epochs}
+
+
+def _train(args) -> int:
+    from .training import trained
+    trained(args.predictor, out=args.out, retrain=args.retrain, **_train_kw(args))
+    print(f"trained {args.predictor}; cached for every command and notebook")
+    return 0
+
+
+def _eval_kernels(args) -> int:
+    from .evaluate import class_table, table_json
+    from .kernel_eval import evaluate_predictor
+    tab = evaluate_predictor(args.predictor, lookup=args.lookup, **_train_kw(args))
+    if args.json:
+        print(json.dumps(table_json(tab), indent=1))
+    else:
+        print(f"Mean absolute percentage error (%) of {args.predictor} on the test kernels")
+        print(tab.round(1).to_string())
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="nslib", description=__doc__)
+    p.add_argument("--data", help="NeuSight data root (default: $NSLIB_DATA or datasets/neusight)")
+    p.add_argument("--cache", help="cache folder (default: $NSLIB_CACHE or ~/.cache/nslib)")
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    s = sub.add_parser("gpus", help="table of known GPUs")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=_gpus)
+
+    s = sub.add_parser("fetch", help="download the pinned NeuSight data (or copy a mirror)")
+    s.add_argument("--source", help="mirror URL, local archive or folder")
+    s.add_argument("--sha256", help="expected SHA-256 of the archive")
+    s.add_argument("--force", action="store_true", help="replace existing data")
+    s.set_defaults(func=_fetch)
+
+    s = sub.add_parser("predictors", help="list the kernel predictors")
+    s.set_defaults(func=_predictors)
+
+    def train_opts(s):
+        s.add_argument("--predictor", default="neusight")
+        s.add_argument("--epochs", type=int)
+        s.add_argument("--seed", type=int, default=0)
+        s.add_argument("--quick", action="store_true", help="the quick profile (tests)")
+
+    s = sub.add_parser("train", help="train a predictor on the training GPUs (cached)")
+    train_opts(s)
+    s.add_argument("--out", help="folder for the weights (default: the cache)")
+    s.add_argument("--retrain", action="store_true", help="train even if cached")
+    s.set_defaults(func=_train)
+
+    s = sub.add_parser("eval-kernels", help="per-class kernel error on the test split")
+    train_opts(s)
+    s.add_argument("--lookup", action="store_true",
+                   help="look every tile up as on an unprofiled GPU (default: only where "
+                        "the GPU was never trained on)")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=_eval_kernels)
+
+    try:
+        from .predict_cli import add_predict_parser
+        add_predict_parser(sub)
+    except ImportError:
+        pass
+    return p
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.data:
+        os.environ["NSLIB_DATA"] = args.data
+    if args.cache:
+        os.environ["NSLIB_CACHE"] = args.cache
+    from .paths import DataNotFoundError
+    try:
+        return args.func(args)
+    except (DataNotFoundError, FileNotFoundError, FileExistsError, ValueError, KeyError) as e:
+        msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
+        print(f"nslib: error: {msg}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

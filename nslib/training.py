@@ -1,0 +1,76 @@
+"""Train predictors on the training GPUs' kernels, and cache them by content.
+
+``trained(name, ...)`` is what every command and notebook calls: it returns the predictor
+trained on the current data with the given parameters, loading it from the cache (or ``out``)
+when the data hash, the parameters and the library version match, training it otherwise.
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pandas as pd
+
+from . import __version__, data as nsdata, kernels
+from .paths import atomic_write_text, cache_dir, hash_files
+from .predictors import get, predictor_class
+
+# Per-predictor default parameters, and the quick profile used by tests and --quick runs.
+DEFAULTS: dict[str, dict] = {
+    "neusight": {"epochs": 40},
+    "mlp": {"epochs": 40},
+}
+QUICK: dict[str, dict] = {
+    "neusight": {"epochs": 6, "batch": 512},
+    "mlp": {"epochs": 6, "batch": 512},
+}
+
+
+def train_frame(data=None) -> pd.DataFrame:
+    """All training-split kernels of every class in one frame."""
+    return pd.concat(nsdata.kernel_tables("train", data).values(), ignore_index=True)
+
+
+def params_for(name: str, quick: bool = False, seed: int = 0, **overrides) -> dict:
+    """The full parameter set of a predictor: defaults (or the quick profile), seed, overrides."""
+    base = (QUICK if quick else DEFAULTS).get(name, {})
+    params = {**base, **{k: v for k, v in overrides.items() if v is not None}}
+    if name not in ("roofline", "li", "habitat_vec"):
+        params["seed"] = seed
+    return params
+
+
+def cache_key(name: str, params: dict, data=None) -> str:
+    """Content key of a trained predictor: data hash, parameters, library version."""
+    return hash_files([], extra=[name, params, nsdata.data_hash(data), __version__])
+
+
+def trained(name: str, data=None, quick: bool = False, seed: int = 0, out=None,
+            progress: bool = True, retrain: bool = False, **overrides):
+    """The predictor ``name`` trained on the training split (cached; see module doc)."""
+    cls = predictor_class(name)
+    params = params_for(name, quick, seed, **overrides)
+    if name == "roofline":
+        return get(name)
+    key = cache_key(name, params, data)
+    folder = Path(out) if out is not None else cache_dir("predictors")
+    path = folder / f"{name}-{key}.pt"
+    if path.exists() and not retrain:
+        return cls.load(path)
+    t0 = time.time()
+    pred = get(name, **params).fit(train_frame(data), progress=progress)
+    pred.save(path)
+    meta = {"predictor": name, "params": params, "data_hash": nsdata.data_hash(data),
+            "nslib": __version__, "train_seconds": round(time.time() - t0, 1)}
+    atomic_write_text(path.with_suffix(".json"), json.dumps(meta, indent=1, default=str))
+    return pred
+
+
+def kernel_eval_frame(data=None) -> pd.DataFrame:
+    """All test-split kernels of every class in one frame."""
+    return pd.concat(nsdata.kernel_tables("test", data).values(), ignore_index=True)
+
+
+__all__ = ["trained", "train_frame", "kernel_eval_frame", "params_for", "DEFAULTS", "QUICK",
+           "kernels"]
