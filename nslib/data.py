@@ -21,7 +21,7 @@ from . import kernels
 from .gpus import GPU, find_gpu, load_gpus
 from .paths import DataNotFoundError, cache_dir, data_root, hash_files, require, atomic_write_bytes
 
-SCHEMA_VERSION = 3  # bump when the built tables change shape or meaning
+SCHEMA_VERSION = 4  # bump when the built tables change shape or meaning
 TEST_FILES = {"bmm": "bmm.csv", "linear": "linear.csv", "elementwise": "elem.csv",
               "softmax": "softmax.csv", "layernorm": "ln.csv"}
 SPLITS = ("train", "test")
@@ -71,8 +71,8 @@ def parse_gemm_tile(names: pd.Series, M, K, grid_x, grid_y) -> tuple[np.ndarray,
     cuBLAS sees PyTorch's row-major product transposed, so in the sgemm names the first
     number is the K-side and the second the M-side; in the xmma (``tilesize``) names it is
     the other way round. The launch grid decides: the order whose ``ceil(K/tk), ceil(M/tm)``
-    matches (grid x, grid y) wins; if neither matches (split-K, swizzled grids) the family's
-    usual order is used. Unparseable names give NaN.
+    matches (grid x, grid y) wins; if neither or both match (split-K, swizzled grids, M = K)
+    the family's usual order is used. Unparseable names give NaN.
     """
     ab = names.str.extract(r"(?:tilesize|sgemm_)(\d+)x(\d+)").astype(float).to_numpy()
     a, b = ab[:, 0], ab[:, 1]
@@ -81,7 +81,7 @@ def parse_gemm_tile(names: pd.Series, M, K, grid_x, grid_y) -> tuple[np.ndarray,
     k_first = (np.ceil(K / a) == gx) & (np.ceil(M / b) == gy)
     m_first = (np.ceil(M / a) == gx) & (np.ceil(K / b) == gy)
     xmma = names.str.contains("tilesize", regex=False).to_numpy()
-    use_m_first = m_first & ~k_first | (~m_first & ~k_first & xmma)
+    use_m_first = (m_first & ~k_first) | ((m_first == k_first) & xmma)
     return np.where(use_m_first, a, b), np.where(use_m_first, b, a)
 
 

@@ -44,6 +44,7 @@ class TrainConfig:
     epochs: int = 60
     val_frac: float = 0.2
     features: tuple = FEATURES
+    form: str = "paper"
 
 
 def paper_config(cls: str, data=None) -> dict:
@@ -84,6 +85,26 @@ def roofline_wave_ms(frame: pd.DataFrame) -> np.ndarray:
     """Time of one full wave at the roofline, ms: ``num_sm * tile_FLOPs / roofline``."""
     return frame["num_sm"].to_numpy(float) * frame["tile_flops"].to_numpy(float) / \
         frame["roofline_tput"].to_numpy(float) * 1e3
+
+
+FORMS = ("paper", "overhead")
+
+
+def wave_utilisation(raw: torch.Tensor, waves: torch.Tensor, form: str) -> torch.Tensor:
+    """Utilisation u in (0, 1) of a wave from the MLP's two raw outputs (float64).
+
+    ``paper``: ``u = gamma * (1 - alpha / waves)``, alpha and gamma sigmoids.
+    ``overhead``: ``u = gamma * waves / (waves + a)``, gamma a sigmoid and ``a = exp(raw)``
+    a fixed cost in units of waves, i.e. latency = (waves + a) * wave_time / gamma: a
+    per-wave cost plus a size-independent overhead (launch, tail). Both keep u in (0, 1).
+    """
+    raw = raw.double()
+    gamma = torch.sigmoid(raw[:, 1])
+    if form == "paper":
+        return gamma * (1 - torch.sigmoid(raw[:, 0]) / waves)
+    if form == "overhead":
+        return gamma * waves / (waves + torch.exp(raw[:, 0].clamp(-20, 20)))
+    raise ValueError(f"unknown NeuSight form {form!r}; known: {FORMS}")
 
 
 def make_mlp(n_in: int, layers: int, hidden: int, n_out: int) -> nn.Sequential:
@@ -137,10 +158,11 @@ class NeuSight(Predictor):
         """What the MLP's time is multiplied by: the waves (bounded) or 1 (plain latency)."""
         return frame["waves"].to_numpy(float) if self.bounded else np.ones(len(frame))
 
-    def _latency(self, raw: torch.Tensor, frame: pd.DataFrame) -> np.ndarray:
+    def _latency(self, cls: str, raw: torch.Tensor, frame: pd.DataFrame) -> np.ndarray:
         """Latency in ms (float64) of each kernel from the MLP's raw outputs."""
         waves = torch.from_numpy(frame["waves"].to_numpy(float))
-        wave_ms = self._wave_ms(raw, torch.from_numpy(roofline_wave_ms(frame)), waves)
+        wave_ms = self._wave_ms(raw, torch.from_numpy(roofline_wave_ms(frame)), waves,
+                                self.configs[cls]["form"])
         return wave_ms.numpy() * self._scale(frame)
 
     def utilisation(self, frame: pd.DataFrame) -> np.ndarray:
@@ -150,8 +172,8 @@ class NeuSight(Predictor):
         for cls, idx, sub in by_class(frame):
             with torch.no_grad():
                 raw = self._outputs(cls, sub).double()
-            a, g = torch.sigmoid(raw[:, 0]).numpy(), torch.sigmoid(raw[:, 1]).numpy()
-            out[idx] = g * (1 - a / sub["waves"].to_numpy(float))
+            waves = torch.from_numpy(sub["waves"].to_numpy(float, copy=True))
+            out[idx] = wave_utilisation(raw, waves, self.configs[cls]["form"]).numpy()
         return out
 
     # ----- training
@@ -188,7 +210,7 @@ class NeuSight(Predictor):
             order = tr[rng.permutation(len(tr))]
             for s in range(0, len(order), cfg.batch):
                 b = torch.from_numpy(order[s:s + cfg.batch])
-                pred = self._wave_ms(model(x[b]), base[b], waves[b])
+                pred = self._wave_ms(model(x[b]), base[b], waves[b], cfg.form)
                 loss = smape(pred, target[b])
                 opt.zero_grad()
                 loss.backward()
@@ -197,7 +219,7 @@ class NeuSight(Predictor):
             model.eval()
             with torch.no_grad():
                 vb = torch.from_numpy(val if n_val else tr)
-                err = float(smape(self._wave_ms(model(x[vb]), base[vb], waves[vb]), target[vb]))
+                err = float(smape(self._wave_ms(model(x[vb]), base[vb], waves[vb], cfg.form), target[vb]))
             hist.append(err)
             if err < best:
                 best, best_state = err, {k: v.clone() for k, v in model.state_dict().items()}
@@ -206,13 +228,12 @@ class NeuSight(Predictor):
         model.eval()
         self.history[cls] = hist
 
-    def _wave_ms(self, raw, base, waves):
+    def _wave_ms(self, raw, base, waves, form="paper"):
         """Per-wave ms (bounded) or whole-kernel ms (unbounded) from raw MLP outputs."""
         raw = raw.double()
         if not self.bounded:
             return torch.exp(raw[:, 0])
-        alpha, gamma = torch.sigmoid(raw[:, 0]), torch.sigmoid(raw[:, 1])
-        return base / (gamma * (1 - alpha / waves))
+        return base / wave_utilisation(raw, waves, form)
 
     # ----- prediction
     def _with_tiles(self, frame: pd.DataFrame) -> pd.DataFrame:
@@ -242,7 +263,7 @@ class NeuSight(Predictor):
             if cls not in self.models:
                 raise ValueError(f"{self.name} has no trained {cls} model; train it first")
             with torch.no_grad():
-                out[idx] = self._latency(self._outputs(cls, sub), sub)
+                out[idx] = self._latency(cls, self._outputs(cls, sub), sub)
         return out
 
     # ----- persistence

@@ -1,0 +1,848 @@
+"""Trace a HuggingFace model config into the GPU kernels it launches (method.md section 5.1).
+
+The model is built from its config on the ``meta`` device (no weights, no memory), FP32, with
+eager attention, and every aten op it runs is recorded with a ``TorchDispatchMode``: the
+forward pass (``mode="inf"``: eval mode, under ``no_grad``) or the forward and the backward
+pass of a scalar loss (``mode="train"``: train mode, as the measured training runs). Each aten
+op that launches a kernel becomes one row of a frame (see :func:`trace`); views and other
+metadata-only ops cost nothing and give no row. The whole model is traced (every layer), which
+takes well under a second for the paper's models, so nothing is replicated.
+
+Mapping choices (what a CUDA build of PyTorch 2.1 launches for these ops):
+
+- GEMMs: ``mm``/``addmm`` -> ``linear`` ``(B=1, M, N, K)`` from ``(M x N) @ (N x K)``;
+  ``bmm``/``baddbmm`` -> ``bmm`` ``(B, M, N, K)``. The bias of ``addmm`` is folded into the
+  GEMM (as the original NeuSight opgraph does); backward GEMMs (input and weight gradients)
+  are plain ``mm``/``bmm`` rows.
+- Elementwise: each op maps to the nearest measured op of :data:`nslib.kernels.OPS`: the
+  binary form (``add``, ``mul``, ``div``, ``pow``) when two device tensors are read, the
+  tensor-scalar form (``addu``, ...) when the other operand is a Python number or a 0-dim CPU
+  tensor (which CUDA passes as a kernel argument). ``sub`` -> add, ``rsub`` -> add/addu,
+  ``neg``/``reciprocal``/``abs``/``clamp`` -> mulu/divu/addu, transcendental unary ops
+  (``exp``, ``sigmoid``, ``rsqrt``, ``erf``, ...) -> ``tanh``. Backward elementwise ops
+  (``gelu_backward``, ``tanh_backward``, ``threshold_backward``, ``native_dropout_backward``,
+  ...) read the incoming gradient and one saved tensor and write one output: ``mul``.
+  ``(B, H) = (numel / last_dim, last_dim)`` of the output, the flattening the original opgraph
+  records (``VECadd (4096, 1280)`` for a ``(4, 1024, 1280)`` tensor); the measured kernels are
+  flat, so only ``B * H`` matters to them.
+- Softmax and its backward: ``softmax`` ``(B = rows, H = softmax dim)``.
+- LayerNorm: forward -> ``ln`` ``(rows, normalized size)``. Backward: the original opgraph
+  records it as a ``VECmul`` of the same shape; CUDA launches a row-wise kernel for the input
+  gradient (structurally the ``ln`` kernel: one row per block, a reduction over H) plus a
+  column reduction for the weight and bias gradients. We emit an ``ln`` row for the input
+  gradient and a ``memory`` row (reads the gradient and the input, writes 2*H) for
+  d(gamma), d(beta).
+- Dropout (train mode): on CUDA ``F.dropout`` with ``0 < p < 1`` runs the fused
+  ``native_dropout`` kernel (one kernel writing the output and a bool mask) and its backward
+  one masked-scale kernel, while the CPU/meta path decomposes into ``bernoulli_``, ``div_``,
+  ``mul``. The tracer redirects ``F.dropout`` to ``native_dropout`` (a ``TorchFunctionMode``)
+  so the trace holds what the GPU runs: ``native_dropout`` -> ``memory`` (the original
+  opgraph also records dropout as MEM), ``native_dropout_backward`` -> elementwise ``mul``.
+  ``p == 0`` (OPT's attention and activation dropout) launches nothing, as on CUDA; in
+  inference dropout is the identity.
+- Memory: copies, ``clone``/``contiguous``/``_to_copy``, ``cat``, gathers and scatters
+  (``embedding``, ``index_select``, ``index``, ``gather``, ``index_add_``, ``index_put_``...),
+  ``where``, ``masked_fill``, comparisons and logical ops (mask building), reductions
+  (``sum``, ``mean``, ``max``, ``argmax``, ``cumsum``; e.g. bias gradients), fills
+  (``zeros``, ``ones_like``, ``fill_``; they launch a fill kernel), RNG fills and
+  ``native_dropout`` -> ``memory``, ``op="mem"``, ``B = 1``, ``H`` = elements written,
+  ``bytes`` = bytes read + written at their real dtypes (gathers read only the rows they
+  gather; ``embedding_dense_backward`` reads the gradient and writes the table gradient).
+- No row: views, reshapes, permutes, transposes, ``expand``, ``t``, ``detach``, ``alias``,
+  size queries, ``empty*`` allocations and ops on zero-element tensors.
+- Anything else: collected and reported in one ``warnings.warn`` with counts (no row).
+
+Training: the loss is the sum of the model's logits outputs (a reduction, in ``fw``), so the
+backward starts from ones like the measured runs. Gradient accumulation: the measured runs (and
+the original opgraph's ``AccOps``) add each parameter's gradient into an existing ``.grad``;
+``grad_accumulation=True`` (default) pre-sets ``.grad`` so autograd's accumulation ``add_``
+kernels are traced (phase ``bw``). Tied weights (GPT-2's embedding and LM head) are summed by
+autograd inside the backward, also a ``bw`` add.
+
+Mixture of experts (Switch Transformer): routing is data-dependent, which meta tensors cannot
+run, so each sparse MLP is replaced (on the traced instance only) by a fixed-capacity version as
+in the measured runs: router linear + softmax + argmax, then each of the ``num_experts`` experts
+processes ``expert_capacity`` tokens per batch row (the original opgraph shows
+``Linear (64*batch, 1024, 16384)`` per expert): a gather of that token block, the expert's
+MLP, a scale by the router probability and a scatter-add back.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import math
+import os
+import time
+import types
+import warnings
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from nslib import kernels
+from nslib.paths import data_root
+
+__all__ = ["load_model_config", "trace", "summarize", "TRACE_COLUMNS"]
+
+TRACE_COLUMNS = ("kid", "phase", "aten", "cls", "op", "B", "M", "N", "K", "H", "flops", "bytes",
+                 "inputs", "layer", "module")
+
+CONFIG_DIR = Path("data") / "DLmodel_configs"
+
+
+# --------------------------------------------------------------------------------------------
+# Config loading
+# --------------------------------------------------------------------------------------------
+
+def load_model_config(name_or_path: str | os.PathLike | dict, data=None) -> dict:
+    """A model config as a dict.
+
+    ``name_or_path`` is a dict (returned as a copy), a path to a JSON file, or a name like
+    ``gpt3_27`` resolved to ``<data_root>/data/DLmodel_configs/gpt3_27.json`` (see
+    :func:`nslib.paths.data_root`). Raises FileNotFoundError for a missing file and ValueError
+    for malformed JSON, both naming the file and the fix.
+    """
+    if isinstance(name_or_path, dict):
+        return copy.deepcopy(name_or_path)
+    if not isinstance(name_or_path, (str, os.PathLike)):
+        raise TypeError(f"model config must be a name, a path to a JSON file or a dict, "
+                        f"not {type(name_or_path).__name__}")
+    raw = os.fspath(name_or_path)
+    as_path = Path(raw).expanduser()
+    if as_path.suffix == ".json" or os.sep in raw or "/" in raw or as_path.is_file():
+        path = as_path
+        if not path.is_file():
+            raise FileNotFoundError(f"model config file {path} does not exist: pass an existing "
+                                    f"HuggingFace config JSON, or a config name")
+    else:
+        folder = data_root(data) / CONFIG_DIR
+        path = folder / f"{raw}.json"
+        if not path.is_file():
+            known = sorted(p.stem for p in folder.glob("*.json")) if folder.is_dir() else []
+            raise FileNotFoundError(f"no model config named {raw!r}: {path} does not exist. "
+                                    f"Known names: {known}; or pass a path to a config JSON")
+    try:
+        cfg = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"model config {path} is not valid JSON ({e.msg} at line {e.lineno}, "
+                         f"column {e.colno}): fix the file") from None
+    if not isinstance(cfg, dict):
+        raise ValueError(f"model config {path} must hold a JSON object (a HuggingFace config), "
+                         f"not a {type(cfg).__name__}: fix the file")
+    return cfg
+
+
+# --------------------------------------------------------------------------------------------
+# Building the model on meta
+# --------------------------------------------------------------------------------------------
+
+def _hf_config(config: dict):
+    from transformers import AutoConfig
+
+    cfg = dict(config)
+    model_type = cfg.pop("model_type", None)
+    if not model_type:
+        raise ValueError("model config has no 'model_type': add the HuggingFace model type "
+                         "(e.g. \"gpt2\", \"bert\", \"opt\", \"switch_transformers\")")
+    for k in ("architectures", "_name_or_path", "transformers_version", "torch_dtype", "dtype"):
+        cfg.pop(k, None)
+    try:
+        hf = AutoConfig.for_model(model_type, **cfg)
+    except (ValueError, KeyError) as e:
+        raise ValueError(f"transformers cannot make a config of model_type {model_type!r} "
+                         f"({e}): use a model_type transformers knows, or fix the config") from None
+    except TypeError as e:
+        raise ValueError(f"bad field in the {model_type!r} config ({e}): fix the config") from None
+    hf.use_cache = False
+    return hf
+
+
+def _model_classes(hf_config, architecture: str | None):
+    import transformers
+    from transformers import (AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM,
+                              AutoModelForPreTraining, AutoModelForSeq2SeqLM)
+
+    if architecture:
+        cls = getattr(transformers, architecture, None)
+        if cls is None:
+            raise ValueError(f"transformers has no model class {architecture!r}: pass a class "
+                             f"name like 'GPT2LMHeadModel', or architecture=None")
+        return [cls]
+    # The original NeuSight graphs are those of the pre-training models (BERT: pooler + MLM +
+    # NSP heads, i.e. BertForPreTraining; GPT-2: GPT2LMHeadModel; Switch: ForConditionalGeneration)
+    # and of the causal LM where there is no pre-training class (OPT: OPTForCausalLM).
+    return [AutoModelForPreTraining, AutoModelForCausalLM, AutoModelForSeq2SeqLM,
+            AutoModelForMaskedLM, AutoModel]
+
+
+def _build(config: dict, architecture: str | None):
+    import torch
+
+    hf = _hf_config(config)
+    model_type = hf.model_type
+    errors = []
+    for auto in _model_classes(hf, architecture):
+        try:
+            with torch.device("meta"):
+                if hasattr(auto, "from_config"):
+                    model = auto.from_config(hf, attn_implementation="eager", dtype=torch.float32)
+                else:  # a concrete class
+                    model = auto._from_config(hf, attn_implementation="eager",
+                                              dtype=torch.float32)
+            break
+        except ValueError as e:
+            msg = str(e)
+            if "Unrecognized configuration class" in msg:
+                errors.append(msg.splitlines()[0])
+                continue
+            raise ValueError(f"transformers cannot build a {model_type!r} model from this config: "
+                             f"{msg.splitlines()[0] if msg else e!r}. Fix the config (sizes must "
+                             f"be consistent, e.g. hidden size divisible by the head count)") from None
+        except Exception as e:  # noqa: BLE001 - any build failure is a config problem to the user
+            raise ValueError(f"transformers cannot build a {model_type!r} model from this config: "
+                             f"{type(e).__name__}: {e}. Fix the config (sizes must be consistent, "
+                             f"e.g. hidden size divisible by the head count)") from None
+    else:
+        raise ValueError(f"no model class for model_type {model_type!r} ({'; '.join(errors)}): "
+                         f"pass architecture= with a transformers class name")
+    if any(p.dtype != torch.float32 for p in model.parameters()):
+        model = model.to(torch.float32)
+    return hf, model
+
+
+# --------------------------------------------------------------------------------------------
+# aten op -> kernel class
+# --------------------------------------------------------------------------------------------
+
+# views, metadata and allocations without data: no kernel
+_NO_KERNEL = {
+    "view", "_unsafe_view", "reshape", "_reshape_alias", "view_as", "permute", "transpose",
+    "t", "expand", "expand_as", "squeeze", "unsqueeze", "slice", "select", "split",
+    "split_with_sizes", "unbind", "chunk", "narrow", "diagonal", "as_strided", "unfold",
+    "detach", "alias", "lift_fresh", "lift", "_conj", "conj", "resolve_conj", "resolve_neg",
+    "view_as_real", "view_as_complex", "_neg_view", "movedim", "numpy_T", "flatten",
+    "unflatten", "sym_size", "sym_stride", "sym_numel", "sym_storage_offset", "size",
+    "stride", "numel", "dim", "is_same_size", "is_nonzero", "empty", "empty_like",
+    "empty_strided", "new_empty", "new_empty_strided", "scalar_tensor", "_local_scalar_dense",
+    "set_", "record_stream", "_has_compatible_shallow_copy_type", "result_type",
+    "broadcast_tensors", "align_tensors", "contiguous",  # contiguous decomposes to clone
+    "_assert_async", "_assert_tensor_metadata", "_functional_assert_async",
+    "_make_dep_token", "lift_fresh_copy",
+}
+
+_GEMM = {"mm", "addmm", "bmm", "baddbmm", "mv", "addmv", "dot", "_addmm_activation"}
+
+# ops with a (binary, tensor-scalar) pair of measured names
+_EW_PAIR = {
+    "add": ("add", "addu"), "sub": ("add", "addu"), "rsub": ("add", "addu"),
+    "mul": ("mul", "mulu"), "div": ("div", "divu"), "true_divide": ("div", "divu"),
+    "floor_divide": ("div", "divu"), "remainder": ("div", "divu"), "fmod": ("div", "divu"),
+    "pow": ("pow", "powu"), "float_power": ("pow", "powu"), "maximum": ("add", "addu"),
+    "minimum": ("add", "addu"), "max_other": ("add", "addu"), "clamp": ("add", "addu"),
+    "clamp_min": ("add", "addu"), "clamp_max": ("add", "addu"), "lerp": ("add", "addu"),
+    "addcmul": ("mul", "mulu"), "addcdiv": ("div", "divu"), "xlogy": ("mul", "mulu"),
+    "atan2": ("div", "divu"), "hypot": ("add", "addu"), "copysign": ("mul", "mulu"),
+}
+# ops with a fixed measured name
+_EW_FIXED = {
+    "tanh": "tanh", "relu": "relu", "gelu": "gelu", "hardtanh": "relu", "leaky_relu": "relu",
+    "elu": "relu", "relu6": "relu", "hardsigmoid": "relu", "hardswish": "relu",
+    "silu": "tanh", "mish": "tanh", "sigmoid": "tanh", "exp": "tanh", "exp2": "tanh",
+    "expm1": "tanh", "log": "tanh", "log2": "tanh", "log10": "tanh", "log1p": "tanh",
+    "sqrt": "tanh", "rsqrt": "tanh", "erf": "tanh", "erfc": "tanh", "erfinv": "tanh",
+    "sin": "tanh", "cos": "tanh", "tan": "tanh", "atan": "tanh", "asin": "tanh",
+    "acos": "tanh", "sinh": "tanh", "cosh": "tanh", "softplus": "tanh",
+    "neg": "mulu", "abs": "mulu", "sign": "mulu", "sgn": "mulu", "reciprocal": "divu",
+    "square": "powu", "floor": "addu", "ceil": "addu", "round": "addu", "trunc": "addu",
+    "frac": "addu", "nan_to_num": "addu",
+    # backward elementwise ops: gradient times a function of one saved tensor
+    "gelu_backward": "mul", "tanh_backward": "mul", "threshold_backward": "mul",
+    "sigmoid_backward": "mul", "silu_backward": "mul", "native_dropout_backward": "mul",
+    "hardtanh_backward": "mul", "leaky_relu_backward": "mul", "elu_backward": "mul",
+    "softplus_backward": "mul", "mish_backward": "mul", "hardswish_backward": "mul",
+    "hardsigmoid_backward": "mul", "logit_backward": "mul", "threshold": "relu",
+}
+_SOFTMAX = {"_softmax", "_log_softmax", "_softmax_backward_data", "_log_softmax_backward_data",
+            "softmax", "log_softmax"}
+_LAYERNORM = {"native_layer_norm", "native_layer_norm_backward", "_fused_rms_norm",
+              "_fused_rms_norm_backward"}
+# memory ops: (read spec) -- "all" reads every tensor input fully, "gather" reads the index
+# and as many source elements as it writes, "write" reads nothing (fills)
+_MEMORY = {
+    **{k: "all" for k in (
+        "clone", "_to_copy", "copy", "cat", "stack", "where", "masked_fill", "masked_scatter",
+        "native_dropout", "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or",
+        "logical_not", "logical_xor", "bitwise_and", "bitwise_or", "bitwise_not",
+        "bitwise_xor", "__and__", "__or__", "__xor__", "__invert__", "isnan", "isinf",
+        "isfinite", "sum", "mean", "amax", "amin", "max", "min", "argmax", "argmin", "prod",
+        "var", "var_mean", "std", "std_mean", "norm", "linalg_vector_norm", "any", "all",
+        "cumsum", "cumprod", "logsumexp", "count_nonzero", "sort", "topk", "flip", "roll",
+        "tril", "triu", "constant_pad_nd", "repeat", "slice_backward", "select_backward",
+        "slice_scatter", "select_scatter", "diagonal_backward", "as_strided_scatter",
+        "tril_indices", "triu_indices", "_masked_softmax", "one_hot",
+        "index_fill", "bucketize", "searchsorted", "unfold_backward", "expand_copy",
+        "permute_copy", "transpose_copy", "view_copy", "t_copy", "_unsafe_index",
+        "alias_copy", "detach_copy", "_reshape_copy", "repeat_interleave")},
+    **{k: "gather" for k in (
+        "embedding", "index_select", "index", "gather", "take", "take_along_dim")},
+    **{k: "scatter" for k in (
+        "index_add", "index_put", "_index_put_impl", "index_copy", "scatter", "scatter_add",
+        "scatter_reduce", "masked_scatter_")},
+    **{k: "write" for k in (
+        "zeros", "zeros_like", "ones", "ones_like", "full", "full_like", "new_zeros",
+        "new_ones", "new_full", "fill", "zero", "arange", "linspace", "range", "bernoulli",
+        "uniform", "normal", "random", "rand", "randn", "rand_like", "randn_like", "randint",
+        "exponential", "eye")},
+    "embedding_dense_backward": "embedding_backward",
+}
+
+
+def _split_name(func) -> tuple[str, bool]:
+    name = func.overloadpacket.__name__
+    if name.endswith("_") and not name.endswith("__"):
+        return name[:-1], True
+    return name, False
+
+
+def _tensors(obj, out: list):
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        out.append(obj)
+    elif isinstance(obj, (list, tuple)):
+        for o in obj:
+            _tensors(o, out)
+    elif isinstance(obj, dict):
+        for o in obj.values():
+            _tensors(o, out)
+    return out
+
+
+def _rows_of(shape) -> tuple[float, float]:
+    """(B, H) = (numel / last dim, last dim) of a shape; (1, 1) for a scalar."""
+    if len(shape) == 0:
+        return 1.0, 1.0
+    h = int(shape[-1])
+    n = math.prod(int(s) for s in shape)
+    return (float(n // h) if h else 0.0), float(h)
+
+
+def _nbytes(t) -> int:
+    return int(t.numel()) * t.element_size()
+
+
+# --------------------------------------------------------------------------------------------
+# The recorder
+# --------------------------------------------------------------------------------------------
+
+class _Tracer:
+    def __init__(self, model, block_of: dict):
+        self.rows: dict[str, list] = {c: [] for c in TRACE_COLUMNS}
+        self.writer: dict[int, tuple] = {}   # storage id -> kids that last wrote it
+        self._keep: list = []                # storages kept alive so their ids are not reused
+        self.unknown: Counter = Counter()
+        self.phase = "fw"
+        self.fw_stack: list[str] = []
+        self.bw_stack: list[str] = []
+        self.block_of = block_of
+        self._layer_cache: dict[str, int] = {}
+        self.n = 0
+
+    # --- module context --------------------------------------------------------------------
+    def current_module(self) -> str:
+        stack = self.bw_stack if self.phase == "bw" else self.fw_stack
+        return stack[-1] if stack else ""
+
+    def layer_of(self, name: str) -> int:
+        hit = self._layer_cache.get(name)
+        if hit is None:
+            hit = -1
+            parts = name.split(".")
+            for i in range(len(parts), 0, -1):
+                idx = self.block_of.get(".".join(parts[:i]))
+                if idx is not None:
+                    hit = idx
+                    break
+            self._layer_cache[name] = hit
+        return hit
+
+    # --- producers ---------------------------------------------------------------------------
+    def _sid(self, t) -> int | None:
+        try:
+            st = t.untyped_storage()
+        except Exception:  # noqa: BLE001 - tensors without storage (none expected)
+            return None
+        sid = st._cdata
+        if sid not in self.writer:
+            self._keep.append(st)
+        return sid
+
+    def producers(self, tensors) -> tuple:
+        kids: set = set()
+        for t in tensors:
+            sid = self._sid(t)
+            if sid is not None:
+                kids.update(self.writer.get(sid, ()))
+        return tuple(sorted(kids))
+
+    def set_writer(self, tensors, kids: tuple):
+        for t in tensors:
+            sid = self._sid(t)
+            if sid is not None:
+                self.writer[sid] = kids
+
+    # --- rows --------------------------------------------------------------------------------
+    def add_row(self, aten, cls, op, dims, flops, nbytes, inputs) -> int:
+        kid = self.n
+        self.n += 1
+        mod = self.current_module()
+        r = self.rows
+        r["kid"].append(kid)
+        r["phase"].append(self.phase)
+        r["aten"].append(aten)
+        r["cls"].append(cls)
+        r["op"].append(op)
+        for c, v in zip(("B", "M", "N", "K", "H"), dims):
+            r[c].append(np.nan if v is None else float(v))
+        r["flops"].append(flops)
+        r["bytes"].append(nbytes)
+        r["inputs"].append(tuple(k for k in inputs if k != kid))
+        r["layer"].append(self.layer_of(mod) if mod else -1)
+        r["module"].append(mod)
+        return kid
+
+    def record(self, func, args, kwargs, out):
+        import torch
+
+        base, inplace = _split_name(func)
+        if base in _NO_KERNEL:
+            return
+        ins = _tensors(args, [])
+        _tensors(kwargs, ins)
+        outs = _tensors(out, [])
+        if inplace and not outs and ins:
+            outs = [ins[0]]
+        aten = str(func)
+
+        if base in _GEMM:
+            self._gemm(base, aten, args, ins, outs)
+            return
+        if any(t.numel() == 0 for t in outs):
+            if all(t.numel() == 0 for t in outs):
+                return  # a kernel over no elements is not launched
+        if base in _EW_PAIR or base in _EW_FIXED:
+            dev = outs[0].device if outs else None
+            if base in _EW_FIXED:
+                op = _EW_FIXED[base]
+            else:
+                real = [t for t in ins if not (t.dim() == 0 and t.device != dev)]
+                op = _EW_PAIR[base][0 if len(real) >= 2 else 1]
+            B, H = _rows_of(outs[0].shape)
+            self._vector(aten, "elementwise", op, B, H, ins, outs)
+            return
+        if base in _SOFTMAX:
+            dim = args[1] if len(args) > 1 and isinstance(args[1], int) else -1
+            shape = outs[0].shape
+            H = int(shape[dim]) if len(shape) else 1
+            B = outs[0].numel() // max(H, 1)
+            self._vector(aten, "softmax", "softmax", B, H, ins, outs)
+            return
+        if base in _LAYERNORM:
+            self._layernorm(base, aten, args, ins, outs)
+            return
+        kind = _MEMORY.get(base)
+        if kind is not None:
+            self._memory(kind, base, aten, args, ins, outs)
+            return
+        # unknown: no row; its outputs inherit its inputs' producers
+        self.unknown[aten] += 1
+        self.set_writer(outs, self.producers(ins))
+
+    def _vector(self, aten, cls, op, B, H, ins, outs):
+        n_in, ops_per_o = kernels.OPS[op][1], kernels.OPS[op][2]
+        flops = B * H * ops_per_o
+        nbytes = B * H * kernels.BYTES_PER_ELEM * (n_in + 1)
+        kid = self.add_row(aten, cls, op, (B, None, None, None, H), float(flops), float(nbytes),
+                           self.producers(ins))
+        self.set_writer(outs, (kid,))
+
+    def _gemm(self, base, aten, args, ins, outs):
+        if base in ("mm", "bmm", "dot", "mv"):
+            a, b = args[0], args[1]
+        else:  # addmm, baddbmm, addmv, _addmm_activation: (bias, a, b)
+            a, b = args[1], args[2]
+        if base in ("bmm", "baddbmm"):
+            B, M, N = (int(s) for s in a.shape)
+            K = int(b.shape[2])
+            cls = "bmm"
+        elif base in ("mv", "addmv"):
+            B, (M, N), K, cls = 1, (int(s) for s in a.shape), 1, "linear"
+        elif base == "dot":
+            B, M, N, K, cls = 1, 1, int(a.shape[0]), 1, "linear"
+        else:
+            B, (M, N), K, cls = 1, (int(s) for s in a.shape), int(b.shape[1]), "linear"
+        if min(B, M, N, K) <= 0:
+            return
+        flops = 2.0 * B * M * N * K
+        nbytes = float(kernels.BYTES_PER_ELEM * B * (M * N + N * K + M * K))
+        kid = self.add_row(aten, cls, cls, (B, M, N, K, None), flops, nbytes, self.producers(ins))
+        self.set_writer(outs, (kid,))
+
+    def _layernorm(self, base, aten, args, ins, outs):
+        fw = not base.endswith("_backward")
+        if fw:
+            x, normalized = args[0], args[1]
+        else:
+            x, normalized = args[1], args[2]
+        H = math.prod(int(s) for s in normalized) if len(normalized) else 1
+        B = x.numel() // max(H, 1)
+        if fw:
+            self._vector(aten, "layernorm", "ln", B, H, ins, outs)
+            return
+        mask = args[-1] if isinstance(args[-1], (list, tuple)) else [True, True, True]
+        inputs = self.producers(ins)
+        res = outs  # (grad_input, grad_weight, grad_bias); undefined ones are absent
+        if mask[0]:
+            kid = self.add_row(aten, "layernorm", "ln", (B, None, None, None, H),
+                               float(B * H * kernels.OPS["ln"][2]),
+                               float(B * H * kernels.BYTES_PER_ELEM * 2), inputs)
+            if res:
+                self.set_writer(res[:1], (kid,))
+        n_param = int(bool(mask[1])) + int(len(mask) > 2 and bool(mask[2]))
+        if n_param:
+            written = n_param * H
+            nbytes = float(kernels.BYTES_PER_ELEM * (2 * B * H + written))
+            kid = self.add_row(aten, "memory", "mem", (1, None, None, None, written), 0.0,
+                               nbytes, inputs)
+            self.set_writer(res[1:] if mask[0] else res, (kid,))
+
+    def _memory(self, kind, base, aten, args, ins, outs):
+        written = sum(int(t.numel()) for t in outs)
+        wbytes = sum(_nbytes(t) for t in outs)
+        if kind == "write":  # fills and RNG: nothing read
+            rbytes = 0
+            inputs = ()
+        elif kind == "gather":
+            idx = [t for t in ins if not t.is_floating_point()]
+            rbytes = sum(_nbytes(t) for t in idx) + wbytes
+            inputs = self.producers(ins)
+        elif kind == "scatter":
+            # (self, ..., index, src): reads index and src, read-modify-writes src-many rows
+            src = [t for t in ins[1:] if t.is_floating_point()] or ins[1:]
+            idx = [t for t in ins[1:] if not t.is_floating_point()]
+            sbytes = sum(_nbytes(t) for t in src)
+            written = sum(int(t.numel()) for t in src)
+            rbytes = sum(_nbytes(t) for t in idx) + sbytes
+            wbytes = sbytes
+            inputs = self.producers(ins)
+        elif kind == "embedding_backward":
+            grad, idx = args[0], args[1]
+            rbytes = _nbytes(grad) + _nbytes(idx)
+            inputs = self.producers(ins)
+        else:  # "all"
+            srcs = ins[1:] if base == "copy" else ins
+            rbytes = sum(_nbytes(t) for t in srcs)
+            inputs = self.producers(ins)
+        if written <= 0:
+            return
+        kid = self.add_row(aten, "memory", "mem", (1, None, None, None, written), 0.0,
+                           float(rbytes + wbytes), inputs)
+        self.set_writer(outs, (kid,))
+
+    def frame(self) -> pd.DataFrame:
+        df = pd.DataFrame(self.rows, columns=list(TRACE_COLUMNS))
+        df["kid"] = df["kid"].astype(np.int64)
+        df["layer"] = df["layer"].astype(np.int64)
+        for c in ("B", "M", "N", "K", "H", "flops", "bytes"):
+            df[c] = df[c].astype(np.float64)
+        return df
+
+
+def _meta_scalar(t):
+    """``.item()`` of a meta tensor: the only data-dependent checks the models make on their
+    inputs ask whether the mask is all ones / the positions are not packed (``.all()``); our
+    inputs have no padding, so a boolean answers True. Anything else cannot be traced."""
+    import torch
+
+    if t.dtype == torch.bool:
+        return True
+    raise ValueError("the model reads a data-dependent value (.item() on a non-boolean tensor), "
+                     "which a meta-device trace cannot provide: patch that module for tracing")
+
+
+def _make_modes(tracer: _Tracer, redirect_dropout: bool):
+    import torch
+    import torch.nn.functional as F
+    from torch.overrides import TorchFunctionMode
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Recorder(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if func is local_scalar and args and args[0].is_meta:
+                return _meta_scalar(args[0])
+            out = func(*args, **kwargs)
+            tracer.record(func, args, kwargs, out)
+            return out
+
+    dropouts = {F.dropout, torch.dropout}
+    local_scalar = torch.ops.aten._local_scalar_dense.default
+
+    class CudaDropout(TorchFunctionMode):
+        """F.dropout as CUDA runs it: the fused native_dropout kernel when 0 < p < 1."""
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if func in dropouts:
+                names = ("input", "p", "training", "inplace") if func is F.dropout else \
+                        ("input", "p", "train")
+                bound = dict(zip(names, args))
+                bound.update(kwargs)
+                x = bound["input"]
+                p = float(bound.get("p", 0.5))
+                train = bool(bound.get("training", bound.get("train", True)))
+                if not train or p == 0.0 or x.numel() == 0:
+                    return x
+                if 0.0 < p < 1.0:
+                    return torch.native_dropout(x, p, True)[0]
+            return func(*args, **kwargs)
+
+    return Recorder(), (CudaDropout() if redirect_dropout else None)
+
+
+# --------------------------------------------------------------------------------------------
+# Model structure: transformer blocks, module hooks, mixture of experts
+# --------------------------------------------------------------------------------------------
+
+def _block_index(model) -> dict:
+    """Qualified name of each transformer block -> its index (encoder blocks first)."""
+    import torch.nn as nn
+
+    out: dict[str, int] = {}
+    taken: list[str] = []
+    for name, mod in model.named_modules():
+        if not isinstance(mod, nn.ModuleList) or len(mod) == 0:
+            continue
+        if any(name.startswith(t + ".") for t in taken):
+            continue
+        kinds = {type(m) for m in mod}
+        if len(kinds) != 1:
+            continue
+        cname = next(iter(kinds)).__name__
+        if not (cname.endswith("Block") or cname.endswith("Layer")):
+            continue
+        taken.append(name)
+        for i in range(len(mod)):
+            out[f"{name}.{i}"] = len(out)
+    return out
+
+
+def _install_hooks(model, tracer: _Tracer) -> list:
+    import torch
+    from torch.autograd.graph import register_multi_grad_hook
+
+    handles = []
+    for name, mod in model.named_modules():
+        def pre(m, args, kwargs, _name=name):
+            tracer.fw_stack.append(_name)
+            if torch.is_grad_enabled():
+                ts = [t for t in _tensors((args, kwargs), []) if t.requires_grad]
+                if ts:
+                    handles.append(register_multi_grad_hook(ts, lambda *_: _pop(_name)))
+
+        def post(m, args, kwargs, output, _name=name):
+            if tracer.fw_stack and tracer.fw_stack[-1] == _name:
+                tracer.fw_stack.pop()
+            if torch.is_grad_enabled():
+                ts = [t for t in _tensors(output, []) if isinstance(t, torch.Tensor)
+                      and t.requires_grad]
+                if ts:
+                    handles.append(register_multi_grad_hook(
+                        ts, lambda *_: tracer.bw_stack.append(_name)))
+
+        def _pop(n):
+            st = tracer.bw_stack
+            for i in range(len(st) - 1, -1, -1):
+                if st[i] == n:
+                    del st[i]
+                    break
+
+        handles.append(mod.register_forward_pre_hook(pre, with_kwargs=True))
+        handles.append(mod.register_forward_hook(post, with_kwargs=True))
+    return handles
+
+
+def _fixed_capacity_moe(self, hidden_states, *args, **kwargs):
+    """A Switch sparse MLP with fixed-size expert blocks (see the module docstring)."""
+    import torch
+    import torch.nn.functional as F
+
+    router, experts = self.router, self.experts
+    batch, seq, dim = hidden_states.shape
+    h = hidden_states
+    jitter = getattr(router, "jitter_noise", 0.0) or 0.0
+    if self.training and jitter > 0:
+        h = h * torch.empty_like(h).uniform_(1.0 - jitter, 1.0 + jitter)
+    logits = router.classifier(h)
+    probs = F.softmax(logits, dim=-1)
+    route_prob, _ = probs.max(dim=-1)           # router probability of the chosen expert
+    _chosen = probs.argmax(dim=-1)               # the routing decision (data-dependent)
+    n_exp = int(getattr(router, "num_experts", len(experts)))
+    cap = min(int(getattr(router, "expert_capacity", seq)), seq) * batch
+    flat = hidden_states.reshape(batch * seq, dim)
+    weight = route_prob.reshape(batch * seq, 1)
+    out = torch.zeros_like(flat)
+    names = [f"expert_{i}" for i in range(n_exp)]
+    for name in names:
+        # token positions routed to this expert: a fixed-size block of `cap` tokens
+        idx = torch.empty(cap, dtype=torch.long, device=flat.device)
+        tokens = flat.index_select(0, idx)
+        y = experts[name](tokens) * weight.index_select(0, idx)
+        out = out.index_add(0, idx, y)
+    return out.reshape(batch, seq, dim)
+
+
+def _patch_moe(model) -> int:
+    n = 0
+    for mod in model.modules():
+        if type(mod).__name__.endswith("SparseMLP") and hasattr(mod, "router") \
+                and hasattr(mod, "experts"):
+            mod.forward = types.MethodType(_fixed_capacity_moe, mod)
+            n += 1
+    return n
+
+
+# --------------------------------------------------------------------------------------------
+# trace
+# --------------------------------------------------------------------------------------------
+
+_MAX_POS = ("n_positions", "max_position_embeddings")
+
+
+def _check_args(batch, seq, mode):
+    for name, v in (("batch", batch), ("seq", seq)):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v <= 0:
+            raise ValueError(f"{name} must be a positive integer, got {v!r}")
+    if mode not in ("inf", "train"):
+        raise ValueError(f"mode must be 'inf' (forward) or 'train' (forward + backward), "
+                         f"got {mode!r}")
+
+
+def _loss(output):
+    import torch
+
+    items = output.items() if hasattr(output, "items") else [("logits", output)]
+    parts = [v for k, v in items if isinstance(v, torch.Tensor) and k.endswith("logits")
+             and "router" not in k and v.is_floating_point()]
+    if not parts:
+        parts = [v for _, v in items if isinstance(v, torch.Tensor) and v.is_floating_point()
+                 and v.requires_grad][:1]
+    if not parts:
+        raise ValueError("the model returned no floating-point output to take a loss of")
+    loss = parts[0].sum()
+    for p in parts[1:]:
+        loss = loss + p.sum()
+    return loss
+
+
+def trace(config: dict, batch: int, seq: int, mode: str, *, grad_accumulation: bool = True,
+          architecture: str | None = None) -> pd.DataFrame:
+    """The kernels one forward (``mode="inf"``) or forward + backward (``"train"``) launches.
+
+    ``config``: a HuggingFace config dict (or a name/path for :func:`load_model_config`).
+    Input: token ids of shape ``(batch, seq)`` (and decoder ids of the same shape for
+    encoder-decoder models). ``grad_accumulation``: trace the add of each parameter gradient
+    into an existing ``.grad`` (as the measured runs and the original opgraph). ``architecture``:
+    a transformers class name to build instead of the default choice (pre-training model, else
+    causal LM, else seq2seq LM, else masked LM, else the base model).
+
+    Returns a frame with one row per kernel, in launch order, columns :data:`TRACE_COLUMNS`:
+    ``kid``, ``phase`` ("fw"/"bw"), ``aten``, ``cls`` (a class of :mod:`nslib.kernels` or
+    "memory"), ``op``, dims ``B, M, N, K, H`` (float, NaN where the class has none), ``flops``,
+    ``bytes`` (FP32), ``inputs`` (tuple of producer kids), ``layer`` (transformer block index or
+    -1) and ``module`` (qualified module name or ""). Unknown aten ops give no row and one
+    warning listing them. Raises ValueError for bad arguments or a config transformers cannot
+    build.
+    """
+    import torch
+
+    _check_args(batch, seq, mode)
+    if not isinstance(config, dict):
+        config = load_model_config(config)
+    hf, model = _build(config, architecture)
+    for attr in _MAX_POS:
+        limit = getattr(hf, attr, None)
+        if isinstance(limit, int) and 0 < limit < seq and hf.model_type not in ("t5",):
+            raise ValueError(f"seq {seq} exceeds the model's {attr} = {limit}: use a shorter "
+                             f"sequence or raise {attr} in the config")
+    train = mode == "train"
+    model.train(train)
+    _patch_moe(model)
+    tracer = _Tracer(model, _block_index(model))
+    recorder, dropout_mode = _make_modes(tracer, redirect_dropout=train)
+
+    ids = torch.zeros(batch, seq, dtype=torch.long, device="meta")
+    inputs: dict[str, Any] = {"input_ids": ids}
+    if getattr(hf, "is_encoder_decoder", False):
+        inputs["decoder_input_ids"] = torch.zeros(batch, seq, dtype=torch.long, device="meta")
+    if train and grad_accumulation:
+        with torch.no_grad():
+            for p in model.parameters():
+                if p.requires_grad:
+                    p.grad = torch.zeros_like(p)
+
+    handles = _install_hooks(model, tracer)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # transformers' own chatter about meta/eager/etc.
+            try:
+                if train:
+                    with dropout_mode, recorder:
+                        out = model(**inputs)
+                        loss = _loss(out)
+                        tracer.phase = "bw"
+                        tracer.fw_stack.clear()
+                        loss.backward()
+                else:
+                    with torch.no_grad(), recorder:
+                        model(**inputs)
+            except ValueError:
+                raise
+            except (RuntimeError, IndexError, TypeError, NotImplementedError) as e:
+                raise ValueError(f"tracing the {hf.model_type!r} model failed "
+                                 f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+                                 f"): check that the config's sizes are consistent and that "
+                                 f"batch/seq suit the model") from e
+    finally:
+        for h in handles:
+            h.remove()
+    if tracer.unknown:
+        listing = ", ".join(f"{k} x{v}" for k, v in sorted(tracer.unknown.items()))
+        warnings.warn(f"nslib.graph.trace: {len(tracer.unknown)} aten op(s) have no kernel "
+                      f"mapping and were left out of the trace: {listing}", stacklevel=2)
+    return tracer.frame()
+
+
+# --------------------------------------------------------------------------------------------
+# summary
+# --------------------------------------------------------------------------------------------
+
+def summarize(trace_frame: pd.DataFrame) -> pd.DataFrame:
+    """Kernel count, GEMM FLOPs, all FLOPs and bytes per (phase, cls)."""
+    df = trace_frame
+    gemm = df["cls"].isin(kernels.GEMM_CLASSES)
+    g = df.assign(gemm_flops=np.where(gemm, df["flops"], 0.0)).groupby(
+        ["phase", "cls"], sort=True)
+    out = pd.DataFrame({
+        "kernels": g.size(),
+        "gemm_flops": g["gemm_flops"].sum(),
+        "flops": g["flops"].sum(),
+        "bytes": g["bytes"].sum(),
+    })
+    order = {"fw": 0, "bw": 1}
+    out = out.reset_index()
+    out["_o"] = out["phase"].map(order).fillna(2)
+    return out.sort_values(["_o", "cls"]).drop(columns="_o").reset_index(drop=True)

@@ -1,0 +1,39 @@
+"""Shared test set-up: the data location, a private cache, and a papermill runner."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED_DATA = ROOT.parent / "shared" / "neusight"
+os.environ.setdefault("NSLIB_DATA", str(SHARED_DATA))
+os.environ.setdefault("MPLBACKEND", "Agg")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _cache(tmp_path_factory):
+    """One cache folder for the whole session (tables and quick predictors are reused)."""
+    if "NSLIB_CACHE" not in os.environ or os.environ.get("CI") != "true":
+        os.environ["NSLIB_CACHE"] = str(tmp_path_factory.mktemp("nslib-cache"))
+    yield
+
+
+@pytest.fixture(scope="session")
+def data_dir():
+    from nslib.paths import DataNotFoundError, data_root
+    try:
+        return data_root()
+    except DataNotFoundError as e:
+        pytest.skip(str(e))
+
+
+def run_notebook(name: str, out_dir: Path, **params) -> Path:
+    """Execute notebooks/<name>.ipynb through papermill; returns the executed notebook path."""
+    import papermill as pm
+    executed = out_dir / f"{name}.ipynb"
+    pm.execute_notebook(str(ROOT / "notebooks" / f"{name}.ipynb"), str(executed),
+                        parameters={"out": str(out_dir), **params}, kernel_name="python3",
+                        cwd=str(ROOT / "notebooks"), progress_bar=False)
+    return executed
