@@ -58,6 +58,16 @@ def _eval_kernels(args) -> int:
     return 0
 
 
+def _reproduce(args) -> int:
+    from .reproduce import run
+    recs = run(quick=args.quick, force=args.force, only=args.only or None)
+    print(f"{'notebook':28s} {'status':12s} seconds")
+    for r in recs:
+        print(f"{r['notebook']:28s} {r['status']:12s} {r['seconds']:7.1f}")
+    print(f"total {sum(r['seconds'] for r in recs):.1f} s; figures and tables in figures/")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="nslib", description=__doc__)
     p.add_argument("--data", help="NeuSight data root (default: $NSLIB_DATA or datasets/neusight)")
@@ -97,6 +107,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=_eval_kernels)
 
+    s = sub.add_parser("reproduce", help="run every notebook (papermill), write figures/")
+    s.add_argument("--quick", action="store_true", help="the quick profile (minutes)")
+    s.add_argument("--force", action="store_true", help="rerun up-to-date notebooks too")
+    s.add_argument("--only", nargs="*", help="notebook names to run (default: all)")
+    s.set_defaults(func=_reproduce)
+
     try:
         from .predict_cli import add_predict_parser
         add_predict_parser(sub)
@@ -114,10 +130,15 @@ def main(argv=None) -> int:
     from .paths import DataNotFoundError
     try:
         return args.func(args)
-    except (DataNotFoundError, FileNotFoundError, FileExistsError, ValueError, KeyError) as e:
+    except Exception as e:
+        from .reproduce import NotebookFailed
+        if not isinstance(e, (NotebookFailed, DataNotFoundError, FileNotFoundError,
+                              FileExistsError, ValueError, KeyError)):
+            raise
         msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
         print(f"nslib: error: {msg}", file=sys.stderr)
         return 2
+
 
 
 if __name__ == "__main__":
