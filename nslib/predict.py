@@ -1,0 +1,106 @@
+"""Model-level prediction: trace a model into kernels, predict every kernel, sum.
+
+``predict_model(gpu, model, batch, seq, mode, predictor)`` returns the kernel frame (one row
+per launched kernel with ``pred_ms``) and a summary: ``e2e_ms``, ``fw_ms``, ``bw_ms`` and ms
+per kernel class. All kernels of a class are predicted in one batched call.
+"""
+from __future__ import annotations
+
+import io
+import json
+import os
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from . import __version__
+from .gpus import GPU, find_gpu, load_gpu_file, load_gpus
+from .paths import atomic_write_bytes, cache_dir, hash_files
+
+MODES = ("inf", "train")
+
+
+def resolve_gpu(gpu: str | GPU | os.PathLike, data=None) -> GPU:
+    """A GPU from a :class:`GPU`, a spec JSON file path, or a name/alias in the data."""
+    if isinstance(gpu, GPU):
+        return gpu
+    if isinstance(gpu, (str, os.PathLike)) and str(gpu).endswith(".json"):
+        return load_gpu_file(gpu)
+    return find_gpu(str(gpu), load_gpus(data))
+
+
+def traced(model, batch: int, seq: int, mode: str, data=None) -> pd.DataFrame:
+    """The kernel trace of a model (name, path or config dict), cached by config content."""
+    from .graph import load_model_config
+    config = load_model_config(model, data)
+    key = hash_files([], extra=[config, int(batch), int(seq), mode, __version__])
+    return _traced(key, json.dumps(config, sort_keys=True), int(batch), int(seq), mode).copy()
+
+
+@lru_cache(maxsize=64)
+def _traced(key: str, config_json: str, batch: int, seq: int, mode: str) -> pd.DataFrame:
+    from .graph import trace
+    path = cache_dir("traces") / f"{key}.parquet"
+    if path.exists():
+        df = pd.read_parquet(path)
+        df["inputs"] = df["inputs"].map(lambda v: tuple(int(i) for i in v))
+        return df
+    df = trace(json.loads(config_json), batch, seq, mode)
+    buf = io.BytesIO()
+    df.assign(inputs=df["inputs"].map(list)).to_parquet(buf, index=False)
+    atomic_write_bytes(path, buf.getvalue())
+    return df
+
+
+def kernel_frame(trace: pd.DataFrame, gpu: GPU) -> pd.DataFrame:
+    """Trace rows as predictor input on ``gpu``: GPU columns added, memory ops as copies.
+
+    Memory ops (copies, gathers, concatenations) are predicted as a one-input elementwise
+    kernel (``addu``: read one element, write one) over the elements they write.
+    """
+    df = trace.copy()
+    mem = (df["cls"] == "memory").to_numpy()
+    if mem.any():
+        n = np.maximum(df.loc[mem, "bytes"].to_numpy(float) / 8.0, 1.0)
+        df.loc[mem, ["cls", "op"]] = ["elementwise", "addu"]
+        df.loc[mem, "B"], df.loc[mem, "H"] = 1.0, np.ceil(n)
+    for k, v in gpu.columns().items():
+        df[k] = v
+    df["kernel_class"] = np.where(mem, "memory", trace["cls"].to_numpy())
+    return df
+
+
+def _predictor(predictor, data=None, quick: bool = False):
+    if not isinstance(predictor, str):
+        return predictor
+    from .training import trained
+    return trained(predictor, data=data, quick=quick, progress=False)
+
+
+def summarize(frame: pd.DataFrame) -> dict:
+    """``{e2e_ms, fw_ms, bw_ms, per_class_ms: {...}, n_kernels}`` of a predicted frame."""
+    fw = float(frame.loc[frame["phase"] == "fw", "pred_ms"].sum())
+    bw = float(frame.loc[frame["phase"] == "bw", "pred_ms"].sum())
+    per = frame.groupby("kernel_class")["pred_ms"].sum()
+    return {"e2e_ms": fw + bw, "fw_ms": fw, "bw_ms": bw,
+            "per_class_ms": {k: float(v) for k, v in per.items()}, "n_kernels": int(len(frame))}
+
+
+def predict_model(gpu, model, batch: int, seq: int, mode: str = "inf",
+                  predictor="neusight", data=None, quick: bool = False):
+    """Predict one inference (``mode="inf"``) or training step (``"train"``) of ``model``.
+
+    ``gpu``: name/alias, spec file or :class:`GPU`; ``model``: a config name in the data
+    (``gpt3_27``), a JSON path or a config dict; ``predictor``: a registered name (trained and
+    cached on first use) or a fitted predictor. Returns ``(kernels frame, summary dict)``.
+    """
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    spec = resolve_gpu(gpu, data)
+    frame = kernel_frame(traced(model, batch, seq, mode, data), spec)
+    pred = _predictor(predictor, data, quick)
+    frame["pred_ms"] = pred.predict(frame) if len(frame) else np.zeros(0)
+    return frame, summarize(frame)
