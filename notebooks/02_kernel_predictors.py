@@ -1,0 +1,149 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 02 · The NeuSight kernel predictor
+#
+# One small MLP per kernel class predicts how much of the roofline a *wave* of thread blocks
+# reaches (`u = gamma * (1 - alpha / waves)`, both in (0, 1)); the latency is the waves times
+# the roofline time of one wave divided by `u`. Trained on the five training GPUs, tested on
+# held-out kernels of those GPUs and of GPUs never seen. Beside it: the roofline, and the same
+# network with a free latency output (the unbounded MLP), to show what the bound buys.
+
+# %% tags=["parameters"]
+data = None      # NeuSight data root; None: $NSLIB_DATA or datasets/neusight
+out = None       # folder for figures and tables; None: figures/
+epochs = None    # None: the library's default (or the quick profile's)
+seed = 0
+quick = False    # quick profile: a few epochs, for tests
+
+# %%
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+import seaborn as sns
+
+from nslib import data as nsdata, tiles
+from nslib.evaluate import ape, class_table, gpu_table
+from nslib.figures import save_figure, save_table
+from nslib.kernel_eval import predict_test
+from nslib.training import kernel_eval_frame, trained
+
+splits = nsdata.gpu_splits(data)
+train_kw = dict(data=data, quick=quick, seed=seed, epochs=epochs)
+splits
+
+# %% [markdown]
+# ## Train (or load) the predictors
+# Training is cached by data hash and parameters: a second run loads the weights.
+
+# %%
+import time
+t0 = time.time()
+neusight = trained("neusight", **train_kw)
+mlp = trained("mlp", **train_kw)
+print(f"trained or loaded in {time.time() - t0:.1f} s")
+
+# %% [markdown]
+# ## Error per class: training GPUs vs new GPUs
+# New GPUs' kernels take looked-up tiles, as a GPU that was never profiled would.
+
+# %%
+names = ["roofline", "neusight", "mlp"]
+preds = {n: predict_test(n, **train_kw) for n in names}
+table = pd.concat({n: class_table(p, p["pred_ms"], splits["train_gpus"], splits["new_gpus"])
+                   [["train_gpus", "new_gpus"]] for n, p in preds.items()}, axis=1)
+save_table(table, "02_kernel_error_by_class", out)
+table
+
+# %%
+per_gpu = pd.concat({n: gpu_table(p, p["pred_ms"]) for n, p in preds.items()})
+save_table(per_gpu, "02_kernel_error_by_gpu", out)
+per_gpu
+
+# %% [markdown]
+# ## Predicted against measured, per GPU (log-log)
+
+# %%
+ns = preds["neusight"].sample(min(20000, len(preds["neusight"])), random_state=seed)
+g = sns.relplot(data=ns, x="latency_ms", y="pred_ms", hue="cls", col="gpu", col_wrap=4,
+                s=5, alpha=0.4, linewidth=0, height=3)
+for ax in g.axes.flat:
+    ax.set(xscale="log", yscale="log")
+    lim = [1e-3, 1e3]
+    ax.plot(lim, lim, "k--", lw=0.8)
+g.set_axis_labels("measured (ms)", "NeuSight predicted (ms)")
+save_figure(g.figure, "02_pred_vs_measured", out)
+
+# %% [markdown]
+# ## Error against the number of waves
+# Few waves leave SMs idle; `alpha / waves` is how the model accounts for it.
+
+# %%
+err = pd.concat([p.assign(predictor=n, err=ape(p["pred_ms"], p["latency_ms"]))
+                 for n, p in preds.items()])
+err["waves_bin"] = pd.cut(err["waves"], [0, 1, 4, 16, 64, 256, 1024, np.inf],
+                          labels=["1", "2-4", "5-16", "17-64", "65-256", "257-1024", ">1024"])
+by_waves = err.groupby(["predictor", "waves_bin"], observed=True)["err"].mean().unstack(0)
+save_table(by_waves, "02_error_vs_waves", out)
+ax = by_waves.plot(marker="o", figsize=(7, 3.5), logy=True)
+ax.set(xlabel="waves", ylabel="MAPE (%)")
+save_figure(ax.figure, "02_error_vs_waves", out)
+
+# %% [markdown]
+# ## Learned utilisation curves, per GPU
+# For square GEMMs of growing size: utilisation rises with waves and saturates at gamma.
+
+# %%
+from nslib.gpus import load_gpus
+import nslib.kernels as K
+gpus = load_gpus(data)
+sizes = 2.0 ** np.arange(6, 14)
+rows = []
+for key, gpu in gpus.items():
+    if key != gpu.key or not any(gpu.name == n for n in splits["test_gpus"]):
+        continue
+    f = pd.DataFrame({"cls": "linear", "op": "linear", "B": 1.0, "M": sizes, "N": sizes,
+                      "K": sizes, "H": np.nan, **gpu.columns()})
+    f = K.add_features(neusight.tiles.lookup(f))
+    rows.append(f.assign(u=neusight.utilisation(f)))
+curves = pd.concat(rows)
+fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
+sns.lineplot(data=curves, x="M", y="u", hue="gpu", marker="o", ax=axes[0])
+axes[0].set(xscale="log", xlabel="M = N = K", ylabel="predicted utilisation u")
+sns.lineplot(data=curves, x="waves", y="u", hue="gpu", marker="o", ax=axes[1], legend=False)
+axes[1].set(xscale="log", xlabel="waves", ylabel="u")
+save_figure(fig, "02_utilisation_curves", out)
+
+# %% [markdown]
+# ## How often the looked-up tile is the tile the library chose
+# On the test GPUs whose kernel names we know, compare the parsed tile with the one looked up
+# from the nearest training kernel.
+
+# %%
+test_all = kernel_eval_frame(data)
+agree = tiles.agreement(test_all, neusight.tiles.lookup(test_all))
+agree = agree.pivot(index="gpu", columns="cls", values="match")
+save_table(agree * 100, "02_tile_lookup_agreement", out)
+agree * 100
+
+# %% [markdown]
+# ## Training curves (validation SMAPE per epoch)
+
+# %%
+fig, ax = plt.subplots(figsize=(7, 3.5))
+for cls, hist in neusight.history.items():
+    ax.plot(np.arange(1, len(hist) + 1), hist, label=cls)
+ax.set(xlabel="epoch", ylabel="validation SMAPE", yscale="log")
+ax.legend()
+save_figure(fig, "02_training_curves", out)
