@@ -1,0 +1,92 @@
+"""The NeuSight predictor: bounds, units, persistence, determinism (small real subsets)."""
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from nslib import data as nsdata, kernels
+from nslib.predictors import PredictorFileError, get
+from nslib.predictors.neusight import NeuSight, roofline_wave_ms
+
+
+@pytest.fixture(scope="module")
+def small(data_dir):
+    """A few hundred training and test kernels of every class."""
+    tr = pd.concat([nsdata.kernel_table(c, "train").sample(400, random_state=0)
+                    for c in kernels.CLASSES], ignore_index=True)
+    te = pd.concat([nsdata.kernel_table(c, "test").sample(150, random_state=0)
+                    for c in kernels.CLASSES], ignore_index=True)
+    return tr, te
+
+
+@pytest.fixture(scope="module")
+def fitted(small):
+    return get("neusight", seed=3, epochs=3, batch=128).fit(small[0], progress=False)
+
+
+def test_utilisation_in_unit_interval_and_never_beats_roofline(fitted, small):
+    te = small[1]
+    u = fitted.utilisation(te)
+    assert ((u > 0) & (u < 1)).all()
+    pred = fitted.predict(te)
+    assert (pred >= kernels.roofline_ms(te) * (1 - 1e-9)).all()
+    # also with looked-up tiles, as on a GPU never profiled
+    assert (fitted.predict(te, lookup=True) >= kernels.roofline_ms(te) * (1 - 1e-9)).all()
+
+
+def test_hand_checked_units(fitted):
+    # one 1024^3 linear on a GPU with 10 SMs, 10 TFLOP/s, 1000 GB/s, tiles 128 x 128
+    f = pd.DataFrame({"cls": ["linear"], "op": ["linear"], "B": [1.0], "M": [1024.0],
+                      "N": [1024.0], "K": [1024.0], "H": [np.nan], "tile_m": [128.0],
+                      "tile_k": [128.0], "num_sm": [10.0], "peak_gflops": [10000.0],
+                      "mem_bw": [1000.0], "mem_gb": [16.0], "l2_mb": [4.0]})
+    f = kernels.add_features(f)
+    assert f["blocks"][0] == 64 and f["waves"][0] == 7
+    # tile FLOPs 2*128*1024*128; roofline: compute-bound (intensity 170 FLOP/B > 10)
+    wave = roofline_wave_ms(f)[0]
+    assert wave == pytest.approx(10 * 2 * 128 * 1024 * 128 / 10e12 * 1e3)
+    u = fitted.utilisation(f)[0]
+    assert fitted.predict(f)[0] == pytest.approx(7 * wave / u)
+
+
+def test_save_load_round_trip_and_bad_files(fitted, small, tmp_path):
+    te = small[1]
+    path = fitted.save(tmp_path / "ns.pt")
+    again = NeuSight.load(path)
+    assert np.array_equal(again.predict(te), fitted.predict(te))
+    bad = tmp_path / "bad.pt"
+    bad.write_bytes(b"not a torch file")
+    with pytest.raises(PredictorFileError, match="not a readable predictor"):
+        NeuSight.load(bad)
+    other = get("roofline").save(tmp_path / "roof.pt")
+    with pytest.raises(PredictorFileError, match="'roofline' predictor, not 'neusight'"):
+        NeuSight.load(other)
+    blob = torch.load(path, weights_only=True)
+    blob["state"]["models"]["bmm"]["0.weight"] = torch.zeros(3, 3)
+    torch.save(blob, tmp_path / "mismatch.pt")
+    with pytest.raises(PredictorFileError, match="do not match"):
+        NeuSight.load(tmp_path / "mismatch.pt")
+    with pytest.raises(FileNotFoundError, match="nslib train"):
+        NeuSight.load(tmp_path / "missing.pt")
+
+
+def test_same_seed_same_predictions(small, fitted):
+    again = get("neusight", seed=3, epochs=3, batch=128).fit(small[0], progress=False)
+    assert np.array_equal(again.predict(small[1]), fitted.predict(small[1]))
+
+
+def test_unbounded_mlp_is_free_of_the_roofline(small):
+    mlp = get("mlp", seed=0, epochs=2, batch=128).fit(small[0], progress=False)
+    pred = mlp.predict(small[1])
+    assert np.isfinite(pred).all() and (pred > 0).all()
+    assert mlp.bounded is False
+
+
+def test_traced_style_frame_without_tiles_gets_lookup(fitted):
+    f = pd.DataFrame({"cls": ["bmm", "elementwise", "softmax"], "op": ["bmm", "gelu", "softmax"],
+                      "B": [16.0, 8.0, 64.0], "M": [512.0, np.nan, np.nan],
+                      "N": [64.0, np.nan, np.nan], "K": [512.0, np.nan, np.nan],
+                      "H": [np.nan, 4096.0, 512.0], "num_sm": 132.0, "peak_gflops": 66908.0,
+                      "mem_bw": 3430.0, "mem_gb": 80.0, "l2_mb": 50.0})
+    pred = fitted.predict(f)
+    assert np.isfinite(pred).all() and (pred >= kernels.roofline_ms(f)).all()
