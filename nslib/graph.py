@@ -52,12 +52,14 @@ Mapping choices (what a CUDA build of PyTorch 2.1 launches for these ops):
   size queries, ``empty*`` allocations and ops on zero-element tensors.
 - Anything else: collected and reported in one ``warnings.warn`` with counts (no row).
 
-Training: the loss is the sum of the model's logits outputs (a reduction, in ``fw``), so the
-backward starts from ones like the measured runs. Gradient accumulation: the measured runs (and
-the original opgraph's ``AccOps``) add each parameter's gradient into an existing ``.grad``;
-``grad_accumulation=True`` (default) pre-sets ``.grad`` so autograd's accumulation ``add_``
-kernels are traced (phase ``bw``). Tied weights (GPT-2's embedding and LM head) are summed by
-autograd inside the backward, also a ``bw`` add.
+Training: the loss is the sum of the model's logits outputs (one reduction kernel, phase
+``fw``), so the backward starts from a ones gradient; a real loss would add a few vector
+kernels over the logits, small next to the LM head GEMMs. Gradient accumulation: the original
+opgraph's ``AccOps`` add each parameter's gradient into an existing ``.grad`` (training steps
+without zeroing the gradients); ``grad_accumulation=True`` (default) pre-sets ``.grad`` so
+autograd's accumulation ``add_`` kernels are traced (phase ``bw``, op ``add``). Tied weights
+(GPT-2's embedding and LM head) are summed by autograd inside the backward, also a ``bw`` add.
+The optimizer step is not traced (the measurements exclude it).
 
 Mixture of experts (Switch Transformer): routing is data-dependent, which meta tensors cannot
 run, so each sparse MLP is replaced (on the traced instance only) by a fixed-capacity version as
@@ -72,7 +74,6 @@ import copy
 import json
 import math
 import os
-import time
 import types
 import warnings
 from collections import Counter
@@ -85,7 +86,11 @@ import pandas as pd
 from nslib import kernels
 from nslib.paths import data_root
 
-__all__ = ["load_model_config", "trace", "summarize", "TRACE_COLUMNS"]
+__all__ = ["load_model_config", "trace", "summarize", "TRACE_COLUMNS", "TRACE_VERSION",
+           "MEASURED_ARCHITECTURE"]
+
+# Bump when the rows trace() produces change, so caches of traces can key on it.
+TRACE_VERSION = 1
 
 TRACE_COLUMNS = ("kid", "phase", "aten", "cls", "op", "B", "M", "N", "K", "H", "flops", "bytes",
                  "inputs", "layer", "module")
@@ -149,15 +154,29 @@ def _hf_config(config: dict):
                          "(e.g. \"gpt2\", \"bert\", \"opt\", \"switch_transformers\")")
     for k in ("architectures", "_name_or_path", "transformers_version", "torch_dtype", "dtype"):
         cfg.pop(k, None)
+    from transformers import CONFIG_MAPPING
+
+    if model_type not in CONFIG_MAPPING:
+        raise ValueError(f"unknown model_type {model_type!r}: transformers has no such model "
+                         f"(known types are the keys of transformers.CONFIG_MAPPING, e.g. "
+                         f"'gpt2', 'bert', 'opt', 'switch_transformers'); fix the config")
     try:
         hf = AutoConfig.for_model(model_type, **cfg)
-    except (ValueError, KeyError) as e:
-        raise ValueError(f"transformers cannot make a config of model_type {model_type!r} "
-                         f"({e}): use a model_type transformers knows, or fix the config") from None
-    except TypeError as e:
-        raise ValueError(f"bad field in the {model_type!r} config ({e}): fix the config") from None
+    except Exception as e:  # noqa: BLE001 - field validation errors of many kinds
+        msg = str(e).strip().replace("\n", " ")
+        raise ValueError(f"transformers rejects the {model_type!r} config ({msg}): fix the "
+                         f"config") from None
     hf.use_cache = False
     return hf
+
+
+# The models the NeuSight measurements ran, read from the node names of the original opgraphs
+# (results/opgraph): BERT inference is a sequence classifier (pooler + 2-way classifier),
+# BERT training the pre-training model (pooler + MLM + NSP heads).
+MEASURED_ARCHITECTURE = {
+    ("bert", "inf"): "BertForSequenceClassification",
+    ("bert", "train"): "BertForPreTraining",
+}
 
 
 def _model_classes(hf_config, architecture: str | None):
@@ -241,7 +260,7 @@ _EW_PAIR = {
     "mul": ("mul", "mulu"), "div": ("div", "divu"), "true_divide": ("div", "divu"),
     "floor_divide": ("div", "divu"), "remainder": ("div", "divu"), "fmod": ("div", "divu"),
     "pow": ("pow", "powu"), "float_power": ("pow", "powu"), "maximum": ("add", "addu"),
-    "minimum": ("add", "addu"), "max_other": ("add", "addu"), "clamp": ("add", "addu"),
+    "minimum": ("add", "addu"), "clamp": ("add", "addu"),
     "clamp_min": ("add", "addu"), "clamp_max": ("add", "addu"), "lerp": ("add", "addu"),
     "addcmul": ("mul", "mulu"), "addcdiv": ("div", "divu"), "xlogy": ("mul", "mulu"),
     "atan2": ("div", "divu"), "hypot": ("add", "addu"), "copysign": ("mul", "mulu"),
@@ -290,7 +309,7 @@ _MEMORY = {
         "embedding", "index_select", "index", "gather", "take", "take_along_dim")},
     **{k: "scatter" for k in (
         "index_add", "index_put", "_index_put_impl", "index_copy", "scatter", "scatter_add",
-        "scatter_reduce", "masked_scatter_")},
+        "scatter_reduce")},
     **{k: "write" for k in (
         "zeros", "zeros_like", "ones", "ones_like", "full", "full_like", "new_zeros",
         "new_ones", "new_full", "fill", "zero", "arange", "linspace", "range", "bernoulli",
@@ -349,6 +368,7 @@ class _Tracer:
         self.bw_stack: list[str] = []
         self.block_of = block_of
         self._layer_cache: dict[str, int] = {}
+        self._func_info: dict = {}
         self.n = 0
 
     # --- module context --------------------------------------------------------------------
@@ -370,28 +390,32 @@ class _Tracer:
         return hit
 
     # --- producers ---------------------------------------------------------------------------
-    def _sid(self, t) -> int | None:
+    # A kernel's producers are the last writers of the storages its tensors live in: views,
+    # reshapes and autograd's saved copies of a tensor share its storage, so this follows them
+    # to the real producer; an in-place op becomes the new writer of the whole storage.
+    @staticmethod
+    def _storage(t):
         try:
-            st = t.untyped_storage()
+            return t.untyped_storage()
         except Exception:  # noqa: BLE001 - tensors without storage (none expected)
             return None
-        sid = st._cdata
-        if sid not in self.writer:
-            self._keep.append(st)
-        return sid
 
     def producers(self, tensors) -> tuple:
         kids: set = set()
+        writer = self.writer
         for t in tensors:
-            sid = self._sid(t)
-            if sid is not None:
-                kids.update(self.writer.get(sid, ()))
+            st = self._storage(t)
+            if st is not None:
+                kids.update(writer.get(st._cdata, ()))
         return tuple(sorted(kids))
 
     def set_writer(self, tensors, kids: tuple):
         for t in tensors:
-            sid = self._sid(t)
-            if sid is not None:
+            st = self._storage(t)
+            if st is not None:
+                sid = st._cdata
+                if sid not in self.writer:
+                    self._keep.append(st)  # keep it alive so its id is never reused
                 self.writer[sid] = kids
 
     # --- rows --------------------------------------------------------------------------------
@@ -414,48 +438,71 @@ class _Tracer:
         r["module"].append(mod)
         return kid
 
-    def record(self, func, args, kwargs, out):
-        import torch
+    def _info(self, func) -> tuple:
+        """(base name, in-place?, aten name, handler kind) of an op, memoised per trace."""
+        info = self._func_info.get(func)
+        if info is None:
+            base, inplace = _split_name(func)
+            if base in _NO_KERNEL:
+                kind = "none"
+            elif base in _GEMM:
+                kind = "gemm"
+            elif base in _EW_FIXED or base in _EW_PAIR:
+                kind = "ew"
+            elif base in _SOFTMAX:
+                kind = "softmax"
+            elif base in _LAYERNORM:
+                kind = "ln"
+            elif base in _MEMORY:
+                kind = "mem"
+            else:
+                kind = "unknown"
+            info = (base, inplace, str(func), kind)
+            self._func_info[func] = info
+        return info
 
-        base, inplace = _split_name(func)
-        if base in _NO_KERNEL:
+    def record(self, func, args, kwargs, out):
+        base, inplace, aten, kind = self._info(func)
+        if kind == "none":
             return
         ins = _tensors(args, [])
-        _tensors(kwargs, ins)
+        if kwargs:
+            _tensors(kwargs, ins)
         outs = _tensors(out, [])
         if inplace and not outs and ins:
             outs = [ins[0]]
-        aten = str(func)
+        if not any(t.is_meta for t in outs) and not any(t.is_meta for t in ins):
+            return  # host-side work (e.g. on Python scalars wrapped as CPU tensors): no kernel
 
-        if base in _GEMM:
+        if kind == "gemm":
             self._gemm(base, aten, args, ins, outs)
             return
-        if any(t.numel() == 0 for t in outs):
-            if all(t.numel() == 0 for t in outs):
-                return  # a kernel over no elements is not launched
-        if base in _EW_PAIR or base in _EW_FIXED:
-            dev = outs[0].device if outs else None
+        if outs and all(t.numel() == 0 for t in outs):
+            return  # a kernel over no elements is not launched
+        if kind == "ew":
             if base in _EW_FIXED:
                 op = _EW_FIXED[base]
             else:
+                dev = outs[0].device
                 real = [t for t in ins if not (t.dim() == 0 and t.device != dev)]
                 op = _EW_PAIR[base][0 if len(real) >= 2 else 1]
             B, H = _rows_of(outs[0].shape)
             self._vector(aten, "elementwise", op, B, H, ins, outs)
             return
-        if base in _SOFTMAX:
-            dim = args[1] if len(args) > 1 and isinstance(args[1], int) else -1
+        if kind == "softmax":
+            # _softmax(x, dim, half_to_float), _softmax_backward_data(grad, out, dim, dtype)
+            dim = next((a for a in args[1:] if isinstance(a, int) and not isinstance(a, bool)),
+                       -1)
             shape = outs[0].shape
             H = int(shape[dim]) if len(shape) else 1
             B = outs[0].numel() // max(H, 1)
             self._vector(aten, "softmax", "softmax", B, H, ins, outs)
             return
-        if base in _LAYERNORM:
+        if kind == "ln":
             self._layernorm(base, aten, args, ins, outs)
             return
-        kind = _MEMORY.get(base)
-        if kind is not None:
-            self._memory(kind, base, aten, args, ins, outs)
+        if kind == "mem":
+            self._memory(_MEMORY[base], base, inplace, aten, args, ins, outs)
             return
         # unknown: no row; its outputs inherit its inputs' producers
         self.unknown[aten] += 1
@@ -519,7 +566,7 @@ class _Tracer:
                                nbytes, inputs)
             self.set_writer(res[1:] if mask[0] else res, (kid,))
 
-    def _memory(self, kind, base, aten, args, ins, outs):
+    def _memory(self, kind, base, inplace, aten, args, ins, outs):
         written = sum(int(t.numel()) for t in outs)
         wbytes = sum(_nbytes(t) for t in outs)
         if kind == "write":  # fills and RNG: nothing read
@@ -534,9 +581,12 @@ class _Tracer:
             src = [t for t in ins[1:] if t.is_floating_point()] or ins[1:]
             idx = [t for t in ins[1:] if not t.is_floating_point()]
             sbytes = sum(_nbytes(t) for t in src)
-            written = sum(int(t.numel()) for t in src)
             rbytes = sum(_nbytes(t) for t in idx) + sbytes
-            wbytes = sbytes
+            if inplace:  # only the touched rows are read and written
+                written = sum(int(t.numel()) for t in src)
+                wbytes = sbytes
+            else:  # the out-of-place form first copies `self` into the output
+                rbytes += _nbytes(ins[0])
             inputs = self.producers(ins)
         elif kind == "embedding_backward":
             grad, idx = args[0], args[1]
@@ -559,6 +609,78 @@ class _Tracer:
         for c in ("B", "M", "N", "K", "H", "flops", "bytes"):
             df[c] = df[c].astype(np.float64)
         return df
+
+
+def _same_dense(args, kwargs):
+    """The first tensor argument when every tensor argument is a contiguous floating meta
+    tensor of one shape and dtype (the output of an elementwise op is then ``empty_like`` of
+    it), else None."""
+    import torch
+
+    first = None
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            if first is None:
+                if not (a.is_meta and a.is_floating_point() and a.is_contiguous()):
+                    return None
+                first = a
+            elif a.shape != first.shape or a.dtype != first.dtype or not a.is_contiguous():
+                return None
+        elif isinstance(a, (list, tuple, dict)):
+            return None
+    if kwargs:
+        for v in kwargs.values():
+            if isinstance(v, (torch.Tensor, list, tuple, dict)):
+                return None
+    return first
+
+
+def _fast_meta_ops():
+    """Ops whose meta output is computed here instead of by torch's Python meta kernels (the
+    main cost of a trace): shape-preserving elementwise ops on same-shape contiguous inputs."""
+    import torch
+
+    aten = torch.ops.aten
+    same = [aten.add.Tensor, aten.sub.Tensor, aten.mul.Tensor, aten.div.Tensor,
+            aten.add.Scalar, aten.sub.Scalar, aten.mul.Scalar, aten.div.Scalar,
+            aten.rsub.Scalar, aten.pow.Tensor_Scalar, aten.relu.default, aten.tanh.default,
+            aten.gelu.default, aten.sigmoid.default, aten.silu.default, aten.neg.default,
+            aten.rsqrt.default, aten.exp.default, aten.threshold_backward.default,
+            aten.tanh_backward.default, aten.gelu_backward.default,
+            aten.sigmoid_backward.default, aten.silu_backward.default,
+            aten._softmax.default, aten._softmax_backward_data.default]
+    inplace = [aten.add_.Tensor, aten.mul_.Tensor, aten.div_.Tensor, aten.add_.Scalar,
+               aten.mul_.Scalar, aten.div_.Scalar]
+    fast = {}
+
+    def out_like(args, kwargs):
+        t = _same_dense(args, kwargs)
+        return None if t is None else torch.empty_like(t)
+
+    def out_self(args, kwargs):
+        t = _same_dense(args, kwargs)
+        return None if t is None else args[0]
+
+    def dropout(args, kwargs):
+        x = args[0] if args else None
+        if kwargs or not (isinstance(x, torch.Tensor) and x.is_meta and x.is_contiguous()):
+            return None
+        return torch.empty_like(x), torch.empty_like(x, dtype=torch.bool)
+
+    def dropout_backward(args, kwargs):
+        g, m = args[0], args[1]
+        if kwargs or not (g.is_meta and g.is_contiguous() and m.is_contiguous()
+                          and g.shape == m.shape and g.is_floating_point()):
+            return None
+        return torch.empty_like(g)
+
+    for op in same:
+        fast[op] = out_like
+    for op in inplace:
+        fast[op] = out_self
+    fast[aten.native_dropout.default] = dropout
+    fast[aten.native_dropout_backward.default] = dropout_backward
+    return fast
 
 
 def _meta_scalar(t):
@@ -584,12 +706,16 @@ def _make_modes(tracer: _Tracer, redirect_dropout: bool):
             kwargs = kwargs or {}
             if func is local_scalar and args and args[0].is_meta:
                 return _meta_scalar(args[0])
-            out = func(*args, **kwargs)
+            shortcut = fast.get(func)
+            out = shortcut(args, kwargs) if shortcut is not None else None
+            if out is None:
+                out = func(*args, **kwargs)
             tracer.record(func, args, kwargs, out)
             return out
 
     dropouts = {F.dropout, torch.dropout}
     local_scalar = torch.ops.aten._local_scalar_dense.default
+    fast = _fast_meta_ops()
 
     class CudaDropout(TorchFunctionMode):
         """F.dropout as CUDA runs it: the fused native_dropout kernel when 0 < p < 1."""
@@ -661,7 +787,17 @@ def _install_hooks(model, tracer: _Tracer) -> list:
                       and t.requires_grad]
                 if ts:
                     handles.append(register_multi_grad_hook(
-                        ts, lambda *_: tracer.bw_stack.append(_name)))
+                        ts, lambda *_: _push(_name), mode="any"))
+
+        def _push(n):
+            # hooks on the same tensor fire inner module first (registration order): keep an
+            # enclosing module below the descendants already on the stack
+            st = tracer.bw_stack
+            i = len(st)
+            prefix = n + "." if n else ""
+            while i > 0 and st[i - 1] != n and st[i - 1].startswith(prefix):
+                i -= 1
+            st.insert(i, n)
 
         def _pop(n):
             st = tracer.bw_stack
@@ -701,7 +837,7 @@ def _fixed_capacity_moe(self, hidden_states, *args, **kwargs):
         idx = torch.empty(cap, dtype=torch.long, device=flat.device)
         tokens = flat.index_select(0, idx)
         y = experts[name](tokens) * weight.index_select(0, idx)
-        out = out.index_add(0, idx, y)
+        out.index_add_(0, idx, y)
     return out.reshape(batch, seq, dim)
 
 
@@ -756,26 +892,43 @@ def trace(config: dict, batch: int, seq: int, mode: str, *, grad_accumulation: b
     Input: token ids of shape ``(batch, seq)`` (and decoder ids of the same shape for
     encoder-decoder models). ``grad_accumulation``: trace the add of each parameter gradient
     into an existing ``.grad`` (as the measured runs and the original opgraph). ``architecture``:
-    a transformers class name to build instead of the default choice (pre-training model, else
-    causal LM, else seq2seq LM, else masked LM, else the base model).
+    a transformers class name to build instead of the default: the model the measurements
+    ran (:data:`MEASURED_ARCHITECTURE`, e.g. BERT inference is BertForSequenceClassification),
+    else the pre-training model, else the causal LM, seq2seq LM, masked LM, base model.
 
     Returns a frame with one row per kernel, in launch order, columns :data:`TRACE_COLUMNS`:
     ``kid``, ``phase`` ("fw"/"bw"), ``aten``, ``cls`` (a class of :mod:`nslib.kernels` or
     "memory"), ``op``, dims ``B, M, N, K, H`` (float, NaN where the class has none), ``flops``,
-    ``bytes`` (FP32), ``inputs`` (tuple of producer kids), ``layer`` (transformer block index or
-    -1) and ``module`` (qualified module name or ""). Unknown aten ops give no row and one
+    ``bytes`` (FP32 for the measured classes; memory rows count the bytes they read and write
+    at their real dtypes), ``inputs`` (sorted tuple of the kids that produced this kernel's
+    tensor inputs, followed through views; () for model inputs and parameters), ``layer``
+    (transformer block index, encoder blocks then decoder blocks, or -1 outside the blocks)
+    and ``module`` (qualified name of the innermost module running it, or ""). Unknown aten ops give no row and one
     warning listing them. Raises ValueError for bad arguments or a config transformers cannot
     build.
     """
-    import torch
+    from transformers.utils import logging as hf_logging
 
     _check_args(batch, seq, mode)
     if not isinstance(config, dict):
         config = load_model_config(config)
+    if architecture is None:
+        architecture = MEASURED_ARCHITECTURE.get((config.get("model_type"), mode))
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # transformers' notes about meta tensors, token ids...
+    try:
+        return _trace(config, batch, seq, mode, grad_accumulation, architecture)
+    finally:
+        hf_logging.set_verbosity(verbosity)
+
+
+def _trace(config, batch, seq, mode, grad_accumulation, architecture) -> pd.DataFrame:
+    import torch
+
     hf, model = _build(config, architecture)
     for attr in _MAX_POS:
         limit = getattr(hf, attr, None)
-        if isinstance(limit, int) and 0 < limit < seq and hf.model_type not in ("t5",):
+        if isinstance(limit, int) and 0 < limit < seq:
             raise ValueError(f"seq {seq} exceeds the model's {attr} = {limit}: use a shorter "
                              f"sequence or raise {attr} in the config")
     train = mode == "train"
@@ -815,14 +968,14 @@ def trace(config: dict, batch: int, seq: int, mode: str, *, grad_accumulation: b
                 raise ValueError(f"tracing the {hf.model_type!r} model failed "
                                  f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
                                  f"): check that the config's sizes are consistent and that "
-                                 f"batch/seq suit the model") from e
+                                 f"batch/seq suit the model") from None
     finally:
         for h in handles:
             h.remove()
     if tracer.unknown:
         listing = ", ".join(f"{k} x{v}" for k, v in sorted(tracer.unknown.items()))
         warnings.warn(f"nslib.graph.trace: {len(tracer.unknown)} aten op(s) have no kernel "
-                      f"mapping and were left out of the trace: {listing}", stacklevel=2)
+                      f"mapping and were left out of the trace: {listing}", stacklevel=3)
     return tracer.frame()
 
 

@@ -34,9 +34,9 @@ def resolve_gpu(gpu: str | GPU | os.PathLike, data=None) -> GPU:
 
 def traced(model, batch: int, seq: int, mode: str, data=None) -> pd.DataFrame:
     """The kernel trace of a model (name, path or config dict), cached by config content."""
-    from .graph import load_model_config
+    from .graph import TRACE_VERSION, load_model_config
     config = load_model_config(model, data)
-    key = hash_files([], extra=[config, int(batch), int(seq), mode, __version__])
+    key = hash_files([], extra=[config, int(batch), int(seq), mode, __version__, TRACE_VERSION])
     return _traced(key, json.dumps(config, sort_keys=True), int(batch), int(seq), mode).copy()
 
 
