@@ -86,31 +86,12 @@ import pandas as pd
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from nslib import graph  # noqa: E402
+from nslib.opgraph import layer_span, ref_class  # noqa: E402
 from nslib.paths import data_root  # noqa: E402
 
 CLASSES = ("linear", "bmm", "elementwise", "softmax", "layernorm", "memory")
 NAME_RE = re.compile(r"^(?P<model>.+?)-(?P<mode>inf|train)-(?P<seq>\d+)-(?P<batch>\d+)"
                      r"(?P<suffix>-.+)?$")
-LAYER0 = re.compile(r"(^|_)(h|layer|layers|block)_0_")
-LAYER1 = re.compile(r"(^|_)(h|layer|layers|block)_1_")
-MODULE_ROOTS = re.compile(r"^(transformer|bert|model|cls|lm_head|encoder|decoder|shared|"
-                          r"final_logits)(_|$)")
-
-
-def ref_class(kind: str) -> str:
-    if kind == "Linear":
-        return "linear"
-    if kind == "BMM":
-        return "bmm"
-    if kind == "VECsoftmax":
-        return "softmax"
-    if kind == "VECln":
-        return "layernorm"
-    if kind.startswith("VEC"):
-        return "elementwise"
-    return "memory"
-
-
 def gemm_flops(kind: str, dims) -> float:
     if kind == "Linear":
         m, n, k = dims
@@ -129,22 +110,6 @@ def is_size_getitem(kind: str, dims) -> bool:
         return all(tuple(s) == (1,) for s in dims)
     except TypeError:
         return False
-
-
-def layer_span(names: list[str]) -> tuple[int, int] | None:
-    """[start, end) of the block-0 nodes; None when the graph holds every block."""
-    if any(LAYER1.search(n) for n in names):
-        return None
-    starts = [i for i, n in enumerate(names) if LAYER0.search(n)]
-    if not starts:
-        return None
-    start = starts[0]
-    end = len(names)
-    for i in range(starts[-1] + 1, len(names)):
-        if MODULE_ROOTS.match(names[i]) and not LAYER0.search(names[i]):
-            end = i
-            break
-    return start, end
 
 
 def reference(path: Path, n_layer: int) -> dict:
