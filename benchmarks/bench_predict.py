@@ -1,0 +1,69 @@
+"""Speed of model-level prediction (issue targets: GPT3-2.7B training on H100 under 8 s as a
+whole process on first use, trace included; under 2 s once cached; 1,000-scenario sweep of one
+model under 10 s). Prints the figures; run with NSLIB_DATA set.
+
+    python benchmarks/bench_predict.py [--predictor neusight] [--quick]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+
+def timed_cli(args, env) -> float:
+    t0 = time.time()
+    subprocess.run([sys.executable, "-m", "nslib.cli", *args], env=env, check=True,
+                   stdout=subprocess.DEVNULL)
+    return time.time() - t0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--predictor", default="neusight")
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--scenarios", type=int, default=1000)
+    a = ap.parse_args(argv)
+    from nslib.gpus import load_gpus
+    from nslib.paths import cache_dir
+    from nslib.sweep import sweep
+    from nslib.training import trained
+    trained(a.predictor, quick=a.quick)  # train once, outside the timings
+    real = cache_dir()
+    cold = Path(tempfile.mkdtemp(prefix="nslib-bench-"))
+    for sub in ("predictors", "tables"):  # warm predictors and tables, cold traces
+        (cold / sub).symlink_to(real / sub)
+    env = {**os.environ, "NSLIB_CACHE": str(cold)}
+    cmd = ["predict", "--gpu", "H100", "--model", "gpt3_27", "--batch", "2", "--seq", "2048",
+           "--mode", "train", "--predictor", a.predictor] + (["--quick"] if a.quick else [])
+    first = timed_cli(cmd, env)
+    again = timed_cli(cmd, env)
+    shutil.rmtree(cold)
+    rng = np.random.default_rng(0)
+    names = [g.key for g in load_gpus().values()]
+    sc = pd.DataFrame({"gpu": rng.choice(names, a.scenarios),
+                       "batch": rng.integers(1, 17, a.scenarios),
+                       "seq": rng.choice(np.arange(128, 2049, 128), a.scenarios)})
+    sweep("gpt3_27", "train", sc.head(2), predictor=a.predictor, quick=a.quick)  # traces
+    t0 = time.time()
+    sweep("gpt3_27", "train", sc, predictor=a.predictor, quick=a.quick)
+    swept = time.time() - t0
+    print(f"nslib predict gpt3_27 train b2 s2048 on H100, first use (trace included): "
+          f"{first:.2f} s  (target < 8 s)")
+    print(f"nslib predict, trace and predictors cached:                             "
+          f"{again:.2f} s  (target < 2 s)")
+    print(f"sweep of {a.scenarios} (GPU, batch, seq) scenarios of gpt3_27 training:       "
+          f"{swept:.2f} s  (target < 10 s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
