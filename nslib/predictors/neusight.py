@@ -1,15 +1,19 @@
 """NeuSight: per-class MLPs predicting the utilisation of one wave, bounded by the roofline.
 
-For each kernel class an MLP maps per-SM-normalised log2 tile features to (alpha, gamma) in
-(0, 1) through sigmoids; the utilisation of a wave is ``u = gamma * (1 - alpha / num_waves)``
-(method.md's ``gamma - alpha' / num_waves`` with ``alpha' = alpha * gamma``, which keeps u in
-(0, 1) for every wave count), and the latency is
+For each kernel class an MLP maps per-SM-normalised log2 tile features to two raw outputs that
+give the utilisation u in (0, 1) of a wave (:func:`wave_utilisation`), and the latency is
 
-    t = num_waves * (num_sm * tile_FLOPs) / (roofline_throughput * u)
+    t = num_waves * (num_sm * tile_FLOPs) / (roofline_throughput * u)     (ms)
 
-so a prediction can never beat the roofline. Training minimises the symmetric percentage
-error of the per-wave latency. Kernels without a parsed tile (unprofiled GPUs, traced models)
-take the tile of the nearest measured training kernel (:mod:`nslib.tiles`).
+so a prediction can never beat the roofline. Two laws for u: ``paper``,
+``u = gamma * (1 - alpha / num_waves)`` (method.md's ``gamma - alpha' / num_waves`` with
+``alpha' = alpha * gamma``, in (0, 1) for every wave count), and the default ``overhead``,
+``u = gamma * num_waves / (num_waves + a)``: a per-wave cost plus a fixed cost of ``a`` waves,
+which fits small, launch-bound kernels without wave-dependent features and tends to gamma for
+kernels far larger than any trained on. Training minimises the symmetric percentage error of
+the per-wave latency. Kernels without a parsed tile (unprofiled GPUs, traced models) take the
+tile of the nearest measured training kernel (:mod:`nslib.tiles`); softmax kernels pack several
+rows per block (:class:`RowPacking`).
 """
 from __future__ import annotations
 
@@ -29,12 +33,23 @@ from .base import Predictor, by_class
 
 
 
-FEATURES = ("compute", "load", "dram_footprint", "l2_footprint")
+FEATURES = ("compute", "load", "dram_footprint", "l2_footprint")  # the paper's four
+# Defaults: the per-tile features only (they do not grow with the kernel, so kernels far larger
+# than any trained on are not extrapolated in feature space: the wave count enters through u
+# alone). dram_footprint keyed on memory size (A100-40GB vs 80GB differ only there and in
+# bandwidth) and the footprints froze u at the edge of the training range; elementwise kernels
+# keep l2_footprint, which they need and which did not hurt them (kernel MAPE 1.4/3.5% vs 9.6/11%).
+DEFAULT_FEATURES = ("compute", "load")
+CLASS_DEFAULTS = {"elementwise": {"features": ("compute", "load", "l2_footprint")}}
 
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """Hyper-parameters of one class's MLP (the paper's: 8 x 512, AdamW, batch 128)."""
+    """Hyper-parameters of one class's MLP (the paper's: 8 x 512, AdamW, batch 128).
+
+    ``features``: names for :func:`tile_features`; ``form``: the utilisation law of
+    :func:`wave_utilisation`; ``pack_rows``: pack softmax rows into blocks (:class:`RowPacking`).
+    """
 
     layers: int = 4
     hidden: int = 128
@@ -43,8 +58,9 @@ class TrainConfig:
     batch: int = 256
     epochs: int = 60
     val_frac: float = 0.2
-    features: tuple = FEATURES
-    form: str = "paper"
+    features: tuple = DEFAULT_FEATURES
+    form: str = "overhead"
+    pack_rows: bool = True
 
 
 def paper_config(cls: str, data=None) -> dict:
@@ -85,6 +101,70 @@ def roofline_wave_ms(frame: pd.DataFrame) -> np.ndarray:
     """Time of one full wave at the roofline, ms: ``num_sm * tile_FLOPs / roofline``."""
     return frame["num_sm"].to_numpy(float) * frame["tile_flops"].to_numpy(float) / \
         frame["roofline_tput"].to_numpy(float) * 1e3
+
+
+class RowPacking:
+    """Rows per thread block of softmax kernels, learned from the launch grids of training kernels.
+
+    PyTorch's ``softmax_warp_forward`` (rows up to 1024 elements) packs several rows into one
+    block (4 rows of more than 128 elements, more for shorter rows), while
+    ``cunn_SoftMaxForward`` runs one row per block. Which one runs depends on the row length H
+    only, so an unprofiled GPU takes the rows per block of the training row length nearest in
+    log2 H. ``apply`` turns the one-row tiles of :func:`nslib.kernels.add_features` into packed
+    tiles: tile FLOPs and bytes times the rows per block, blocks ``ceil(B / rows)``.
+    """
+
+    CLASSES = ("softmax",)
+
+    def __init__(self, log2_h=None, rows=None):
+        self.log2_h = np.asarray([] if log2_h is None else log2_h, float)
+        self.rows = np.asarray([] if rows is None else rows, float)
+
+    def fit(self, frame: pd.DataFrame) -> "RowPacking":
+        sub = frame[frame["cls"].isin(self.CLASSES)]
+        grid = (sub["grid_x"] * sub["grid_y"] * sub["grid_z"]).to_numpy(float) if len(sub) else []
+        ok = np.isfinite(grid) & (np.asarray(grid) > 0) if len(sub) else []
+        if len(sub) and np.any(ok):
+            rows = np.ceil(sub["B"].to_numpy(float)[ok] / np.asarray(grid)[ok])
+            tab = pd.Series(rows).groupby(np.log2(sub["H"].to_numpy(float)[ok])).median()
+            self.log2_h, self.rows = tab.index.to_numpy(float), 2.0 ** np.round(np.log2(tab.to_numpy()))
+        return self
+
+    def rows_per_block(self, H: np.ndarray) -> np.ndarray:
+        """Rows per block for row lengths ``H`` (nearest training H in log2; 1 if none)."""
+        if not len(self.log2_h):
+            return np.ones(len(H))
+        x = np.log2(np.asarray(H, float))
+        i = np.clip(np.searchsorted(self.log2_h, x), 1, len(self.log2_h) - 1) \
+            if len(self.log2_h) > 1 else np.zeros(len(x), int)
+        if len(self.log2_h) > 1:
+            i = np.where(np.abs(self.log2_h[i - 1] - x) <= np.abs(self.log2_h[i] - x), i - 1, i)
+        return self.rows[i]
+
+    def apply(self, frame: pd.DataFrame) -> pd.DataFrame:
+        """A copy of a featured frame with packed softmax tiles (other rows unchanged)."""
+        mask = frame["cls"].isin(self.CLASSES).to_numpy()
+        if not mask.any() or not len(self.log2_h):
+            return frame
+        out = frame.copy()
+        sub = out.loc[mask]
+        r = self.rows_per_block(sub["H"].to_numpy(float))
+        blocks = np.ceil(sub["B"].to_numpy(float) / r)
+        out.loc[mask, "tile"] = sub["H"].to_numpy(float) * r
+        out.loc[mask, "tile_flops"] = sub["tile_flops"].to_numpy(float) * r
+        out.loc[mask, "tile_bytes"] = sub["tile_bytes"].to_numpy(float) * r
+        out.loc[mask, "blocks"] = blocks
+        out.loc[mask, "waves"] = np.ceil(blocks / sub["num_sm"].to_numpy(float))
+        return out
+
+    def get_state(self) -> dict:
+        return {"log2_h": torch.tensor(self.log2_h), "rows": torch.tensor(self.rows)}
+
+    @classmethod
+    def from_state(cls, state: dict | None) -> "RowPacking":
+        if not state:
+            return cls()
+        return cls(state["log2_h"].numpy(), state["rows"].numpy())
 
 
 FORMS = ("paper", "overhead")
@@ -129,13 +209,21 @@ class NeuSight(Predictor):
     bounded = True
 
     def __init__(self, seed: int = 0, configs: dict | None = None, **common):
-        """``configs`` maps a class to TrainConfig fields; ``common`` applies to every class."""
+        """``configs`` maps a class to TrainConfig fields; ``common`` applies to every class.
+
+        Precedence: ``configs[cls]`` over ``common`` over :data:`CLASS_DEFAULTS` over TrainConfig.
+        The unbounded subclass predicts whole-kernel latency, so it needs the size-dependent
+        footprints: it defaults to the paper's four :data:`FEATURES` instead.
+        """
         self.seed = seed
-        self.configs = {c: asdict(TrainConfig(**{**common, **(configs or {}).get(c, {})}))
+        base = CLASS_DEFAULTS if self.bounded else {c: {"features": FEATURES} for c in kernels.CLASSES}
+        self.configs = {c: asdict(TrainConfig(**{**base.get(c, {}), **common,
+                                                  **(configs or {}).get(c, {})}))
                         for c in kernels.CLASSES}
         self.models: dict[str, nn.Module] = {}
         self.norm: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         self.tiles = TileLookup()
+        self.packing = RowPacking()
         self.history: dict[str, list] = {}
 
     # ----- the model of one class
@@ -160,14 +248,14 @@ class NeuSight(Predictor):
 
     def _latency(self, cls: str, raw: torch.Tensor, frame: pd.DataFrame) -> np.ndarray:
         """Latency in ms (float64) of each kernel from the MLP's raw outputs."""
-        waves = torch.from_numpy(frame["waves"].to_numpy(float))
+        waves = torch.from_numpy(frame["waves"].to_numpy(float, copy=True))
         wave_ms = self._wave_ms(raw, torch.from_numpy(roofline_wave_ms(frame)), waves,
                                 self.configs[cls]["form"])
         return wave_ms.numpy() * self._scale(frame)
 
     def utilisation(self, frame: pd.DataFrame) -> np.ndarray:
         """The predicted utilisation u in (0, 1) of each kernel (bounded model only)."""
-        frame = self._with_tiles(frame)
+        frame = self._pack(self._with_tiles(frame))
         out = np.empty(len(frame))
         for cls, idx, sub in by_class(frame):
             with torch.no_grad():
@@ -179,6 +267,8 @@ class NeuSight(Predictor):
     # ----- training
     def fit(self, frame: pd.DataFrame, progress: bool = True) -> "NeuSight":
         self.tiles.fit(frame)
+        self.packing.fit(frame)
+        frame = self._pack(frame)
         for i, (cls, _, sub) in enumerate(by_class(frame)):
             self._fit_class(cls, sub.reset_index(drop=True), self.seed + i, progress)
         return self
@@ -236,6 +326,13 @@ class NeuSight(Predictor):
         return base / wave_utilisation(raw, waves, form)
 
     # ----- prediction
+    def _pack(self, frame: pd.DataFrame) -> pd.DataFrame:
+        """Pack softmax rows into blocks (:class:`RowPacking`) for classes configured so."""
+        classes = [c for c in RowPacking.CLASSES if self.configs[c].get("pack_rows", False)]
+        if not classes or not frame["cls"].isin(classes).any():
+            return frame
+        return self.packing.apply(frame)
+
     def _with_tiles(self, frame: pd.DataFrame) -> pd.DataFrame:
         """Fill missing tiles by lookup, then (re)compute the derived columns."""
         need = [c for cols in TILE_COLS.values() for c in cols]
@@ -258,6 +355,7 @@ class NeuSight(Predictor):
             frame = kernels.add_features(frame)
         else:
             frame = self._with_tiles(frame)
+        frame = self._pack(frame)
         out = np.empty(len(frame))
         for cls, idx, sub in by_class(frame):
             if cls not in self.models:
@@ -272,7 +370,8 @@ class NeuSight(Predictor):
                 "models": {c: m.state_dict() for c, m in self.models.items()},
                 "norm": {c: tuple(torch.from_numpy(a) for a in arrs)
                          for c, arrs in self.norm.items()},
-                "tiles": self.tiles.get_state(), "history": self.history}
+                "tiles": self.tiles.get_state(), "packing": self.packing.get_state(),
+                "history": self.history}
 
     def set_state(self, state: dict) -> None:
         if bool(state["bounded"]) != self.bounded:
@@ -280,11 +379,12 @@ class NeuSight(Predictor):
         self.seed, self.configs, self.history = state["seed"], state["configs"], state["history"]
         self.models = {}
         for c, sd in state["models"].items():
-            self.configs[c]["features"] = tuple(self.configs[c]["features"])
             cfg = TrainConfig(**self.configs[c])
+            self.configs[c] = {**asdict(cfg), "features": tuple(cfg.features)}
             m = make_mlp(len(cfg.features), cfg.layers, cfg.hidden, 2)
             m.load_state_dict(sd)
             m.eval()
             self.models[c] = m
         self.norm = {c: tuple(a.numpy() for a in arrs) for c, arrs in state["norm"].items()}
         self.tiles = TileLookup.from_state(state["tiles"])
+        self.packing = RowPacking.from_state(state.get("packing"))
