@@ -88,12 +88,13 @@ class_table
 # %%
 plot = results.copy()
 plot["label"] = plot["config"]
+order = sorted(plot["label"].unique())
 g = sns.catplot(data=plot, x="label", y="pred_ms", hue="predictor", col="gpu", kind="bar",
-                col_wrap=2, height=3.2, aspect=1.8, sharey=False)
+                order=order, col_wrap=2, height=3.2, aspect=1.8, sharey=False)
 for ax, gpu in zip(g.axes.flat, g.col_names):
     meas = plot[plot["gpu"] == gpu].drop_duplicates("label")
-    ax.scatter(range(len(meas)), meas["e2e_ms"], color="k", marker="_", s=400, zorder=5,
-               label="measured")
+    ax.scatter([order.index(lb) for lb in meas["label"]], meas["e2e_ms"], color="k",
+               marker="_", s=400, zorder=5, label="measured")
     ax.set_yscale("log")
     ax.tick_params(axis="x", rotation=45)
 g.set_axis_labels("", "latency (ms); black: measured")
