@@ -78,11 +78,15 @@ class Habitat(Predictor):
 
     def __init__(self, seed: int = 0, reference: str | None = None, layers: int = 4,
                  hidden: int = 256, lr: float = 1e-3, weight_decay: float = 1e-4,
-                 batch: int = 512, epochs: int = 60, patience: int = 8, val_frac: float = 0.2):
+                 batch: int = 512, epochs: int = 60, patience: int = 8, val_frac: float = 0.2,
+                 threads: int = 1):
+        """``threads``: torch CPU threads while training (restored afterwards). One is the
+        default: on a shared 2-core machine two OpenMP threads ran an epoch 10x slower, and
+        one thread also makes the fit independent of the machine's core count."""
         self.seed = seed
         self.params = {"reference": reference, "layers": layers, "hidden": hidden, "lr": lr,
                        "weight_decay": weight_decay, "batch": batch, "epochs": epochs,
-                       "patience": patience, "val_frac": val_frac}
+                       "patience": patience, "val_frac": val_frac, "threads": threads}
         self.models: dict[str, torch.nn.Module] = {}
         self.norm: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         self.history: dict[str, list] = {}
@@ -94,9 +98,14 @@ class Habitat(Predictor):
 
     # ----- training
     def fit(self, frame: pd.DataFrame, progress: bool = True) -> "Habitat":
-        for i, (cls, _, sub) in enumerate(by_class(frame)):
-            if cls in kernels.GEMM_CLASSES:
-                self._fit_mlp(cls, sub.reset_index(drop=True), self.seed + i, progress)
+        before = torch.get_num_threads()
+        torch.set_num_threads(int(self.params.get("threads") or before))
+        try:
+            for i, (cls, _, sub) in enumerate(by_class(frame)):
+                if cls in kernels.GEMM_CLASSES:
+                    self._fit_mlp(cls, sub.reset_index(drop=True), self.seed + i, progress)
+        finally:
+            torch.set_num_threads(before)
         vec = frame[frame["cls"].isin(kernels.VECTOR_CLASSES)]
         if len(vec):
             self._fit_reference(vec)
@@ -167,9 +176,8 @@ class Habitat(Predictor):
             sub = kernels.add_features(sub)
         grouped = (sub.groupby(["op", "B", "H"], sort=True)
                    .agg(lat=("latency_ms", "mean"), blocks=("blocks", "first")).reset_index())
-        self.ref_table = {str(op): {"B": g["B"].to_numpy(float), "H": g["H"].to_numpy(float),
-                                    "lat": g["lat"].to_numpy(float),
-                                    "blocks": g["blocks"].to_numpy(float)}
+        self.ref_table = {str(op): {k: g[k].to_numpy(float, copy=True)
+                                    for k in ("B", "H", "lat", "blocks")}
                           for op, g in grouped.groupby("op", sort=True)}
         self._trees = {}
 
