@@ -14,7 +14,7 @@ from . import kernels
 from .predict import _predictor, kernel_frame, resolve_gpu, traced
 
 DIMS = ["B", "M", "N", "K", "H"]
-_BASE = ((2, 64), (3, 64), (2, 96))  # (batch, seq) probes: ratios 1.5 in each direction
+_BASE = ((2, 32), (3, 32), (2, 48))  # (batch, seq) probes: ratios 1.5 in each direction
 
 
 def scaling_law(model, mode: str, data=None) -> dict:
