@@ -2,7 +2,8 @@
 
 Transformer kernels keep their sequence when batch or sequence length change; only the dims
 move, each as ``c * batch**i * seq**j``. Three small traces give ``c, i, j`` per kernel dim,
-so a sweep needs no more tracing: every scenario's kernels are computed by array arithmetic,
+so a sweep needs no more tracing (batch 1 launches a slightly different sequence, e.g. no
+batched broadcast copies, so it gets its own law from two traces at batch 1): every scenario's kernels are computed by array arithmetic,
 identical kernels are merged with a count, and each class is predicted in one batched call.
 """
 from __future__ import annotations
@@ -14,12 +15,15 @@ from . import kernels
 from .predict import _predictor, kernel_frame, resolve_gpu, traced
 
 DIMS = ["B", "M", "N", "K", "H"]
-_BASE = ((2, 32), (3, 32), (2, 48))  # (batch, seq) probes: ratios 1.5 in each direction
+# (batch, seq) probes, ratios 1.5 in each direction; batch 1 has its own pair
+_BASE = ((2, 32), (3, 32), (2, 48))
+_BASE_ONE = ((1, 32), (1, 32), (1, 48))
 
 
-def scaling_law(model, mode: str, data=None) -> dict:
-    """Per-kernel ``(c, i, j)`` of every dim (and of memory-op bytes) from three traces."""
-    a, b, c = (traced(model, bb, ss, mode, data) for bb, ss in _BASE)
+def scaling_law(model, mode: str, data=None, batch_one: bool = False) -> dict:
+    """Per-kernel ``(c, i, j)`` of every dim (and of memory-op bytes) from probe traces."""
+    probes = _BASE_ONE if batch_one else _BASE
+    a, b, c = (traced(model, bb, ss, mode, data) for bb, ss in probes)
     if not (len(a) == len(b) == len(c) and (a["aten"].to_numpy() == b["aten"].to_numpy()).all()
             and (a["aten"].to_numpy() == c["aten"].to_numpy()).all()):
         raise ValueError("this model's kernel sequence changes with batch or sequence length; "
@@ -28,13 +32,13 @@ def scaling_law(model, mode: str, data=None) -> dict:
     for col in DIMS + ["bytes"]:
         x, y, z = (f[col].to_numpy(float) for f in (a, b, c))
         with np.errstate(divide="ignore", invalid="ignore"):
-            i = np.log(y / x) / np.log(1.5)
+            i = np.log(y / x) / np.log(1.5) if not batch_one else np.zeros_like(x)
             j = np.log(z / x) / np.log(1.5)
         fin = np.isfinite(x)
         i, j = np.where(fin, i, 0.0), np.where(fin, j, 0.0)
         # exponents are whole numbers but for a few tiny mask ops (seq + 1): rounded
         ri, rj = np.round(i), np.round(j)
-        law[col] = (x / (_BASE[0][0] ** ri * _BASE[0][1] ** rj), ri, rj)
+        law[col] = (x / (probes[0][0] ** ri * probes[0][1] ** rj), ri, rj)
     return law
 
 
@@ -58,12 +62,13 @@ def sweep(model, mode: str, scenarios: pd.DataFrame, predictor="neusight", data=
     ``scenarios`` has columns ``gpu`` (name, alias or GPU), ``batch`` and ``seq``. Identical
     kernels across layers and scenarios are predicted once.
     """
-    law = scaling_law(model, mode, data)
+    laws = {one: scaling_law(model, mode, data, batch_one=one)
+            for one in pd.unique(scenarios["batch"] == 1)}
     pred = _predictor(predictor, data, quick)
     gpus = {g: resolve_gpu(g, data) for g in pd.unique(scenarios["gpu"])}
     parts = []
     for (batch, seq), grp in scenarios.groupby(["batch", "seq"], sort=False):
-        k = scenario_kernels(law, int(batch), int(seq))
+        k = scenario_kernels(laws[batch == 1], int(batch), int(seq))
         key = ["phase", "cls", "op"] + DIMS + ["bytes"]
         uniq = k.groupby(key, dropna=False, sort=False).size().rename("count").reset_index()
         for idx, g in grp["gpu"].items():
