@@ -1,0 +1,39 @@
+"""Training time and accuracy of a predictor on this machine (issue target for NeuSight: all
+five classes in at most 20 minutes with the defaults; quick profile under 2 minutes).
+
+    python benchmarks/bench_train.py [--predictor neusight] [--quick] [--seed 0]
+
+Trains from scratch into a temporary folder (the cache is not used), prints the wall time and
+the per-class test error table (training GPUs / new GPUs).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--predictor", default="neusight")
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--seed", type=int, default=0)
+    a = ap.parse_args(argv)
+    from nslib.kernel_eval import evaluate_predictor
+    from nslib.training import trained, train_frame
+    train_frame()  # build the tables outside the timing
+    with tempfile.TemporaryDirectory() as out:
+        t0 = time.time()
+        trained(a.predictor, quick=a.quick, seed=a.seed, out=out, retrain=True)
+        secs = time.time() - t0
+    tab = evaluate_predictor(a.predictor, quick=a.quick, seed=a.seed)
+    profile = "quick" if a.quick else "default"
+    print(f"{a.predictor} ({profile} profile, seed {a.seed}): trained all classes in "
+          f"{secs:.1f} s ({secs / 60:.1f} min)")
+    print(tab.round(1).to_string())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
