@@ -13,3 +13,38 @@ def test_01_kernel_data(data_dir, tmp_path):
     tab = pd.read_csv(tmp_path / "01_roofline_error.csv", index_col=0)
     assert 35 < tab.loc["bmm", "train_gpus"] < 45
     assert set(tab.index) == {"bmm", "linear", "elementwise", "softmax", "layernorm"}
+
+
+def test_02_kernel_predictors(data_dir, tmp_path):
+    run_notebook("02_kernel_predictors", tmp_path, quick=True)
+    tab = pd.read_csv(tmp_path / "02_kernel_error_by_class.csv", index_col=0, header=[0, 1])
+    # the quick NeuSight beats the roofline on every class, on both GPU groups
+    for group in ("train_gpus", "new_gpus"):
+        ns, roof = tab[("neusight", group)], tab[("roofline", group)]
+        ok = ns.isna() | (ns < roof)
+        assert ok.all(), (group, ns.to_dict(), roof.to_dict())
+    for name in ("02_pred_vs_measured", "02_error_vs_waves", "02_utilisation_curves",
+                 "02_training_curves"):
+        assert (tmp_path / f"{name}.png").stat().st_size > 1000
+    agree = pd.read_csv(tmp_path / "02_tile_lookup_agreement.csv", index_col=0)
+    assert ((agree >= 0) & (agree <= 100) | agree.isna()).all().all()
+
+
+def test_03_baselines(data_dir, tmp_path):
+    run_notebook("03_baselines", tmp_path, quick=True)
+    tab = pd.read_csv(tmp_path / "03_baselines_kernel_error.csv", index_col=0, header=[0, 1])
+    assert {"roofline", "habitat", "li", "linreg", "xgboost", "mlp", "neusight"} <= set(tab.index)
+    assert (tmp_path / "03_baselines_error_boxes.png").exists()
+
+
+@pytest.mark.parametrize("name,mode", [("04_inference", "inf"), ("05_training", "train")])
+def test_04_05_model_tables(data_dir, tmp_path, name, mode):
+    run_notebook(name, tmp_path, quick=True, predictors=["neusight", "roofline"])
+    prefix = name[:2]
+    res = pd.read_csv(tmp_path / f"{prefix}_{mode}_results.csv")
+    assert set(res["predictor"]) == {"neusight", "roofline"}
+    assert (res["pred_ms"] > 0).all() and (res["e2e_ms"] > 0).all()
+    summary = pd.read_csv(tmp_path / f"{prefix}_{mode}_summary.csv", index_col=0)
+    assert "all" in summary.columns
+    assert (tmp_path / f"{prefix}_{mode}_per_class_error.csv").exists()
+    assert (tmp_path / f"{prefix}_{mode}_breakdown.png").exists()
