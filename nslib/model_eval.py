@@ -6,6 +6,8 @@ from the label folder, so a new GPU's labels join the tables without code change
 """
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
@@ -78,3 +80,115 @@ def summary_table(results: pd.DataFrame) -> pd.DataFrame:
     by_gpu["out-of-distribution"] = results[ood].groupby("predictor")["err"].mean()
     by_gpu["all"] = results.groupby("predictor")["err"].mean()
     return by_gpu
+
+
+# --------------------------------------------------------------------------------------------
+# Fused and multi-GPU label variants
+# --------------------------------------------------------------------------------------------
+
+_DIST_VARIANT = re.compile(r"^(?P<kind>dp|tp|pp)(?P<n>\d+)(?:_(?P<m>\d+))?$")
+
+
+def variant_args(variant: str) -> dict:
+    """The :func:`nslib.predict.predict_model` arguments a label variant stands for.
+
+    ``fusion`` -> ``fused=True``; ``dp4`` / ``tp4`` -> ``dp=4`` / ``tp=4``; ``pp4_<m>`` ->
+    ``pp=4, microbatches=m`` (``pp4`` alone: one micro-batch). The batch in a label's name is
+    the global batch: the original tool's graphs show it (``-dp4`` at batch 4 runs 1024-token
+    GEMMs per GPU, ``-tp4`` and ``-pp4_1`` 4096-token ones)."""
+    if variant == "fusion":
+        return {"fused": True}
+    m = _DIST_VARIANT.match(variant or "")
+    if not m:
+        raise ValueError(f"unknown label variant {variant!r}: expected 'fusion', 'dp<n>', "
+                         f"'tp<n>' or 'pp<n>_<microbatches>'")
+    n = int(m["n"])
+    if m["kind"] == "pp":
+        return {"pp": n, "microbatches": int(m["m"] or 1)}
+    if m["m"]:
+        raise ValueError(f"label variant {variant!r}: only pipeline variants take a "
+                         f"micro-batch count")
+    return {m["kind"]: n}
+
+
+def variant_labels(kind: str, data=None, gpus=None, models=None) -> pd.DataFrame:
+    """Labels of a variant kind: ``"fusion"``, ``"distributed"`` (every dp/tp/pp variant) or
+    one variant name (``"tp4"``), in both modes, on GPUs with a spec; with ``kind``
+    (fusion/dp/tp/pp), ``degree`` and ``microbatches`` columns."""
+    lab = load_labels(data)
+    present = sorted(v for v in lab["variant"].unique() if v)
+    if kind == "fusion":
+        variants = [v for v in present if v == "fusion"]
+    elif kind == "distributed":
+        variants = [v for v in present if _DIST_VARIANT.match(v)]
+    else:
+        variant_args(kind)
+        variants = [kind]
+    parts = [label_configs(mode, data, gpus, models, variant=v)
+             for v in variants for mode in ("inf", "train")]
+    parts = [p for p in parts if len(p)]
+    if not parts:
+        return pd.DataFrame(columns=list(lab.columns) + ["gpu", "kind", "degree",
+                                                         "microbatches"])
+    out = pd.concat(parts, ignore_index=True)
+    args = out["variant"].map(variant_args)
+    out["kind"] = args.map(lambda a: "fusion" if a.get("fused") else
+                           next(k for k in ("dp", "tp", "pp") if k in a))
+    out["degree"] = args.map(lambda a: int(a.get("dp", a.get("tp", a.get("pp", 1)))))
+    out["microbatches"] = args.map(lambda a: int(a.get("microbatches", 1)))
+    return out.sort_values(["kind", "gpu_key", "model", "batch"]).reset_index(drop=True)
+
+
+def evaluate_variant(kind: str, predictors, data=None, gpus=None, models=None,
+                     quick: bool = False, progress: bool = True, with_base: bool = False,
+                     link=None) -> pd.DataFrame:
+    """One row per (variant label, predictor): measured and predicted ms and APE.
+
+    ``kind``: see :func:`variant_labels`. ``with_base``: also predict the single-GPU,
+    non-fused configuration behind the variant as ``base_pred_ms`` (for DP the per-GPU batch
+    ``batch / dp``, in ``base_batch``; otherwise the same batch), with the plain label's
+    ``base_e2e_ms`` where one exists, to separate the single-GPU prediction error from the
+    fusion/parallel modelling. ``link``: passed to predict_model (None: each GPU's default).
+    Failures are reported in ``note``, not dropped."""
+    lab = variant_labels(kind, data, gpus, models)
+    plain = load_labels(data)
+    plain = plain[plain["variant"] == ""].set_index(["gpu_key", "model", "mode", "seq",
+                                                     "batch"])["e2e_ms"]
+    new = set(nsdata.gpu_splits(data)["new_gpus"])
+    rows = []
+    for _, r in tqdm(list(lab.iterrows()), desc=f"{kind} configs", disable=not progress):
+        args = variant_args(r["variant"])
+        if not args.get("fused"):
+            args["link"] = link
+        for name in predictors:
+            rec = {**r.to_dict(), "predictor": name}
+            try:
+                _, s = predict_model(r["gpu_key"], r["model"], r["batch"], r["seq"],
+                                     r["mode"], predictor=name, data=data, quick=quick, **args)
+                rec.update(pred_ms=s["e2e_ms"], pred_fw_ms=s["fw_ms"], pred_bw_ms=s["bw_ms"],
+                           comm_ms=s.get("comm_ms", 0.0), note="")
+            except (ValueError, NotImplementedError, RuntimeError) as e:
+                rec.update(pred_ms=np.nan, pred_fw_ms=np.nan, pred_bw_ms=np.nan,
+                           comm_ms=np.nan, note=str(e)[:200])
+            if with_base:
+                b0 = int(r["batch"]) // int(args.get("dp", 1))
+                key = (r["gpu_key"], r["model"], r["mode"], r["seq"], b0)
+                rec["base_batch"] = b0
+                rec["base_e2e_ms"] = float(plain.get(key, np.nan))
+                try:
+                    _, s0 = predict_model(r["gpu_key"], r["model"], b0, r["seq"],
+                                          r["mode"], predictor=name, data=data, quick=quick)
+                    rec["base_pred_ms"] = s0["e2e_ms"]
+                except (ValueError, NotImplementedError, RuntimeError):
+                    rec["base_pred_ms"] = np.nan
+            rows.append(rec)
+    out = pd.DataFrame(rows)
+    if out.empty:
+        return out
+    out["err"] = ape(out["pred_ms"], out["e2e_ms"])
+    if with_base:
+        out["base_err"] = ape(out["base_pred_ms"], out["base_e2e_ms"])
+    out["new_gpu"] = out["gpu"].isin(new)
+    out["ood_model"] = out["model"].isin(OOD_MODELS)
+    out["config"] = out["model"] + " b" + out["batch"].astype(str)
+    return out

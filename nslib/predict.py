@@ -2,7 +2,9 @@
 
 ``predict_model(gpu, model, batch, seq, mode, predictor)`` returns the kernel frame (one row
 per launched kernel with ``pred_ms``) and a summary: ``e2e_ms``, ``fw_ms``, ``bw_ms`` and ms
-per kernel class. All kernels of a class are predicted in one batched call.
+per kernel class. All kernels of a class are predicted in one batched call. ``fused=True``
+predicts the trace after :func:`nslib.fusion.fuse`; ``dp``/``tp``/``pp`` (with
+``microbatches`` and ``link``) a multi-GPU step through :mod:`nslib.parallel`.
 """
 from __future__ import annotations
 
@@ -90,16 +92,37 @@ def summarize(frame: pd.DataFrame) -> dict:
 
 
 def predict_model(gpu, model, batch: int, seq: int, mode: str = "inf",
-                  predictor="neusight", data=None, quick: bool = False):
+                  predictor="neusight", data=None, quick: bool = False, *,
+                  fused: bool = False, dp: int = 1, tp: int = 1, pp: int = 1,
+                  microbatches: int = 1, link=None):
     """Predict one inference (``mode="inf"``) or training step (``"train"``) of ``model``.
 
     ``gpu``: name/alias, spec file or :class:`GPU`; ``model``: a config name in the data
     (``gpt3_27``), a JSON path or a config dict; ``predictor``: a registered name (trained and
     cached on first use) or a fitted predictor. Returns ``(kernels frame, summary dict)``.
+
+    ``fused``: merge elementwise/memory chains first (:func:`nslib.fusion.fuse`; the summary
+    gains ``fused`` and ``n_kernels_unfused``). ``dp``/``tp``/``pp`` (one of them > 1) and
+    ``microbatches`` (pipeline only): predict a step on that many GPUs with ``batch`` the
+    global batch, and ``link`` (None: the GPU's default; a bandwidth in GB/s; a
+    :class:`nslib.parallel.LinkSpec`) for the communication; see :mod:`nslib.parallel`. The
+    summary then gains ``comm_ms`` and ``parallel``.
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    if dp != 1 or tp != 1 or pp != 1 or microbatches != 1:
+        from .parallel import predict_parallel
+        return predict_parallel(gpu, model, batch, seq, mode, predictor, data, quick,
+                                fused=fused, dp=dp, tp=tp, pp=pp, microbatches=microbatches,
+                                link=link)
     spec = resolve_gpu(gpu, data)
+    if fused:
+        from .fusion import fuse
+        tr = traced(model, batch, seq, mode, data)
+        frame = kernel_frame(fuse(tr), spec)
+        pred = _predictor(predictor, data, quick)
+        frame["pred_ms"] = pred.predict(frame) if len(frame) else np.zeros(0)
+        return frame, {**summarize(frame), "fused": True, "n_kernels_unfused": int(len(tr))}
     frame = kernel_frame(traced(model, batch, seq, mode, data), spec)
     pred = _predictor(predictor, data, quick)
     frame["pred_ms"] = pred.predict(frame) if len(frame) else np.zeros(0)

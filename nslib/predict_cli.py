@@ -9,8 +9,19 @@ def _predict(args) -> int:
     gpu = args.gpu_spec or args.gpu
     if not gpu:
         raise ValueError("name a GPU with --gpu NAME (see `nslib gpus`) or --gpu-spec FILE.json")
+    extra = {}
+    if getattr(args, "fused", False):
+        extra["fused"] = True
+    for k in ("dp", "tp", "pp", "microbatches"):
+        if getattr(args, k, None) is not None:
+            extra[k] = getattr(args, k)
+    if getattr(args, "link_bw", None) is not None:
+        if not any(extra.get(k, 1) > 1 for k in ("dp", "tp", "pp")):
+            raise ValueError("--link-bw applies to a multi-GPU step: add --dp N, --tp N or "
+                             "--pp N")
+        extra["link"] = args.link_bw
     frame, summary = predict_model(gpu, args.model, args.batch, args.seq, args.mode,
-                                   predictor=args.predictor, quick=args.quick)
+                                   predictor=args.predictor, quick=args.quick, **extra)
     summary = {"gpu": str(gpu), "model": args.model, "batch": args.batch, "seq": args.seq,
                "mode": args.mode, "predictor": args.predictor, **summary}
     if args.json:
@@ -21,6 +32,20 @@ def _predict(args) -> int:
               f"(forward {summary['fw_ms']:.2f}, backward {summary['bw_ms']:.2f})")
         for k, v in sorted(summary["per_class_ms"].items(), key=lambda kv: -kv[1]):
             print(f"  {k:12s} {v:10.2f} ms")
+        par = summary.get("parallel")
+        if par:
+            link = par["link"]
+            print(f"  {par['kind']}{par['degree']} on {par['degree']} GPUs, global batch "
+                  f"{par['global_batch']}: communication {summary['comm_ms']:.2f} ms over "
+                  f"{link['bandwidth_gbps']:g} GB/s x {link['utilisation']:g}"
+                  f"{' / 2' if link['halved'] else ''} = {link['effective_gbps']:g} GB/s "
+                  f"({link['source']})")
+            if par["kind"] == "dp":
+                print(f"  gradient all-reduce finishes {par['finish_ms']:.2f} ms into the "
+                      f"backward; exposed {par['exposed_comm_ms']:.2f} ms")
+        elif summary.get("fused"):
+            print(f"  fused: {summary['n_kernels']} kernels "
+                  f"(from {summary['n_kernels_unfused']})")
     return 0
 
 
@@ -35,4 +60,16 @@ def add_predict_parser(sub) -> None:
     s.add_argument("--predictor", default="neusight")
     s.add_argument("--quick", action="store_true", help="use the quick-trained predictor")
     s.add_argument("--json", action="store_true")
+    s.add_argument("--fused", action="store_true",
+                   help="fuse chains of elementwise/memory kernels (nslib.fusion)")
+    par = s.add_mutually_exclusive_group()
+    par.add_argument("--dp", type=int, metavar="N",
+                     help="data parallel on N GPUs (--batch is the global batch)")
+    par.add_argument("--tp", type=int, metavar="N", help="tensor parallel (Megatron) on N GPUs")
+    par.add_argument("--pp", type=int, metavar="N", help="pipeline parallel, N stages")
+    s.add_argument("--microbatches", type=int, metavar="M",
+                   help="pipeline micro-batches (with --pp; default 1)")
+    s.add_argument("--link-bw", type=float, metavar="GBPS",
+                   help="GPU link bandwidth in GB/s (datasheet, both directions; default: "
+                        "the GPU's Link_Bw or its NVLink/PCIe generation), used x 0.72 / 2")
     s.set_defaults(func=_predict)
