@@ -1,0 +1,295 @@
+"""The GPU explorer's logic (nslib.widgets): hypothetical GPUs, pasted configs, scenarios,
+range warnings, and the ipywidgets UI driven without a browser (quick NeuSight predictor)."""
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from nslib import data as nsdata, kernels
+from nslib.gpus import GPU, find_gpu, gpu_from_dict, load_gpus
+from nslib.widgets import (build_explorer, hypothetical_gpu, largest_kernels,
+                           parse_pasted_config, predict_model_args, scenario, training_ranges)
+
+# a small GPT-2 that traces in well under a second
+TINY = {"model_type": "gpt2", "n_layer": 2, "n_embd": 256, "n_head": 4, "n_positions": 1024,
+        "vocab_size": 1000}
+
+
+@pytest.fixture(scope="module")
+def gpus(data_dir):
+    return load_gpus()
+
+
+@pytest.fixture(scope="module")
+def base(gpus):
+    return find_gpu("A100-PCIE-40GB", gpus)     # a training GPU: in range by definition
+
+
+@pytest.fixture(scope="module")
+def neusight(data_dir):
+    from nslib.widgets import get_predictor
+    return get_predictor("neusight", quick=True)
+
+
+# ----- hypothetical GPUs
+
+def test_hypothetical_gpu_changes_only_what_is_asked(base):
+    g = hypothetical_gpu(base, mem_bw=base.mem_bw * 2)
+    assert isinstance(g, GPU) and g.mem_bw == 2 * base.mem_bw
+    for f in ("num_sm", "peak_gflops", "mem_gb", "l2_mb", "cores_per_sm", "clock_mhz"):
+        assert getattr(g, f) == getattr(base, f)
+    assert "mem_bw x2" in g.name and g.name != base.name
+    assert base.mem_bw == 1555                      # the base GPU is untouched (frozen)
+    assert gpu_from_dict(g.to_json()) == g           # a valid datasheet, round-trips
+    named = hypothetical_gpu(base, name="My GPU", num_sm=np.int64(216), l2_mb=np.float64(80))
+    assert named.name == "My GPU" and named.num_sm == 216 and named.l2_mb == 80
+    assert hypothetical_gpu(base, num_sm=216.0).num_sm == 216
+
+
+@pytest.mark.parametrize("overrides, match", [
+    ({"mem_bw": 0}, "Mem_Bw"), ({"peak_gflops": -5.0}, "SingleFLOPs"),
+    ({"l2_mb": "big"}, "L2Cache"), ({"num_sm": 1.5}, "whole number"),
+    ({"tensor_cores": 4}, "unknown GPU field"),
+])
+def test_hypothetical_gpu_is_validated_like_a_datasheet(base, overrides, match):
+    with pytest.raises(ValueError, match=match):
+        hypothetical_gpu(base, **overrides)
+
+
+def test_hypothetical_gpu_needs_a_gpu():
+    with pytest.raises(TypeError):
+        hypothetical_gpu({"Device": "x"}, mem_bw=1)
+
+
+# ----- twice the bandwidth never makes a memory-bound kernel slower
+
+def _vector_kernels():
+    """Elementwise, softmax and layernorm kernels: the sizes measured in the test split (a
+    single GPU's rows) plus a grid of small ones, where launch costs dominate."""
+    frames = []
+    for cls in ("elementwise", "softmax", "layernorm"):
+        t = nsdata.kernel_table(cls, "test")
+        frames.append(t[t["gpu"] == t["gpu"].iloc[0]][["cls", "op", "B", "H"]])
+    grid = pd.DataFrame([{"op": op, "B": float(b), "H": float(h)}
+                         for op in ("add", "addu", "mul", "gelu", "tanh", "softmax", "ln")
+                         for b in (1, 16, 256, 4096, 16384) for h in (64, 1024, 4096)])
+    grid["cls"] = kernels.op_class(grid["op"])
+    df = pd.concat(frames + [grid], ignore_index=True).drop_duplicates(ignore_index=True)
+    for c in ("M", "N", "K"):
+        df[c] = np.nan
+    return df
+
+
+def _on(frame, gpu):
+    return frame.assign(**{k: v for k, v in gpu.columns().items() if k != "gpu"}, gpu=gpu.name)
+
+
+@pytest.mark.parametrize("name", ["NVIDIA A100-PCIE-40GB", "NVIDIA H100 80GB HBM3", "Tesla P4"])
+def test_twice_the_bandwidth_never_slows_a_memory_bound_kernel(gpus, neusight, name):
+    g = find_gpu(name, gpus)
+    fast = hypothetical_gpu(g, mem_bw=2 * g.mem_bw)
+    ks = _vector_kernels()
+    f1, f2 = _on(ks, g), _on(ks, fast)
+    flops, nbytes = kernels.flops_bytes(f1)
+    memory_bound = flops / nbytes < g.peak_gflops / g.mem_bw
+    assert memory_bound.all()                 # every vector kernel is, on every GPU here
+    p1, p2 = neusight.predict(f1), neusight.predict(f2)
+    ratio = p2 / p1
+    slower = memory_bound & (ratio > 1 + 1e-9)
+    worst = int(np.argmax(ratio))
+    assert not slower.any(), (
+        f"{int(slower.sum())} of {len(ks)} memory-bound kernels are predicted slower on "
+        f"{fast.name} than on {name}; worst: {ks.iloc[worst][['op', 'B', 'H']].to_dict()} "
+        f"{p1[worst]:.4f} ms -> {p2[worst]:.4f} ms (x{ratio[worst]:.2f}); by class: "
+        f"{ks[slower].groupby('cls').size().to_dict()}")
+
+
+@pytest.mark.parametrize("name", ["NVIDIA A100-PCIE-40GB", "NVIDIA H100 80GB HBM3"])
+def test_twice_the_fp32_peak_never_slows_a_kernel(gpus, neusight, name):
+    """The explorer's peak slider: more FLOP/s can never make a kernel slower (for a
+    memory-bound one it should change next to nothing)."""
+    g = find_gpu(name, gpus)
+    fast = hypothetical_gpu(g, peak_gflops=2 * g.peak_gflops)
+    ks = _vector_kernels()
+    p1, p2 = neusight.predict(_on(ks, g)), neusight.predict(_on(ks, fast))
+    ratio = p2 / p1
+    slower = ratio > 1 + 1e-9
+    assert not slower.any(), (
+        f"{int(slower.sum())} of {len(ks)} kernels are predicted slower on {fast.name} than on "
+        f"{name} (median x{np.median(ratio[slower]):.2f}, max x{ratio.max():.2f}); by class: "
+        f"{ks[slower].groupby('cls').size().to_dict()}")
+
+
+def test_dominance_warning_flags_a_better_gpu_predicted_slower(base):
+    from nslib.widgets import dominance_warnings
+    better = hypothetical_gpu(base, name="better", mem_bw=2 * base.mem_bw)
+    assert dominance_warnings([base, better], ["base", "better"], [10.0, 9.0]) == []
+    hit = dominance_warnings([base, better], ["base", "better"], [10.0, 12.0])
+    assert len(hit) == 1 and hit[0].startswith("better has at least the datasheet of base")
+    # a different SM count is not comparable (waves change), and neither dominates here
+    other = hypothetical_gpu(base, name="other", num_sm=2 * base.num_sm, mem_bw=3000)
+    assert dominance_warnings([base, other], ["base", "other"], [10.0, 12.0]) == []
+
+
+def test_twice_the_bandwidth_never_slows_a_model(gpus):
+    h = find_gpu("H100", gpus)
+    res = scenario([h, hypothetical_gpu(h, mem_bw=2 * h.mem_bw)], TINY, 4, 512, "inf",
+                   quick=True)
+    s = res["summary"].set_index("gpu")
+    assert s["e2e_ms"].iloc[1] <= s["e2e_ms"].iloc[0]
+    assert res["per_class"]["elementwise"].iloc[1] <= res["per_class"]["elementwise"].iloc[0]
+
+
+# ----- scenarios and warnings
+
+def test_scenario_frames_and_units(gpus, base):
+    res = scenario(["H100", base], TINY, 2, 256, "train", quick=True, top=5)
+    s = res["summary"]
+    assert list(s["gpu"]) == ["NVIDIA H100 80GB HBM3", base.name]
+    assert np.allclose(s["e2e_ms"], s["fw_ms"] + s["bw_ms"]) and (s["bw_ms"] > 0).all()
+    assert np.allclose(res["per_class"].sum(axis=1).to_numpy(), s["e2e_ms"].to_numpy())
+    assert list(s["in_training_range"]) == [False, True]
+    top = res["top_kernels"]
+    assert set(top["gpu"]) == set(s["gpu"]) and top.groupby("gpu").size().max() <= 5
+    gemm = top[top["kernel_class"].isin(["linear", "bmm"])]
+    assert len(gemm) and (gemm["intensity"] > 0).all()
+    # the roofline placement never sits above the roof (predictions are bounded)
+    assert (gemm["achieved_gflops"] <= gemm["roofline_gflops"] * (1 + 1e-9)).all()
+    # sorted by total time, and the totals add up to at most the step
+    for g, sub in top.groupby("gpu"):
+        assert sub["total_ms"].is_monotonic_decreasing
+        assert sub["total_ms"].sum() <= s.set_index("gpu").loc[g, "e2e_ms"] * (1 + 1e-9)
+
+
+def test_in_range_gpu_has_no_gpu_warning_and_10x_peak_has_one(base):
+    ok = scenario([base], TINY, 2, 128, "inf", quick=True)
+    assert not [w for w in ok["warnings"] if "outside the training GPUs" in w]
+    fast = hypothetical_gpu(base, peak_gflops=10 * base.peak_gflops)
+    res = scenario([fast], TINY, 2, 128, "inf", quick=True)
+    hit = [w for w in res["warnings"] if fast.name in w and "FP32 peak" in w]
+    assert hit and "outside the training GPUs" in hit[0]
+    assert not res["summary"]["in_training_range"].iloc[0]
+    # bandwidth, SMs and L2 beyond the range are named too
+    odd = hypothetical_gpu(base, mem_bw=10 * base.mem_bw, num_sm=1000, l2_mb=0.5)
+    text = " ".join(scenario([odd], TINY, 2, 128, "inf", quick=True)["warnings"])
+    assert "memory bandwidth" in text and "SMs" in text and "L2 cache" in text
+
+
+def test_kernels_larger_than_any_training_kernel_are_warned_about(base):
+    r = training_ranges()
+    assert r["dims"]["softmax"]["B"][1] < 64 * 4 * 512      # softmax rows = batch x heads x seq
+    res = scenario([base], TINY, 64, 512, "inf", quick=True)
+    assert any("softmax kernels are outside the training kernels' sizes" in w
+               for w in res["warnings"])
+    assert any("more waves than any training" in w for w in res["warnings"])
+
+
+def test_future_arguments_warn_until_predict_model_takes_them(base):
+    res = scenario([base], TINY, 1, 64, "inf", quick=True, fused=True, parallel={"tp": 4})
+    accepted = predict_model_args()
+    for name in ("fused", "parallel"):
+        hit = [w for w in res["warnings"] if w.startswith(f"{name}=")]
+        assert bool(hit) == (name not in accepted)
+        if hit:
+            assert "not available yet" in hit[0]
+
+
+def test_scenario_rejects_bad_requests(base):
+    with pytest.raises(ValueError, match="mode"):
+        scenario([base], TINY, 1, 64, "serve", quick=True)
+    with pytest.raises(ValueError, match="batch"):
+        scenario([base], TINY, 0, 64, "inf", quick=True)
+    with pytest.raises(ValueError, match="no GPU"):
+        scenario([], TINY, 1, 64, "inf", quick=True)
+    with pytest.raises(KeyError):
+        scenario(["not a gpu"], TINY, 1, 64, "inf", quick=True)
+
+
+def test_largest_kernels_groups_identical_launches(base):
+    f = pd.DataFrame({"phase": "fw", "kernel_class": ["linear", "linear", "elementwise"],
+                      "cls": ["linear", "linear", "elementwise"], "op": ["linear", "linear", "add"],
+                      "B": [1.0, 1.0, 4.0], "M": [64.0, 64.0, np.nan], "N": [64.0, 64.0, np.nan],
+                      "K": [64.0, 64.0, np.nan], "H": [np.nan, np.nan, 8.0],
+                      "flops": [2 * 64.0 ** 3] * 2 + [32.0],
+                      "bytes": [4 * 3 * 64.0 ** 2] * 2 + [384.0],
+                      "pred_ms": [0.01, 0.01, 0.005]})
+    top = largest_kernels(f, "x", base, 0.025, top=10)
+    assert list(top["count"]) == [2, 1] and top["total_ms"].iloc[0] == pytest.approx(0.02)
+    assert top["shape"].iloc[0] == "1x64x64x64" and top["shape"].iloc[1] == "4x8"
+    assert top["intensity"].iloc[0] == pytest.approx(2 * 64.0 ** 3 / (12 * 64.0 ** 2))
+    assert top["achieved_gflops"].iloc[0] == pytest.approx(2 * 64.0 ** 3 / 1e-5 / 1e9)
+
+
+# ----- pasted configs
+
+@pytest.mark.parametrize("text, match", [
+    ("", "empty"), ("   \n", "empty"), (None, "No config"), (42, "must be text"),
+    ('{"model_type": "gpt2", "n_layer": 2,', "not valid JSON"),
+    ("{'model_type': 'gpt2'}", "Python dict"),
+    ('{"model_type": "gpt2", "n_layer": 2,}', "trailing comma"),
+    ("[1, 2, 3]", "JSON object"), ('"gpt2"', "JSON object"),
+    ('{"n_layer": 2}', "model_type"), ('{"model_type": "not-a-model"}', "Unknown model_type"),
+])
+def test_bad_pasted_configs_give_a_message_not_an_exception(text, match):
+    cfg, err = parse_pasted_config(text)
+    assert cfg is None and isinstance(err, str) and match in err
+
+
+def test_good_pasted_config_with_or_without_a_code_fence():
+    text = json.dumps(TINY, indent=2)
+    assert parse_pasted_config(text) == (TINY, None)
+    assert parse_pasted_config(f"```json\n{text}\n```") == (TINY, None)
+
+
+# ----- the UI, without a browser
+
+def test_explorer_builds_and_its_callbacks_run(data_dir):
+    ex = build_explorer(gpus=["H100", "A100 80GB"], model=TINY, batch=2, seq=128, quick=True,
+                        auto=False)
+    assert ex.result is None and ex.model.value == "(pasted config)"
+    assert set(ex.gpu_select.value) == {"NVIDIA_H100_80GB_HBM3", "NVIDIA_A100_80GB_PCIe"}
+    res = ex.update()
+    assert ex.error is None and res is not None and len(res["summary"]) == 2
+    assert ex.figure is not None and "outside the training GPUs" in ex.message.value
+
+    # a hypothetical GPU from the sliders joins the comparison
+    ex.sliders["mem_bw"].value = 2.0
+    ex.use_custom.value = True                      # the observer re-runs the update
+    names = list(ex.result["summary"]["gpu"])
+    assert len(names) == 3 and "mem_bw x2" in names[2] and ex.error is None
+
+    # a broken paste: a message in the widget, no exception, no stale result shown as new
+    ex.pasted.value = '{"model_type": "gpt2", "n_layer": '
+    assert ex.error is not None and "not valid JSON" in ex.error
+    assert "Error" in ex.message.value and "Traceback" not in ex.message.value
+    # valid JSON that transformers cannot build: the trace error, as a message
+    ex.pasted.value = json.dumps({**TINY, "n_embd": 250})
+    assert ex.error is not None and "Traceback" not in ex.message.value
+    # a sequence longer than the model allows
+    ex.pasted.value = json.dumps(TINY)
+    assert ex.error is None
+    ex.seq.value = 4096
+    assert ex.error is not None and "seq" in ex.error
+    ex.seq.value = 128
+    # no GPU at all
+    ex.use_custom.value = False
+    ex.gpu_select.value = ()
+    assert ex.error is not None and "select at least one GPU" in ex.error
+    ex.gpu_select.value = ("NVIDIA_H100_80GB_HBM3",)
+    assert ex.error is None
+
+    # a model from the dropdown
+    ex.model.value = "gpt2_large"
+    ex.batch.value = 1
+    assert ex.error is None and ex.result["params"]["model"] == "gpt2_large"
+
+
+def test_cached_update_is_fast(data_dir):
+    ex = build_explorer(gpus=["H100", "A100 80GB", "A100-PCIE-40GB"], model=TINY, batch=2,
+                        seq=256, quick=True, hypothetical={"mem_bw": 2.0})
+    assert ex.error is None and len(ex.result["summary"]) == 4
+    ex.update()                                    # everything cached now
+    assert ex.seconds < 1.0
+    ex.sliders["peak_gflops"].value = 2.0           # one new (hypothetical) GPU to predict
+    assert ex.error is None and ex.seconds < 1.0
