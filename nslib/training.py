@@ -25,7 +25,7 @@ DEFAULTS: dict[str, dict] = {
     # 18-19% at 60, 20-23% at 30, 33-53% at 100).
     "neusight": {"epochs": 30, "configs": {"bmm": {"ensemble": 3},
                                            "linear": {"epochs": 15, "ensemble": 3},
-                                           "softmax": {"epochs": 100, "ensemble": 3},
+                                           "softmax": {"ensemble": 3},
                                            "layernorm": {"epochs": 60}}},
     "mlp": {"epochs": 40},
     # n_jobs 1: same trees as 2 threads, but 13x faster on a shared 2-core machine (OpenMP

@@ -50,7 +50,16 @@ DEFAULT_FEATURES = ("compute", "load")
 # GPUs 10.7% vs 12.1%, H100 18.4 vs 21.9%), linear the overhead law (seed-to-seed spread of
 # the two overlapped).
 GEMM_DEFAULTS = {"features": ("compute", "load", "aspect"), "clip": False}
-CLASS_DEFAULTS = {"elementwise": {"features": ("compute", "load", "l2_footprint")},
+# Vector ops (memory-bound): features that see the GPU only through its SM count and L2, not
+# its bandwidth or peak. Then u does not move with bandwidth, the latency scales exactly as
+# 1 / bandwidth through the roofline, and a GPU with more bandwidth or FP32 peak can never be
+# predicted slower (with `compute`/`load` inputs the MLP keyed on peak, which rises with
+# bandwidth across the training GPUs, and doubled-peak GPUs got ~2x slower elementwise ops).
+# Held-out error, train/new GPUs (%): elementwise 2.9/7.6 (was 3.7/4.8), softmax 18.0/14.1
+# (19.3/13.3), layernorm 10.0/11.5 (14.7/18.3).
+VECTOR_DEFAULTS = {"features": ("waves", "num_sm", "l2_footprint")}
+CLASS_DEFAULTS = {"elementwise": dict(VECTOR_DEFAULTS), "softmax": dict(VECTOR_DEFAULTS),
+                  "layernorm": dict(VECTOR_DEFAULTS),
                   "bmm": {**GEMM_DEFAULTS, "form": "paper"},
                   "linear": dict(GEMM_DEFAULTS)}
 
