@@ -29,13 +29,9 @@ seed = 0
 quick = False      # quick profile: quick-trained predictors, a subset of configurations
 
 # %%
-import matplotlib.pyplot as plt
-import numpy as np
-import pandas as pd
-import seaborn as sns
-
 from nslib.figures import save_figure, save_table
-from nslib.model_eval import evaluate_models, paper_table, summary_table
+from nslib.model_eval import report, time_breakdown
+from nslib.plots import pred_vs_measured_bars, share_bars
 from nslib.predictors import available
 
 mode = "inf"
@@ -45,19 +41,15 @@ if quick and models is None:
     models = ["bert_large", "gpt2_large"]
 
 # %%
-results = evaluate_models(mode, names, data=data, gpus=gpus, models=models, quick=quick)
-save_table(results.drop(columns=["note"]).set_index(["gpu", "config", "predictor"]),
-           f"{prefix}_{mode}_results", out, digits=2)
-problems = results[results["note"] != ""]
-problems[["gpu", "tag", "predictor", "note"]]
+tables = report(mode, names, prefix, data=data, gpus=gpus, models=models, quick=quick, out=out)
+results = tables["results"]
+results.loc[results["note"] != "", ["gpu", "tag", "predictor", "note"]]
 
 # %% [markdown]
 # ## The paper's table: percent error per GPU and configuration
 
 # %%
-table = paper_table(results)
-save_table(table, f"{prefix}_{mode}_error_table", out)
-table.T
+tables["paper"].T
 
 # %% [markdown]
 # ## Summary: mean error per GPU, in and out of distribution
@@ -65,9 +57,7 @@ table.T
 # tool never saw (GPT3-XL, GPT3-2.7B, OPT-1.3B).
 
 # %%
-summary = summary_table(results)
-save_table(summary, f"{prefix}_{mode}_summary", out)
-summary
+tables["summary"]
 
 # %% [markdown]
 # ## Per kernel class: in and out of distribution
@@ -76,47 +66,32 @@ summary
 # (`other`: timed Python-level operators that launch no kernel, which no predictor models).
 
 # %%
-from nslib.class_eval import per_class_results, per_class_table
-per_class = per_class_results(results, names[0], data=data, quick=quick)
-class_table = per_class_table(per_class)
-save_table(class_table, f"{prefix}_{mode}_per_class_error", out)
-class_table
+tables["per_class"]
 
 # %% [markdown]
 # ## Predicted against measured milliseconds
 
 # %%
-plot = results.copy()
-plot["label"] = plot["config"]
-order = sorted(plot["label"].unique())
-g = sns.catplot(data=plot, x="label", y="pred_ms", hue="predictor", col="gpu", kind="bar",
-                order=order, col_wrap=2, height=3.2, aspect=1.8, sharey=False)
-for ax, gpu in zip(g.axes.flat, g.col_names):
-    meas = plot[plot["gpu"] == gpu].drop_duplicates("label")
-    ax.scatter([order.index(lb) for lb in meas["label"]], meas["e2e_ms"], color="k",
-               marker="_", s=400, zorder=5, label="measured")
-    ax.set_yscale("log")
-    ax.tick_params(axis="x", rotation=45)
-g.set_axis_labels("", "latency (ms); black: measured")
-save_figure(g.figure, f"{prefix}_{mode}_pred_vs_measured", out)
+save_figure(pred_vs_measured_bars(results), f"{prefix}_{mode}_pred_vs_measured", out)
 
 # %% [markdown]
 # ## Where the time goes
-# NeuSight's predicted milliseconds per kernel class, one bar per model configuration (on the
-# first GPU in the results).
+# Predicted milliseconds per kernel class for each configuration, on the first GPU listed.
 
 # %%
-from nslib.predict import predict_model
 first = results["gpu_key"].iloc[0]
-rows = []
-for _, r in results[results["gpu_key"] == first].drop_duplicates("tag").iterrows():
-    _, s = predict_model(first, r["model"], r["batch"], r["seq"], mode,
-                         predictor=names[0], data=data, quick=quick)
-    rows.append({"config": r["config"], **s["per_class_ms"]})
-breakdown = pd.DataFrame(rows).set_index("config").fillna(0)
+breakdown = time_breakdown(results, first, names[0], data=data, quick=quick)
 save_table(breakdown, f"{prefix}_{mode}_breakdown", out, digits=2)
-ax = (breakdown.div(breakdown.sum(axis=1), axis=0) * 100).plot.barh(stacked=True,
-                                                                    figsize=(8, 3.5))
-ax.set(xlabel=f"share of predicted time on {first} (%)", ylabel="")
-ax.legend(bbox_to_anchor=(1, 1))
-save_figure(ax.figure, f"{prefix}_{mode}_breakdown", out)
+save_figure(share_bars(breakdown, f"share of predicted time on {first} (%)"),
+            f"{prefix}_{mode}_breakdown", out)
+breakdown
+
+# %% [markdown]
+# ## Does the error grow with the batch?
+# Larger batches mean more waves per kernel, where the utilisation saturates: errors should
+# not grow with the batch for a model that extrapolates in size.
+
+# %%
+by_batch = results.pivot_table(index=["model", "batch"], columns="predictor", values="err")
+save_table(by_batch, f"{prefix}_{mode}_error_by_batch", out)
+by_batch

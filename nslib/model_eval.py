@@ -67,6 +67,18 @@ def evaluate_models(mode: str, predictors, data=None, gpus=None, models=None,
     return out
 
 
+def time_breakdown(results: pd.DataFrame, gpu_key: str, predictor: str, data=None,
+                   quick: bool = False) -> pd.DataFrame:
+    """Predicted ms per kernel class (columns) for each configuration (rows) of ``results``
+    on one GPU."""
+    rows = []
+    for _, r in results[results["gpu_key"] == gpu_key].drop_duplicates("tag").iterrows():
+        _, s = predict_model(gpu_key, r["model"], r["batch"], r["seq"], r["mode"],
+                             predictor=predictor, data=data, quick=quick)
+        rows.append({"config": r["config"], **s["per_class_ms"]})
+    return pd.DataFrame(rows).set_index("config").fillna(0.0)
+
+
 def paper_table(results: pd.DataFrame) -> pd.DataFrame:
     """Rows predictors, columns (GPU, model x batch), cells percent error: the paper's layout."""
     return results.pivot_table(index="predictor", columns=["gpu", "config"], values="err")
@@ -192,3 +204,24 @@ def evaluate_variant(kind: str, predictors, data=None, gpus=None, models=None,
     out["ood_model"] = out["model"].isin(OOD_MODELS)
     out["config"] = out["model"] + " b" + out["batch"].astype(str)
     return out
+
+
+def report(mode: str, predictors, prefix: str, data=None, gpus=None, models=None,
+           quick: bool = False, out=None) -> dict:
+    """Evaluate ``mode`` and save the model-level tables as ``<prefix>_<mode>_<name>``.
+
+    Returns ``{"results", "paper", "summary", "per_class"}`` frames (see the functions above;
+    ``per_class`` is :func:`nslib.class_eval.per_class_table` for the first predictor).
+    """
+    from .class_eval import per_class_results, per_class_table
+    from .figures import save_table
+    results = evaluate_models(mode, predictors, data=data, gpus=gpus, models=models, quick=quick)
+    per_class = per_class_results(results, predictors[0], data=data, quick=quick)
+    tables = {"results": results, "paper": paper_table(results),
+              "summary": summary_table(results), "per_class": per_class_table(per_class)}
+    save_table(results.drop(columns=["note"]).set_index(["gpu", "config", "predictor"]),
+               f"{prefix}_{mode}_results", out, digits=2)
+    for name in ("paper", "summary", "per_class"):
+        stem = {"paper": "error_table", "per_class": "per_class_error"}.get(name, name)
+        save_table(tables[name], f"{prefix}_{mode}_{stem}", out)
+    return tables

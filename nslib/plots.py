@@ -1,0 +1,32 @@
+"""Figures that more than one notebook draws (model-level tables)."""
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import pandas as pd
+import seaborn as sns
+
+
+def pred_vs_measured_bars(results: pd.DataFrame):
+    """Bars of predicted ms per configuration and predictor, one panel per GPU, with the
+    measured ms as black ticks (log scale). ``results``: nslib.model_eval.evaluate_models."""
+    plot = results.assign(label=results["config"])
+    order = sorted(plot["label"].unique())
+    g = sns.catplot(data=plot, x="label", y="pred_ms", hue="predictor", col="gpu", kind="bar",
+                    order=order, col_wrap=2, height=3.2, aspect=1.8, sharey=False)
+    for ax, gpu in zip(g.axes.flat, g.col_names):
+        meas = plot[plot["gpu"] == gpu].drop_duplicates("label")
+        ax.scatter([order.index(lb) for lb in meas["label"]], meas["e2e_ms"], color="k",
+                   marker="_", s=400, zorder=5, label="measured")
+        ax.set_yscale("log")
+        ax.tick_params(axis="x", rotation=45)
+    g.set_axis_labels("", "latency (ms); black: measured")
+    return g.figure
+
+
+def share_bars(breakdown: pd.DataFrame, xlabel: str):
+    """Horizontal stacked bars of each row's shares (percent) of its total."""
+    share = breakdown.div(breakdown.sum(axis=1), axis=0) * 100
+    ax = share.plot.barh(stacked=True, figsize=(8, 0.4 * len(share) + 1.5))
+    ax.set(xlabel=xlabel, ylabel="")
+    ax.legend(bbox_to_anchor=(1, 1))
+    return ax.figure
