@@ -72,7 +72,38 @@ def run(quick: bool = False, force: bool = False, only=None, data=None, out=None
                                              "seconds": secs}, indent=1))
         records.append({"notebook": name, "status": "ran", "seconds": secs})
     write_index(figs, res, dhash)
+    if out is None:
+        write_headline(figs, PROJECT_ROOT / "README.md")
     return records
+
+
+HEADLINE = {"03_baselines_kernel_error.csv": "Kernel-level MAPE (%) per predictor: class x "
+                                             "(training GPUs, new GPUs)",
+            "04_inf_summary.csv": "Inference: mean end-to-end error (%) per GPU",
+            "05_train_summary.csv": "Training: mean end-to-end error (%) per GPU",
+            "06_fusion_summary.csv": "Fused kernels: mean error (%)",
+            "07_distributed_summary.csv": "4-GPU DP / TP / PP: mean error (%)"}
+_START, _END = "<!-- headline:start -->", "<!-- headline:end -->"
+
+
+def write_headline(figs: Path, readme: Path) -> None:
+    """Put the headline tables of the last reproduction into the README between markers."""
+    import pandas as pd
+    parts = []
+    for name, title in HEADLINE.items():
+        path = figs / name
+        if path.exists():
+            header = [0, 1] if name.startswith("03_") else 0
+            df = pd.read_csv(path, index_col=0, header=header)
+            if isinstance(df.columns, pd.MultiIndex):
+                df.columns = [" ".join(c) for c in df.columns]
+            parts.append(f"**{title}** ({name})\n\n{df.round(1).to_markdown()}\n")
+    text = readme.read_text()
+    if not parts or _START not in text or _END not in text:
+        return
+    head, rest = text.split(_START, 1)
+    atomic_write_text(readme, head + _START + "\n" + "\n".join(parts) + _END +
+                      rest.split(_END, 1)[1])
 
 
 def write_index(figs: Path, res: Path, dhash: str) -> Path:
