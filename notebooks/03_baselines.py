@@ -61,8 +61,7 @@ table.round(1)
 err = pd.concat([p.assign(predictor=n, err=ape(p["pred_ms"], p["latency_ms"]))
                  for n, p in preds.items()], ignore_index=True)
 order = splits["train_gpus"] + splits["new_gpus"]
-sample = err.groupby(["predictor", "gpu", "cls"], group_keys=False).apply(
-    lambda g: g.sample(min(len(g), 60), random_state=seed))
+sample = err.sample(frac=1.0, random_state=seed).groupby(["predictor", "gpu", "cls"]).head(60)
 g = sns.catplot(data=sample, x="gpu", y="err", hue="predictor", col="cls", col_wrap=2,
                 kind="box", order=order, hue_order=names, showfliers=False, height=3.5,
                 aspect=2.2, sharey=False)
