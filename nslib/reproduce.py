@@ -39,14 +39,18 @@ def declared(nb_path: Path) -> set[str]:
 
 
 def run(quick: bool = False, force: bool = False, only=None, data=None, out=None,
-        results=None, progress: bool = True) -> list[dict]:
-    """Run the notebooks; returns one record per notebook (name, status, seconds)."""
+        results=None, progress: bool = True, params_file=None) -> list[dict]:
+    """Run the notebooks; returns one record per notebook (name, status, seconds).
+
+    ``out``: figures folder (default figures/); ``results``: executed notebooks and stamps
+    (default results/<profile>/); ``params_file``: default notebooks/params.yaml.
+    """
     import papermill as pm
     figs = figures_dir(out)
     res = Path(results) if results else RESULTS / ("quick" if quick else "full")
     res.mkdir(parents=True, exist_ok=True)
     root, dhash = str(data_root(data)), data_hash(data)
-    plan = load_params(quick=quick)
+    plan = load_params(Path(params_file) if params_file else None, quick=quick)
     if only:
         plan = {k: v for k, v in plan.items() if k in set(only)}
     records = []
