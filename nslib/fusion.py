@@ -95,11 +95,18 @@ def _check(frame: pd.DataFrame) -> None:
         raise ValueError("fuse: kernel ids (kid) must be unique")
 
 
-def fuse(trace_frame: pd.DataFrame) -> pd.DataFrame:
+REDUCTIONS = ("softmax", "layernorm")
+
+
+def fuse(trace_frame: pd.DataFrame, prologues: bool = False) -> pd.DataFrame:
     """The trace with fusible elementwise/memory groups merged into single kernels.
 
     See the module docstring for the rule, the bytes and FLOPs of a fused kernel and the
-    columns of the result (which adds ``fused_from``).
+    columns of the result (which adds ``fused_from``). ``prologues=True`` also merges a group
+    whose single consumer is a softmax or layernorm into that kernel (as the original tool's
+    fused graphs do, e.g. scale + mask + softmax, residual add + layernorm): the result keeps
+    the reduction's class, op and dims, so its own predictor times it; the merged
+    elementwise kernels' intermediate writes and reads disappear.
     """
     _check(trace_frame)
     df = trace_frame.reset_index(drop=True)
@@ -119,10 +126,11 @@ def fuse(trace_frame: pd.DataFrame) -> pd.DataFrame:
                 consumers[j].add(i)
 
     parent = np.full(n, -1)
+    can_root = fusible | (np.isin(cls, REDUCTIONS) if prologues else False)
     for i in range(n):
         if fusible[i] and len(consumers[i]) == 1:
             (c,) = consumers[i]
-            if fusible[c] and phase[c] == phase[i] and c > i:
+            if can_root[c] and phase[c] == phase[i] and c > i:
                 parent[i] = c
     root = np.arange(n)
     for i in range(n - 1, -1, -1):  # consumers come later: their roots are already final
@@ -175,6 +183,10 @@ def fuse(trace_frame: pd.DataFrame) -> pd.DataFrame:
         b = sum(ext_reads.values()) + other + out_root
         new_bytes[j] = b
         new_flops[j] = float(flops[mem].sum())
+        if new_aten is not None:
+            new_aten[j] = "fused(" + ",".join(str(df.at[i, "aten"]) for i in mem) + ")"
+        if cls[r] in REDUCTIONS:  # a prologue merged into a softmax/layernorm: keep its dims
+            continue
         op, h_root = _fused_op(df.at[r, "op"], cls[r], b, out_root), df.at[r, "H"]
         n_in = kernels.OPS[op][1]
         count = max(float(np.round(b / (kernels.BYTES_PER_ELEM * (n_in + 1)))), 1.0)
@@ -184,8 +196,6 @@ def fuse(trace_frame: pd.DataFrame) -> pd.DataFrame:
             Bs[j], Hs[j] = 1.0, count
         Ms[j] = Ns[j] = Ks[j] = np.nan
         new_ops[j], new_cls[j] = op, "elementwise"
-        if new_aten is not None:
-            new_aten[j] = "fused(" + ",".join(str(df.at[i, "aten"]) for i in mem) + ")"
     rows["kid"] = np.arange(len(rows), dtype=np.int64)
     rows["cls"], rows["op"] = new_cls, new_ops
     rows["B"], rows["M"], rows["N"], rows["K"], rows["H"] = Bs, Ms, Ns, Ks, Hs

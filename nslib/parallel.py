@@ -635,7 +635,7 @@ def predict_parallel(gpu, model, batch: int, seq: int, mode: str = "train",
     desc = {"link": lk.to_dict(), "fused": bool(fused), "global_batch": int(batch)}
 
     def prep(tr):
-        return fuse(tr) if fused else tr
+        return fuse(tr, prologues=True) if fused else tr
 
     if dp > 1 or (tp == 1 and pp == 1):
         n = dp

@@ -119,7 +119,7 @@ def predict_model(gpu, model, batch: int, seq: int, mode: str = "inf",
     if fused:
         from .fusion import fuse
         tr = traced(model, batch, seq, mode, data)
-        frame = kernel_frame(fuse(tr), spec)
+        frame = kernel_frame(fuse(tr, prologues=True), spec)
         pred = _predictor(predictor, data, quick)
         frame["pred_ms"] = pred.predict(frame) if len(frame) else np.zeros(0)
         return frame, {**summarize(frame), "fused": True, "n_kernels_unfused": int(len(tr))}

@@ -71,6 +71,20 @@ def test_fuse_merges_exactly_the_single_consumer_groups():
                                   df.loc[[0, 4, 8, 9, 10, 11, 12], keep].reset_index(drop=True))
 
 
+def test_prologues_merge_into_softmax_and_layernorm():
+    f = fuse(hand_frame(), prologues=True)
+    groups = [tuple(g) for g in f["fused_from"]]
+    # 1-2-3 feed only the softmax, 5-6-7 only the layernorm: each merges into its consumer
+    assert groups == [(0,), (1, 2, 3, 4), (5, 6, 7, 8), (9,), (10,), (11,), (12,)]
+    sm, ln = f.iloc[1], f.iloc[2]
+    # the reduction keeps its class, op and dims, so its own predictor times it
+    assert (sm["cls"], sm["op"], sm["B"], sm["H"]) == ("softmax", "softmax", 4.0, 16.0)
+    assert (ln["cls"], ln["op"], ln["B"], ln["H"]) == ("layernorm", "ln", 4.0, 16.0)
+    assert sm["flops"] == 3 * 64 + 320 and ln["flops"] == 64 + 0 + 64 + 384
+    # a GEMM is still never merged, and the reduction's consumers are untouched
+    assert (0,) in groups and (9,) in groups
+
+
 def test_fused_bytes_and_flops_by_hand():
     f = fuse(hand_frame())
     chain, tree = f.iloc[1], f.iloc[3]
