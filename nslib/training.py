@@ -20,9 +20,9 @@ from .predictors import get, predictor_class
 DEFAULTS: dict[str, dict] = {
     # NeuSight: ensembles of 3 (utilisations averaged) for bmm, linear and softmax. Linear stops
     # at 15 epochs: new-GPU MAPE 12.0-12.2% over 3 seeds vs 11.4-14.7% at 30 (the longer fit
-    # helps the training GPUs, 23 vs 26%, and hurts the H100). Softmax and layernorm have few
-    # kernels: 100 / 60 epochs take seconds (softmax new GPUs 12-15.5% vs 18% at 30; layernorm
-    # 18-19% at 60, 20-23% at 30, 33-53% at 100).
+    # helps the training GPUs, 23 vs 26%, and hurts the H100). Layernorm: 60 epochs (new GPUs
+    # 11.5% vs 12.5% at 30, with the bandwidth-independent vector features); softmax: 30
+    # (14.1%, the same as 100).
     "neusight": {"epochs": 30, "configs": {"bmm": {"ensemble": 3},
                                            "linear": {"epochs": 15, "ensemble": 3},
                                            "softmax": {"ensemble": 3},
@@ -50,14 +50,19 @@ def params_for(name: str, quick: bool = False, seed: int = 0, **overrides) -> di
     """The full parameter set of a predictor: defaults (or the quick profile), seed, overrides."""
     base = (QUICK if quick else DEFAULTS).get(name, {})
     params = {**base, **{k: v for k, v in overrides.items() if v is not None}}
-    if name not in ("roofline", "li", "habitat_vec"):
+    if name != "roofline":
         params["seed"] = seed
     return params
 
 
 def cache_key(name: str, params: dict, data=None) -> str:
-    """Content key of a trained predictor: data hash, parameters, library version."""
-    return hash_files([], extra=[name, params, nsdata.data_hash(data), __version__])
+    """Content key of a trained predictor: data hash, parameters, library version and the
+    source of the code that trains it (so an edited predictor never loads stale weights)."""
+    import inspect
+    from . import tiles
+    sources = {Path(inspect.getfile(m)) for m in (predictor_class(name), kernels, tiles, nsdata)}
+    sources.add(Path(inspect.getfile(predictor_class(name).__mro__[1])))
+    return hash_files(sorted(sources), extra=[name, params, nsdata.data_hash(data), __version__])
 
 
 def trained(name: str, data=None, quick: bool = False, seed: int = 0, out=None,
