@@ -29,7 +29,7 @@ from tqdm.auto import tqdm
 
 from .. import kernels
 from ..paths import data_root
-from ..tiles import TILE_COLS, TileLookup
+from ..tiles import TileLookup
 from .base import Predictor, by_class
 
 
@@ -323,7 +323,7 @@ class NeuSight(Predictor):
 
     def utilisation(self, frame: pd.DataFrame) -> np.ndarray:
         """The predicted utilisation u in (0, 1) of each kernel (bounded model only)."""
-        frame = self._pack(self._with_tiles(frame))
+        frame = self._pack(self.tiles.fill(frame))
         out = np.empty(len(frame))
         for cls, idx, sub in by_class(frame):
             with torch.no_grad():
@@ -426,29 +426,9 @@ class NeuSight(Predictor):
             return frame
         return self.packing.apply(frame)
 
-    def _with_tiles(self, frame: pd.DataFrame) -> pd.DataFrame:
-        """Fill missing tiles by lookup, then (re)compute the derived columns."""
-        need = [c for cols in TILE_COLS.values() for c in cols]
-        have = all(c in frame for c in need)
-        if have:
-            gemm = frame["cls"].isin(kernels.GEMM_CLASSES).to_numpy()
-            ew = (frame["cls"] == "elementwise").to_numpy()
-            missing = (gemm & ~np.isfinite(frame["tile_m"].to_numpy(float))) | \
-                      (ew & ~np.isfinite(frame["tile"].to_numpy(float)))
-            if not missing.any() and "waves" in frame:
-                return frame
-        if not have or missing.any():
-            frame = self.tiles.lookup(frame)
-        return kernels.add_features(frame)
-
     def predict(self, frame: pd.DataFrame, lookup: bool = False) -> np.ndarray:
         """Latency in ms per row; ``lookup=True`` ignores parsed tiles and looks all up."""
-        if lookup:
-            frame = self.tiles.lookup(frame)
-            frame = kernels.add_features(frame)
-        else:
-            frame = self._with_tiles(frame)
-        frame = self._pack(frame)
+        frame = self._pack(self.tiles.fill(frame, lookup_all=lookup))
         out = np.empty(len(frame))
         for cls, idx, sub in by_class(frame):
             if cls not in self.models:

@@ -23,7 +23,7 @@ import pandas as pd
 import torch
 
 from .. import kernels
-from ..tiles import TILE_COLS, TileLookup
+from ..tiles import TileLookup
 from .base import Predictor, by_class
 from .neusight import tile_features
 
@@ -47,29 +47,8 @@ class _PerClassRegressor(Predictor):
         self.tiles = TileLookup()
 
     def with_tiles(self, frame: pd.DataFrame, lookup: bool = False) -> pd.DataFrame:
-        """``frame`` with every GEMM / elementwise tile present and the derived columns.
-
-        Parsed tiles are kept; missing ones (no column, or NaN) are looked up.
-        ``lookup=True`` looks every tile up, as for a GPU that was never profiled.
-        """
-        need = [c for cols in TILE_COLS.values() for c in cols]
-        if lookup or not all(c in frame for c in need):
-            filled = self.tiles.lookup(frame)
-        else:
-            gemm = frame["cls"].isin(kernels.GEMM_CLASSES).to_numpy()
-            ew = (frame["cls"] == "elementwise").to_numpy()
-            miss = (gemm & ~(np.isfinite(frame["tile_m"].to_numpy(float))
-                             & np.isfinite(frame["tile_k"].to_numpy(float)))) | \
-                   (ew & ~np.isfinite(frame["tile"].to_numpy(float)))
-            if not miss.any():
-                filled = frame
-            else:
-                looked = self.tiles.lookup(frame)
-                filled = frame.copy()
-                for c in need:
-                    filled[c] = np.where(miss, looked[c].to_numpy(float),
-                                         frame[c].to_numpy(float))
-        return kernels.add_features(filled)
+        """``frame`` with tiles (parsed kept, missing looked up) and derived columns."""
+        return self.tiles.fill(frame, lookup_all=lookup)
 
     def fit(self, frame: pd.DataFrame, progress: bool = True):
         self.tiles.fit(frame)
