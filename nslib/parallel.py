@@ -72,6 +72,7 @@ import numpy as np
 import pandas as pd
 
 from . import kernels
+from .launch import LAUNCH_US, stream_ms
 
 __all__ = ["LinkSpec", "LINK_RULES", "default_link", "resolve_link", "model_info",
            "check_degrees", "shard_tensor_parallel", "pipeline_stages", "predict_parallel",
@@ -518,12 +519,14 @@ def gpipe_time(stage_ms, microbatches: int, transfer_ms: float) -> float:
 # Prediction and schedules
 # --------------------------------------------------------------------------------------------
 
-def _predict_rows(frame: pd.DataFrame, spec, pred, link: LinkSpec) -> pd.DataFrame:
-    """Kernel rows by the predictor, comm rows by the link model; adds ``pred_ms``."""
+def _predict_rows(frame: pd.DataFrame, spec, pred, link: LinkSpec,
+                  launch_us: float | None = LAUNCH_US, data=None) -> pd.DataFrame:
+    """Kernel rows by the predictor (as a kernel stream, :func:`nslib.launch.stream_ms`),
+    comm rows by the link model; adds ``pred_ms``."""
     from .predict import kernel_frame
     is_comm = (frame["cls"] == "comm").to_numpy()
     kf = kernel_frame(frame[~is_comm], spec)
-    kf["pred_ms"] = pred.predict(kf) if len(kf) else np.zeros(0)
+    kf["pred_ms"] = stream_ms(pred, kf, launch_us, data)
     if not is_comm.any():
         return kf
     cf = frame[is_comm].copy()
@@ -614,7 +617,8 @@ def pp_schedule(frame: pd.DataFrame, n: int, microbatches: int, transfer_ms: flo
 def predict_parallel(gpu, model, batch: int, seq: int, mode: str = "train",
                      predictor="neusight", data=None, quick: bool = False, *,
                      fused: bool = False, dp: int = 1, tp: int = 1, pp: int = 1,
-                     microbatches: int = 1, link=None, vocab_parallel: bool = True):
+                     microbatches: int = 1, link=None, vocab_parallel: bool = True,
+                     launch_us: float | None = LAUNCH_US):
     """One step on ``dp``/``tp``/``pp`` GPUs: ``(frame, summary)`` as
     :func:`nslib.predict.predict_model` (which calls this when a degree is set).
 
@@ -622,6 +626,7 @@ def predict_parallel(gpu, model, batch: int, seq: int, mode: str = "train",
     every stage, with a ``stage`` column), comm rows included; the summary's ``e2e_ms`` is the
     step time of the strategy's schedule, ``fw_ms``/``bw_ms`` its forward and backward
     parts, ``comm_ms`` the communication time, ``parallel`` the strategy, link and schedule.
+    ``launch_us`` as in :func:`nslib.predict.predict_model`.
     """
     from .fusion import fuse
     from .predict import _predictor, resolve_gpu, traced
@@ -640,7 +645,7 @@ def predict_parallel(gpu, model, batch: int, seq: int, mode: str = "train",
     if dp > 1 or (tp == 1 and pp == 1):
         n = dp
         tr = prep(traced(model, batch // n, seq, mode, data))
-        frame = _predict_rows(tr.assign(peers=np.nan), spec, pred, lk)
+        frame = _predict_rows(tr.assign(peers=np.nan), spec, pred, lk, launch_us, data)
         sched = dp_schedule(frame, n, lk, info["param_bytes"] if mode == "train" else {})
         comm_rows = [{"kid": int(frame["kid"].max()) + 1 + j, "phase": "bw",
                       "aten": "comm.allreduce", "cls": "comm", "op": "allreduce",
@@ -657,7 +662,7 @@ def predict_parallel(gpu, model, batch: int, seq: int, mode: str = "train",
         n = tp
         tr = traced(model, batch, seq, mode, data)
         tr = prep(shard_tensor_parallel(tr, n, info, vocab_parallel))
-        frame = _predict_rows(tr, spec, pred, lk)
+        frame = _predict_rows(tr, spec, pred, lk, launch_us, data)
         sched = tp_schedule(frame)
         desc.update(kind="tp", degree=n, vocab_parallel=bool(vocab_parallel),
                     allreduces=int((frame["cls"] == "comm").sum()))
@@ -681,7 +686,7 @@ def predict_parallel(gpu, model, batch: int, seq: int, mode: str = "train",
                     extra.append((int(rows[-1]), r))
                     next_kid += 1
         tr = _insert_after(tr.reset_index(drop=True), extra)
-        frame = _predict_rows(tr, spec, pred, lk)
+        frame = _predict_rows(tr, spec, pred, lk, launch_us, data)
         sched = pp_schedule(frame, n, microbatches, x)
         desc.update(kind="pp", degree=n, microbatches=int(microbatches),
                     microbatch_size=mb, activation_bytes=act,
@@ -689,5 +694,5 @@ def predict_parallel(gpu, model, batch: int, seq: int, mode: str = "train",
     summary = {"e2e_ms": float(sched["e2e_ms"]), "fw_ms": float(sched["fw_ms"]),
                "bw_ms": float(sched["bw_ms"]), "per_class_ms": _per_class(frame),
                "n_kernels": int((frame["cls"] != "comm").sum()),
-               "comm_ms": float(sched["comm_ms"]), "parallel": desc}
+               "comm_ms": float(sched["comm_ms"]), "parallel": desc, "launch_us": launch_us}
     return frame, summary

@@ -20,6 +20,7 @@ import pandas as pd
 
 from . import __version__
 from .gpus import GPU, find_gpu, load_gpu_file, load_gpus
+from .launch import LAUNCH_US, stream_ms
 from .paths import atomic_write_bytes, cache_dir, hash_files
 
 MODES = ("inf", "train")
@@ -94,7 +95,7 @@ def summarize(frame: pd.DataFrame) -> dict:
 def predict_model(gpu, model, batch: int, seq: int, mode: str = "inf",
                   predictor="neusight", data=None, quick: bool = False, *,
                   fused: bool = False, dp: int = 1, tp: int = 1, pp: int = 1,
-                  microbatches: int = 1, link=None):
+                  microbatches: int = 1, link=None, launch_us: float | None = LAUNCH_US):
     """Predict one inference (``mode="inf"``) or training step (``"train"``) of ``model``.
 
     ``gpu``: name/alias, spec file or :class:`GPU`; ``model``: a config name in the data
@@ -107,6 +108,11 @@ def predict_model(gpu, model, batch: int, seq: int, mode: str = "inf",
     global batch, and ``link`` (None: the GPU's default; a bandwidth in GB/s; a
     :class:`nslib.parallel.LinkSpec`) for the communication; see :mod:`nslib.parallel`. The
     summary then gains ``comm_ms`` and ``parallel``.
+
+    ``launch_us``: kernels are timed as launched back to back in the model, with this launch
+    gap in microseconds (:func:`nslib.launch.stream_ms`: the dispatch floor that every
+    microbenchmark carries is taken off); ``None`` sums the predictor's microbenchmark
+    latencies as they are (the original tool's aggregation). The summary records it.
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
@@ -114,16 +120,17 @@ def predict_model(gpu, model, batch: int, seq: int, mode: str = "inf",
         from .parallel import predict_parallel
         return predict_parallel(gpu, model, batch, seq, mode, predictor, data, quick,
                                 fused=fused, dp=dp, tp=tp, pp=pp, microbatches=microbatches,
-                                link=link)
+                                link=link, launch_us=launch_us)
     spec = resolve_gpu(gpu, data)
     if fused:
         from .fusion import fuse
         tr = traced(model, batch, seq, mode, data)
         frame = kernel_frame(fuse(tr, prologues=True), spec)
         pred = _predictor(predictor, data, quick)
-        frame["pred_ms"] = pred.predict(frame) if len(frame) else np.zeros(0)
-        return frame, {**summarize(frame), "fused": True, "n_kernels_unfused": int(len(tr))}
+        frame["pred_ms"] = stream_ms(pred, frame, launch_us, data)
+        return frame, {**summarize(frame), "fused": True, "n_kernels_unfused": int(len(tr)),
+                       "launch_us": launch_us}
     frame = kernel_frame(traced(model, batch, seq, mode, data), spec)
     pred = _predictor(predictor, data, quick)
-    frame["pred_ms"] = pred.predict(frame) if len(frame) else np.zeros(0)
-    return frame, summarize(frame)
+    frame["pred_ms"] = stream_ms(pred, frame, launch_us, data)
+    return frame, {**summarize(frame), "launch_us": launch_us}

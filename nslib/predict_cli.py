@@ -20,6 +20,10 @@ def _predict(args) -> int:
             raise ValueError("--link-bw applies to a multi-GPU step: add --dp N, --tp N or "
                              "--pp N")
         extra["link"] = args.link_bw
+    if getattr(args, "plain_sum", False):
+        extra["launch_us"] = None
+    elif getattr(args, "launch_us", None) is not None:
+        extra["launch_us"] = args.launch_us
     frame, summary = predict_model(gpu, args.model, args.batch, args.seq, args.mode,
                                    predictor=args.predictor, quick=args.quick, **extra)
     summary = {"gpu": str(gpu), "model": args.model, "batch": args.batch, "seq": args.seq,
@@ -60,6 +64,12 @@ def add_predict_parser(sub) -> None:
     s.add_argument("--predictor", default="neusight")
     s.add_argument("--quick", action="store_true", help="use the quick-trained predictor")
     s.add_argument("--json", action="store_true")
+    s.add_argument("--launch-us", type=float, metavar="US",
+                   help="gap between back-to-back kernels in the model, microseconds "
+                        "(default 3; see nslib.launch)")
+    s.add_argument("--plain-sum", action="store_true",
+                   help="sum the kernels' microbenchmark latencies as they are (each with "
+                        "its dispatch floor), as the original tool does")
     s.add_argument("--fused", action="store_true",
                    help="fuse chains of elementwise/memory kernels (nslib.fusion)")
     par = s.add_mutually_exclusive_group()

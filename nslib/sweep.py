@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 
 from . import kernels
+from .launch import LAUNCH_US, stream_ms
 from .predict import _predictor, kernel_frame, resolve_gpu, traced
 
 DIMS = ["B", "M", "N", "K", "H"]
@@ -56,7 +57,7 @@ def scenario_kernels(law: dict, batch: int, seq: int) -> pd.DataFrame:
 
 
 def sweep(model, mode: str, scenarios: pd.DataFrame, predictor="neusight", data=None,
-          quick: bool = False) -> pd.DataFrame:
+          quick: bool = False, launch_us: float | None = LAUNCH_US) -> pd.DataFrame:
     """Predicted ``e2e_ms``, ``fw_ms``, ``bw_ms`` for each row of ``scenarios``.
 
     ``scenarios`` has columns ``gpu`` (name, alias or GPU), ``batch`` and ``seq``. Identical
@@ -74,7 +75,7 @@ def sweep(model, mode: str, scenarios: pd.DataFrame, predictor="neusight", data=
         for idx, g in grp["gpu"].items():
             parts.append(kernel_frame(uniq, gpus[g]).assign(scenario=idx))
     big = pd.concat(parts, ignore_index=True)
-    big["pred_ms"] = pred.predict(big) * big["count"].to_numpy(float)
+    big["pred_ms"] = stream_ms(pred, big, launch_us, data) * big["count"].to_numpy(float)
     tot = big.pivot_table(index="scenario", columns="phase", values="pred_ms", aggfunc="sum")
     out = scenarios.copy()
     out["fw_ms"] = tot.get("fw", pd.Series(0.0, index=tot.index)).reindex(out.index).fillna(0)

@@ -31,6 +31,7 @@ class Const:
 
 def run(**kw):
     kw.setdefault("link", LINK)
+    kw.setdefault("launch_us", None)   # plain sums: the schedules are what is checked here
     return predict_model(GPU0, CFG, kw.pop("batch", BATCH), SEQ, kw.pop("mode", "train"),
                          predictor=Const(), **kw)
 
@@ -202,7 +203,8 @@ def test_pp_totals_by_hand(micro):
     assert s["comm_ms"] == pytest.approx(2 * (n - 1) * x)
     assert int((frame["cls"] == "comm").sum()) == 2 * (n - 1)
     if micro == 1:   # one micro-batch: the single-GPU step plus the transfers
-        _, single = predict_model(GPU0, CFG, BATCH, SEQ, "train", predictor=Const())
+        _, single = predict_model(GPU0, CFG, BATCH, SEQ, "train", predictor=Const(),
+                                  launch_us=None)
         assert s["e2e_ms"] == pytest.approx(single["e2e_ms"] + 2 * x)
 
 
@@ -219,10 +221,11 @@ def test_invalid_degrees_rejected(kw, match):
 
 
 def test_defaults_unchanged():
-    f0, s0 = predict_model(GPU0, CFG, BATCH, SEQ, "train", predictor=Const())
-    assert set(s0) == {"e2e_ms", "fw_ms", "bw_ms", "per_class_ms", "n_kernels"}
+    f0, s0 = predict_model(GPU0, CFG, BATCH, SEQ, "train", predictor=Const(), launch_us=None)
+    assert set(s0) == {"e2e_ms", "fw_ms", "bw_ms", "per_class_ms", "n_kernels", "launch_us"}
     assert "comm" not in f0["kernel_class"].values
-    f1, s1 = predict_model(GPU0, CFG, BATCH, SEQ, "inf", predictor=Const(), fused=True)
+    f1, s1 = predict_model(GPU0, CFG, BATCH, SEQ, "inf", predictor=Const(), fused=True,
+                           launch_us=None)
     assert s1["fused"] and s1["n_kernels"] < s1["n_kernels_unfused"]
 
 

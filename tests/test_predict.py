@@ -29,8 +29,10 @@ def test_faster_gpu_spec_is_faster_under_the_roofline(data_dir, tmp_path):
             "Core_Per_SM": 64, "Freq": 1370, "SingleFLOPs": 28058, "L2Cache": 12}
     path = tmp_path / "fantasy.json"
     path.write_text(json.dumps(spec))
-    _, fast = predict_model(str(path), "gpt2_large", 1, 128, "inf", predictor="roofline")
-    _, base = predict_model("V100", "gpt2_large", 1, 128, "inf", predictor="roofline")
+    _, fast = predict_model(str(path), "gpt2_large", 1, 128, "inf", predictor="roofline",
+                            launch_us=None)
+    _, base = predict_model("V100", "gpt2_large", 1, 128, "inf", predictor="roofline",
+                            launch_us=None)
     assert fast["e2e_ms"] == pytest.approx(base["e2e_ms"] / 2, rel=1e-6)
 
 

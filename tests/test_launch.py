@@ -1,0 +1,71 @@
+"""nslib.launch: microbenchmark latencies to in-stream latencies, against hand arithmetic."""
+import numpy as np
+import pandas as pd
+import pytest
+
+from nslib import kernels
+from nslib.gpus import GPU
+from nslib.launch import floors, probe_kernels, stream_ms
+from nslib.predict import kernel_frame, predict_model
+
+GPU0 = GPU(name="Test GPU", mem_gb=80, mem_bw=1000, num_sm=100, cores_per_sm=128,
+           clock_mhz=1500, peak_gflops=10000, l2_mb=50)
+
+
+class Floor:
+    """A predictor with a 25 us dispatch floor: 0.025 ms plus 1 ms per 100 GFLOP and per GB."""
+
+    def predict(self, frame):
+        f, b = kernels.flops_bytes(frame)
+        return 0.025 + f / 1e11 + b / 1e9
+
+
+def frame_of(rows):
+    df = pd.DataFrame(rows)
+    for c in ("B", "M", "N", "K", "H"):
+        df[c] = df.get(c, np.nan)
+    for k, v in GPU0.columns().items():
+        df[k] = v
+    return df
+
+
+def test_probes_are_the_smallest_training_kernels(data_dir):
+    probe = probe_kernels()
+    assert set(probe["cls"]) == set(kernels.CLASSES)
+    f, b = kernels.flops_bytes(probe)
+    assert (f + b > 0).all() and (f + b < 1e7).all()
+
+
+def test_stream_takes_the_floor_off_and_keeps_the_roofline(data_dir):
+    df = frame_of([
+        {"cls": "elementwise", "op": "add", "B": 1, "H": 1e3},             # tiny: launch gap
+        {"cls": "elementwise", "op": "add", "B": 1e4, "H": 1e4},           # 1.2 GB
+        {"cls": "linear", "op": "linear", "B": 1, "M": 4096, "N": 4096, "K": 4096}])
+    pred = Floor()
+    fl = floors(pred, df)
+    probe = probe_kernels()
+    exp_floor = {c: pred.predict(frame_of(probe[probe["cls"] == c].to_dict("records")))[0]
+                 for c in ("elementwise", "linear")}
+    assert fl == pytest.approx([exp_floor["elementwise"]] * 2 + [exp_floor["linear"]])
+    raw = pred.predict(df)
+    out = stream_ms(pred, df, launch_us=3.0)
+    assert out[0] == pytest.approx(0.003)                       # floor off: the launch gap
+    assert out[1] == pytest.approx(max(raw[1] - fl[1], kernels.roofline_ms(df)[1]))
+    # the GEMM's 100 TFLOP/s is faster than the GPU's 10 TFLOP/s roofline: the bound wins
+    assert out[2] == pytest.approx(kernels.roofline_ms(df)[2])
+    assert stream_ms(pred, df, launch_us=None) == pytest.approx(raw)
+    with pytest.raises(ValueError, match="launch_us"):
+        stream_ms(pred, df, launch_us=-1)
+
+
+def test_model_prediction_in_stream_is_below_the_plain_sum(data_dir):
+    cfg = {"model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_head": 4, "vocab_size": 100,
+           "n_positions": 64, "architectures": ["GPT2LMHeadModel"]}
+    frame, s = predict_model(GPU0, cfg, 2, 16, "train", predictor=Floor())
+    _, plain = predict_model(GPU0, cfg, 2, 16, "train", predictor=Floor(), launch_us=None)
+    assert s["launch_us"] == 3.0 and plain["launch_us"] is None
+    # every kernel of this tiny model is dispatch-bound: it costs the launch gap
+    assert frame["pred_ms"].to_numpy() == pytest.approx(np.full(len(frame), 0.003))
+    assert plain["e2e_ms"] > s["e2e_ms"] == pytest.approx(0.003 * len(frame))
+    kf = kernel_frame(frame, GPU0)
+    assert len(kf) == len(frame)
