@@ -16,6 +16,7 @@ from . import data as nsdata
 from .evaluate import ape
 from .gpus import load_gpus
 from .labels import load_labels
+from .launch import LAUNCH_US
 from .predict import predict_model
 
 # Models the paper treats as out of distribution (never in the original tool's training).
@@ -38,10 +39,12 @@ def label_configs(mode: str, data=None, gpus=None, models=None, variant: str = "
 
 
 def evaluate_models(mode: str, predictors, data=None, gpus=None, models=None,
-                    quick: bool = False, progress: bool = True) -> pd.DataFrame:
+                    quick: bool = False, progress: bool = True,
+                    launch_us: float | None = LAUNCH_US) -> pd.DataFrame:
     """One row per (label, predictor): measured and predicted ms, APE, and whether the GPU
     and model are in distribution. Configurations the tracer cannot handle are reported in a
-    ``note`` column, not dropped silently."""
+    ``note`` column, not dropped silently. ``launch_us``: as in
+    :func:`nslib.predict.predict_model` (``None``: plain sums of kernel latencies)."""
     lab = label_configs(mode, data, gpus, models)
     new = set(nsdata.gpu_splits(data)["new_gpus"])
     rows = []
@@ -50,7 +53,8 @@ def evaluate_models(mode: str, predictors, data=None, gpus=None, models=None,
             rec = {**r.to_dict(), "predictor": name}
             try:
                 _, s = predict_model(r["gpu_key"], r["model"], r["batch"], r["seq"], mode,
-                                     predictor=name, data=data, quick=quick)
+                                     predictor=name, data=data, quick=quick,
+                                     launch_us=launch_us)
                 rec.update(pred_ms=s["e2e_ms"], pred_fw_ms=s["fw_ms"], pred_bw_ms=s["bw_ms"],
                            note="")
             except (ValueError, NotImplementedError, RuntimeError) as e:
@@ -77,6 +81,22 @@ def time_breakdown(results: pd.DataFrame, gpu_key: str, predictor: str, data=Non
                              predictor=predictor, data=data, quick=quick)
         rows.append({"config": r["config"], **s["per_class_ms"]})
     return pd.DataFrame(rows).set_index("config").fillna(0.0)
+
+
+def aggregation_table(mode: str, predictors, data=None, gpus=None, models=None,
+                      quick: bool = False, results: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Mean error (%) per predictor and GPU with kernels summed as a stream (the default,
+    :mod:`nslib.launch`) and as plain sums of microbenchmark latencies (the original tool's
+    aggregation): rows (predictor, aggregation), columns GPUs and ``all``. ``results``: the
+    default :func:`evaluate_models` output when already computed."""
+    if results is None:
+        results = evaluate_models(mode, predictors, data, gpus, models, quick, progress=False)
+    plain = evaluate_models(mode, predictors, data, gpus, models, quick, progress=False,
+                            launch_us=None)
+    both = pd.concat([results.assign(aggregation="stream"), plain.assign(aggregation="plain sum")])
+    tab = both.pivot_table(index=["predictor", "aggregation"], columns="gpu", values="err")
+    tab["all"] = both.groupby(["predictor", "aggregation"])["err"].mean()
+    return tab
 
 
 def paper_table(results: pd.DataFrame) -> pd.DataFrame:

@@ -90,3 +90,31 @@ def test_traced_style_frame_without_tiles_gets_lookup(fitted):
                       "mem_bw": 3430.0, "mem_gb": 80.0, "l2_mb": 50.0})
     pred = fitted.predict(f)
     assert np.isfinite(pred).all() and (pred >= kernels.roofline_ms(f)).all()
+
+
+def test_wave_laws_by_hand():
+    from nslib.predictors.neusight import ADDITIVE_MS, wave_ms
+    raw = torch.zeros(2, 2, dtype=torch.float64)           # sigmoid(0) = 0.5, exp(0) = 1
+    base = torch.tensor([0.2, 0.2], dtype=torch.float64)   # ms of one wave at the roofline
+    waves = torch.tensor([1.0, 4.0], dtype=torch.float64)
+    assert wave_ms(raw, base, waves, "paper").tolist() == pytest.approx(
+        [0.2 / (0.5 * 0.5), 0.2 / (0.5 * (1 - 0.5 / 4))])
+    assert wave_ms(raw, base, waves, "overhead").tolist() == pytest.approx(
+        [0.2 * 2 / 0.5, 0.2 * 5 / (0.5 * 4)])
+    assert wave_ms(raw, base, waves, "additive").tolist() == pytest.approx(
+        [0.2 / 0.5 + ADDITIVE_MS, 0.2 / 0.5 + ADDITIVE_MS / 4])
+    with pytest.raises(ValueError, match="form"):
+        wave_ms(raw, base, waves, "linear")
+
+
+def test_launch_cost_of_vector_ops_does_not_scale_with_bandwidth(fitted):
+    # a GPU with 5x less bandwidth (and nothing else changed): a tiny elementwise kernel
+    # costs mostly its fixed launch time on both (plus one wave of tiles at the roofline,
+    # which does scale), a huge memory-bound one 5x more
+    f = pd.DataFrame({"cls": ["elementwise"] * 2, "op": ["add"] * 2, "B": [1.0, 65536.0],
+                      "M": np.nan, "N": np.nan, "K": np.nan, "H": [64.0, 4096.0]})
+    fast = f.assign(num_sm=58.0, peak_gflops=30000.0, mem_bw=1500.0, mem_gb=24.0, l2_mb=48.0)
+    slow = fast.assign(mem_bw=300.0)
+    ratio = fitted.predict(slow) / fitted.predict(fast)
+    assert 1.0 <= ratio[0] < 1.5
+    assert ratio[1] == pytest.approx(5.0, rel=0.05)

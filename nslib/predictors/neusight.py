@@ -1,16 +1,17 @@
 """NeuSight: per-class MLPs predicting the utilisation of one wave, bounded by the roofline.
 
 For each kernel class an MLP maps per-SM-normalised log2 tile features to two raw outputs that
-give the utilisation u in (0, 1) of a wave (:func:`wave_utilisation`), and the latency is
+give the utilisation u in (0, 1) of a wave (:func:`wave_ms`), and the latency is
 
     t = num_waves * (num_sm * tile_FLOPs) / (roofline_throughput * u)     (ms)
 
-so a prediction can never beat the roofline. Two laws for u: ``paper``,
+so a prediction can never beat the roofline. Three laws for u (:func:`wave_ms`): ``paper``,
 ``u = gamma * (1 - alpha / num_waves)`` (method.md's ``gamma - alpha' / num_waves`` with
-``alpha' = alpha * gamma``, in (0, 1) for every wave count), and the default ``overhead``,
+``alpha' = alpha * gamma``, in (0, 1) for every wave count), ``overhead``,
 ``u = gamma * num_waves / (num_waves + a)``: a per-wave cost plus a fixed cost of ``a`` waves,
 which fits small, launch-bound kernels without wave-dependent features and tends to gamma for
-kernels far larger than any trained on. Training minimises the symmetric percentage error of
+kernels far larger than any trained on, and ``additive``: the fixed cost is a time instead
+(used by the memory-bound classes, whose wave time scales with 1 / bandwidth). Training minimises the symmetric percentage error of
 the per-wave latency. Kernels without a parsed tile (unprofiled GPUs, traced models) take the
 tile of the nearest measured training kernel (:mod:`nslib.tiles`); softmax kernels pack several
 rows per block (:class:`RowPacking`). A class may train an :class:`Ensemble` of MLPs from
@@ -57,7 +58,12 @@ GEMM_DEFAULTS = {"features": ("compute", "load", "aspect"), "clip": False}
 # bandwidth across the training GPUs, and doubled-peak GPUs got ~2x slower elementwise ops).
 # Held-out error, train/new GPUs (%): elementwise 2.9/7.6 (was 3.7/4.8), softmax 18.0/14.1
 # (19.3/13.3), layernorm 10.0/11.5 (14.7/18.3).
-VECTOR_DEFAULTS = {"features": ("waves", "num_sm", "l2_footprint")}
+# The additive law: their fixed cost is a time (a launch), not a number of waves; with the
+# overhead law it scaled with 1 / bandwidth, and a GPU with L4-like slow memory and many SMs
+# (unlike any training GPU) got 1-2 ms per tiny kernel; with additive ~50 us and big kernels
+# at 1.3-2.5x the roofline, as on the T4. Held-out error and end-to-end errors unchanged
+# (train/new GPUs %: elementwise 2.2/6.1, softmax 18.0/14.6, layernorm 10.1/12.3).
+VECTOR_DEFAULTS = {"features": ("waves", "num_sm", "l2_footprint"), "form": "additive"}
 CLASS_DEFAULTS = {"elementwise": dict(VECTOR_DEFAULTS), "softmax": dict(VECTOR_DEFAULTS),
                   "layernorm": dict(VECTOR_DEFAULTS),
                   "bmm": {**GEMM_DEFAULTS, "form": "paper"},
@@ -69,7 +75,7 @@ class TrainConfig:
     """Hyper-parameters of one class's MLP (the paper's: 8 x 512, AdamW, batch 128).
 
     ``features``: names for :func:`tile_features`; ``form``: the utilisation law of
-    :func:`wave_utilisation`; ``pack_rows``: pack softmax rows into blocks (:class:`RowPacking`).
+    :func:`wave_ms`; ``pack_rows``: pack softmax rows into blocks (:class:`RowPacking`).
     ``lr`` per step, cosine-annealed to 0 over ``epochs``; ``batch`` in kernels.
     ``val``: how the epoch to keep is chosen: ``random`` (a random ``val_frac`` of the kernels)
     or ``gpu`` (the training GPU with the highest FP32 peak held out whole, to mimic
@@ -214,27 +220,44 @@ class RowPacking:
         return cls(state["log2_h"].numpy(), state["rows"].numpy())
 
 
-FORMS = ("paper", "overhead")
+FORMS = ("paper", "overhead", "additive")
+# Scale of the additive form's fixed cost: exp(raw) * 10 us, so raw = 0 is a typical launch.
+ADDITIVE_MS = 0.01
 
 
-def wave_utilisation(raw: torch.Tensor, waves: torch.Tensor, form: str) -> torch.Tensor:
-    """Utilisation u in (0, 1) of a wave from the MLP's two raw outputs (float64).
-
-    ``paper``: ``u = gamma * (1 - alpha / waves)``, alpha and gamma sigmoids.
-    ``overhead``: ``u = gamma * waves / (waves + a)``, gamma a sigmoid and ``a = exp(raw)``
-    a fixed cost in units of waves, i.e. latency = (waves + a) * wave_time / gamma: a
-    per-wave cost plus a size-independent overhead (launch, tail). Both keep u in (0, 1).
-    """
-    raw = raw.double()
-    if raw.shape[1] > 2:  # an ensemble: the mean of its members' utilisations
-        return torch.stack([wave_utilisation(raw[:, j:j + 2], waves, form)
-                            for j in range(0, raw.shape[1], 2)]).mean(dim=0)
+def _one_wave_ms(raw: torch.Tensor, base: torch.Tensor, waves: torch.Tensor,
+                 form: str) -> torch.Tensor:
+    """Per-wave ms of one member from its two raw outputs (see :func:`wave_ms`)."""
     gamma = torch.sigmoid(raw[:, 1].clamp(-30, 30))  # < 1 in float64 even for unclipped inputs
     if form == "paper":
-        return gamma * (1 - torch.sigmoid(raw[:, 0].clamp(-30, 30)) / waves)
+        return base / (gamma * (1 - torch.sigmoid(raw[:, 0].clamp(-30, 30)) / waves))
     if form == "overhead":
-        return gamma * waves / (waves + torch.exp(raw[:, 0].clamp(-20, 20)))
+        return base * (waves + torch.exp(raw[:, 0].clamp(-20, 20))) / (gamma * waves)
+    if form == "additive":
+        return base / gamma + ADDITIVE_MS * torch.exp(raw[:, 0].clamp(-20, 20)) / waves
     raise ValueError(f"unknown NeuSight form {form!r}; known: {FORMS}")
+
+
+def wave_ms(raw: torch.Tensor, base: torch.Tensor, waves: torch.Tensor, form: str) -> torch.Tensor:
+    """Predicted ms of one wave (float64) from the MLP's raw outputs; ``base``: the wave's
+    roofline ms (:func:`roofline_wave_ms`). The kernel takes ``waves`` times this.
+
+    The utilisation ``u = base / wave_ms`` is in (0, 1) under every law, so no prediction
+    beats the roofline. ``paper``: ``u = gamma * (1 - alpha / waves)``, alpha and gamma
+    sigmoids. ``overhead``: ``u = gamma * waves / (waves + a)``, gamma a sigmoid and
+    ``a = exp(raw)`` a fixed cost in units of waves (latency = (waves + a) * wave_time /
+    gamma). ``additive``: latency = waves * wave_time / gamma + c with ``c = exp(raw) * 10 us``
+    a fixed cost in time, not in waves: a launch costs about the same whatever the GPU's
+    bandwidth, where the ``overhead`` law scales it with the wave time (1 / bandwidth for
+    memory-bound ops) and a slow-memory GPU unlike the training ones got launch costs of a
+    millisecond. An ensemble (more than two raw columns) averages its members' u.
+    """
+    raw = raw.double()
+    if raw.shape[1] > 2:
+        u = torch.stack([base / _one_wave_ms(raw[:, j:j + 2], base, waves, form)
+                         for j in range(0, raw.shape[1], 2)]).mean(dim=0)
+        return base / u
+    return _one_wave_ms(raw, base, waves, form)
 
 
 class Ensemble(nn.Module):
@@ -329,7 +352,8 @@ class NeuSight(Predictor):
             with torch.no_grad():
                 raw = self._outputs(cls, sub).double()
             waves = torch.from_numpy(sub["waves"].to_numpy(float, copy=True))
-            out[idx] = wave_utilisation(raw, waves, self.configs[cls]["form"]).numpy()
+            base = torch.from_numpy(roofline_wave_ms(sub))
+            out[idx] = (base / wave_ms(raw, base, waves, self.configs[cls]["form"])).numpy()
         return out
 
     # ----- training
@@ -416,7 +440,7 @@ class NeuSight(Predictor):
         raw = raw.double()
         if not self.bounded:
             return torch.exp(raw[:, 0::2]).mean(dim=1)
-        return base / wave_utilisation(raw, waves, form)
+        return wave_ms(raw, base, waves, form)
 
     # ----- prediction
     def _pack(self, frame: pd.DataFrame) -> pd.DataFrame:
