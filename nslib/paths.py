@@ -10,6 +10,7 @@ Settings (environment variables, each overridable by a CLI option):
 from __future__ import annotations
 
 import hashlib
+from functools import lru_cache
 import json
 import os
 import tempfile
@@ -69,6 +70,13 @@ def figures_dir(out: str | os.PathLike | None = None) -> Path:
     return path
 
 
+@lru_cache(maxsize=4096)
+def _file_digest(path: str, size: int, mtime_ns: int, inode: int) -> bytes:
+    """SHA-256 of a file's bytes, remembered per process while its size, time stamp and inode
+    stay the same (a command hashes the same data files for several cache keys)."""
+    return hashlib.sha256(Path(path).read_bytes()).digest()
+
+
 def hash_files(paths, extra: object = None) -> str:
     """SHA-256 (hex, first 16 chars) over the contents of ``paths`` in order, plus ``extra``.
 
@@ -78,7 +86,8 @@ def hash_files(paths, extra: object = None) -> str:
     h = hashlib.sha256()
     for p in paths:
         h.update(Path(p).name.encode())
-        h.update(Path(p).read_bytes())
+        st = os.stat(p)
+        h.update(_file_digest(str(Path(p).resolve()), st.st_size, st.st_mtime_ns, st.st_ino))
     if extra is not None:
         h.update(json.dumps(extra, sort_keys=True, default=str).encode())
     return h.hexdigest()[:16]

@@ -6,9 +6,11 @@ once. Softmax and layernorm need no lookup: their tile is always one row (H).
 """
 from __future__ import annotations
 
+import hashlib
+import io
+
 import numpy as np
 import pandas as pd
-from scipy.spatial import cKDTree
 
 from . import kernels
 
@@ -46,14 +48,46 @@ class TileLookup:
         self._trees = {}
         return self
 
+    def _scale(self, cls: str) -> np.ndarray:
+        """Per-column standard deviation of the class's keys (distances are in these units)."""
+        scale = self.tables[cls]["keys"].std(axis=0)
+        scale[scale == 0] = 1.0
+        return scale
+
     def _tree(self, cls: str):
         if cls not in getattr(self, "_trees", {}):
+            from scipy.spatial import cKDTree  # imported when a lookup is not in the cache
             self._trees = getattr(self, "_trees", {})
-            t = self.tables[cls]
-            scale = t["keys"].std(axis=0)
-            scale[scale == 0] = 1.0
-            self._trees[cls] = (cKDTree(t["keys"] / scale), scale)
+            scale = self._scale(cls)
+            self._trees[cls] = (cKDTree(self.tables[cls]["keys"] / scale), scale)
         return self._trees[cls]
+
+    def _nearest(self, cls: str, keys: np.ndarray) -> np.ndarray:
+        """Row index of the nearest table entry for each key row (log2 units, unscaled).
+
+        Answers are kept in the cache folder by the content of the table and of the queries:
+        a traced model asks the same questions on every run, and a cached answer needs no
+        KD-tree (building one, and importing scipy, is most of a cached prediction's time).
+        """
+        from .paths import atomic_write_bytes, cache_dir
+        t = self.tables[cls]
+        h = hashlib.sha256(np.ascontiguousarray(t["keys"]).tobytes())
+        h.update(np.ascontiguousarray(t["tiles"]).tobytes())
+        h.update(np.ascontiguousarray(keys, dtype=float).tobytes())
+        path = cache_dir("tiles") / f"{cls}-{h.hexdigest()[:24]}.npy"
+        if path.exists():
+            try:
+                idx = np.load(path)
+                if idx.shape == (len(keys),):
+                    return idx
+            except (OSError, ValueError):
+                pass  # unreadable: answer again and overwrite
+        tree, scale = self._tree(cls)
+        _, idx = tree.query(keys / scale)
+        buf = io.BytesIO()
+        np.save(buf, np.asarray(idx, np.int64))
+        atomic_write_bytes(path, buf.getvalue())
+        return idx
 
     def lookup(self, frame: pd.DataFrame) -> pd.DataFrame:
         """Return a copy of ``frame`` with its tile columns replaced by looked-up tiles."""
@@ -64,8 +98,7 @@ class TileLookup:
                 continue
             if cls not in self.tables:
                 raise ValueError(f"no measured {cls} kernels to look tiles up from")
-            tree, scale = self._tree(cls)
-            _, idx = tree.query(lookup_keys(out[mask], cls) / scale)
+            idx = self._nearest(cls, lookup_keys(out[mask], cls))
             tiles = self.tables[cls]["tiles"][idx]
             for j, c in enumerate(cols):
                 if c not in out:
