@@ -17,6 +17,7 @@ original tool's aggregation). Units: ms throughout, ``launch_us`` in microsecond
 """
 from __future__ import annotations
 
+import io
 import warnings
 from functools import lru_cache
 
@@ -35,8 +36,6 @@ _PROBE_COLS = ["cls", "op", "B", "M", "N", "K", "H"]
 def _probes(root: str) -> pd.DataFrame:
     """Built from the training tables once, then kept as a tiny cached table (reading the
     five class tables costs more than a whole cached prediction)."""
-    import io
-
     from . import data as nsdata
     from .paths import atomic_write_bytes, cache_dir, hash_files
     key = hash_files([], extra=["probes", *(nsdata.table_key(c, "train", root)

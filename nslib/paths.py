@@ -10,10 +10,10 @@ Settings (environment variables, each overridable by a CLI option):
 from __future__ import annotations
 
 import hashlib
-from functools import lru_cache
 import json
 import os
 import tempfile
+from functools import lru_cache
 from pathlib import Path
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent

@@ -45,22 +45,28 @@ class TileLookup:
                 both = np.unique(np.column_stack([keys, tiles]), axis=0)
                 self.tables[cls] = {"keys": both[:, :keys.shape[1]], "tiles": both[:, keys.shape[1]:],
                                     "cols": list(cols)}
-        self._trees = {}
+        self._trees, self._hashes = {}, {}
         return self
-
-    def _scale(self, cls: str) -> np.ndarray:
-        """Per-column standard deviation of the class's keys (distances are in these units)."""
-        scale = self.tables[cls]["keys"].std(axis=0)
-        scale[scale == 0] = 1.0
-        return scale
 
     def _tree(self, cls: str):
         if cls not in getattr(self, "_trees", {}):
             from scipy.spatial import cKDTree  # imported when a lookup is not in the cache
             self._trees = getattr(self, "_trees", {})
-            scale = self._scale(cls)
-            self._trees[cls] = (cKDTree(self.tables[cls]["keys"] / scale), scale)
+            t = self.tables[cls]
+            scale = t["keys"].std(axis=0)
+            scale[scale == 0] = 1.0
+            self._trees[cls] = (cKDTree(t["keys"] / scale), scale)
         return self._trees[cls]
+
+    def _table_hash(self, cls: str):
+        """SHA-256 state over a class's table (keys and tiles), computed once per object."""
+        if cls not in getattr(self, "_hashes", {}):
+            self._hashes = getattr(self, "_hashes", {})
+            t = self.tables[cls]
+            h = hashlib.sha256(np.ascontiguousarray(t["keys"]).tobytes())
+            h.update(np.ascontiguousarray(t["tiles"]).tobytes())
+            self._hashes[cls] = h
+        return self._hashes[cls].copy()
 
     def _nearest(self, cls: str, keys: np.ndarray) -> np.ndarray:
         """Row index of the nearest table entry for each key row (log2 units, unscaled).
@@ -70,9 +76,7 @@ class TileLookup:
         KD-tree (building one, and importing scipy, is most of a cached prediction's time).
         """
         from .paths import atomic_write_bytes, cache_dir
-        t = self.tables[cls]
-        h = hashlib.sha256(np.ascontiguousarray(t["keys"]).tobytes())
-        h.update(np.ascontiguousarray(t["tiles"]).tobytes())
+        h = self._table_hash(cls)
         h.update(np.ascontiguousarray(keys, dtype=float).tobytes())
         path = cache_dir("tiles") / f"{cls}-{h.hexdigest()[:24]}.npy"
         if path.exists():
