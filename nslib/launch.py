@@ -8,9 +8,14 @@ GPU time, down to a launch gap of a few microseconds. Summing microbenchmark-lik
 therefore charges every one of a model's ~1,000-3,000 small kernels the floor again, which
 overpredicts small-batch training and models with many small ops (Switch-XL) by 20-60%.
 
-:func:`stream_ms` removes the floor: ``max(pred - floor, roofline, launch)``, where ``floor`` is
-the same predictor's latency for the smallest measured kernel of the class on the same GPU
-(so it is learned from the data, per GPU and class, for any predictor), ``roofline`` keeps the
+:func:`stream_ms` removes the floor: ``max(pred - floor, roofline, launch)``. ``floor`` is
+the same predictor's latency, on the same GPU, of the smallest measured elementwise kernel,
+times the class's floor ratio: how much longer the smallest measured kernel of that class took
+than the smallest elementwise one on the same training GPU (the median over the training
+GPUs; e.g. about 1.8 for linear, whose op does more on the host). Both come from the data, for
+any predictor. Only the elementwise prediction is extrapolated to a new GPU, and it is a
+launch time under every NeuSight law; the GEMM MLPs' own tiny-kernel extrapolations put the
+H100's GEMM floors at 53-67 us and took too much off mid-size GEMMs. ``roofline`` keeps the
 result physical and ``launch`` (``launch_us``, default :data:`LAUNCH_US`) is the gap between
 back-to-back kernels. ``launch_us=None`` keeps the plain sum of microbenchmark latencies (the
 original tool's aggregation). Units: ms throughout, ``launch_us`` in microseconds.
@@ -38,17 +43,25 @@ def _probes(root: str) -> pd.DataFrame:
     five class tables costs more than a whole cached prediction)."""
     from . import data as nsdata
     from .paths import atomic_write_bytes, cache_dir, hash_files
-    key = hash_files([], extra=["probes", *(nsdata.table_key(c, "train", root)
-                                            for c in kernels.CLASSES)])
+    key = hash_files([], extra=["probes-2", *(nsdata.table_key(c, "train", root)
+                                              for c in kernels.CLASSES)])
     path = cache_dir("tables") / f"probes-{key}.parquet"
     if path.exists():
         return pd.read_parquet(path)
-    rows = []
+    rows, lat = [], {}
     for cls, tab in nsdata.kernel_tables("train", root).items():
         if len(tab):
             size = tab["flops"].fillna(0).to_numpy(float) + tab["bytes"].fillna(0).to_numpy(float)
-            rows.append(tab.iloc[[int(np.argmin(size))]][_PROBE_COLS])
+            row = tab.iloc[[int(np.argmin(size))]][_PROBE_COLS]
+            same = tab[_PROBE_COLS].merge(row, how="left", indicator=True)["_merge"] == "both"
+            lat[cls] = tab[same.to_numpy()].groupby("gpu")["latency_ms"].median()
+            rows.append(row)
     out = pd.concat(rows, ignore_index=True) if rows else pd.DataFrame(columns=_PROBE_COLS)
+    if "elementwise" not in lat:
+        raise ValueError("no measured elementwise kernels in the training data: the dispatch "
+                         "floor of every class is measured against the smallest of them")
+    out["ratio"] = [float((lat[c] / lat["elementwise"]).median()) for c in out["cls"]]
+    out["ratio"] = out["ratio"].fillna(1.0)   # a class never measured beside elementwise ops
     buf = io.BytesIO()
     out.to_parquet(buf, index=False)
     atomic_write_bytes(path, buf.getvalue())
@@ -56,28 +69,29 @@ def _probes(root: str) -> pd.DataFrame:
 
 
 def probe_kernels(data=None) -> pd.DataFrame:
-    """The smallest training kernel (by FLOPs + bytes) of each class: dims, ``cls``, ``op``."""
+    """The smallest training kernel (by FLOPs + bytes) of each class: dims, ``cls``, ``op``,
+    and ``ratio``, its measured latency over the smallest elementwise kernel's (median over
+    the training GPUs that ran both)."""
     from .paths import data_root
     return _probes(str(data_root(data))).copy()
 
 
 def floors(pred, frame: pd.DataFrame, data=None) -> np.ndarray:
-    """Per row of a predictor-input ``frame``: the predictor's latency (ms) of its class's
-    probe kernel on the row's GPU, i.e. the dispatch floor its predictions carry."""
+    """Per row of a predictor-input ``frame``: the dispatch floor (ms) its prediction carries,
+    the predictor's latency of the elementwise probe on the row's GPU times the row's class
+    ratio (:func:`probe_kernels`)."""
     probe = probe_kernels(data)
-    out = np.zeros(len(frame))
-    if not len(frame) or not len(probe):
-        return out
+    if not len(frame):
+        return np.zeros(0)
     gcols = list(kernels.GPU_COLS)
     gpus = frame[gcols].drop_duplicates().reset_index(drop=True)
-    grid = gpus.merge(probe, how="cross")
-    with warnings.catch_warnings():  # e.g. Habitat's "no exact reference" note on the probes
+    grid = gpus.merge(probe[probe["cls"] == "elementwise"], how="cross")
+    with warnings.catch_warnings():  # e.g. Habitat's "no exact reference" note on the probe
         warnings.simplefilter("ignore")
         grid["floor"] = pred.predict(grid[_PROBE_COLS + gcols])
-    cls = frame["cls"].to_numpy()
-    looked = frame[gcols].assign(cls=cls).merge(grid[gcols + ["cls", "floor"]],
-                                                on=gcols + ["cls"], how="left")
-    return looked["floor"].fillna(0.0).to_numpy(float)
+    base = frame[gcols].merge(grid[gcols + ["floor"]], on=gcols, how="left")["floor"]
+    ratio = frame["cls"].map(dict(zip(probe["cls"], probe["ratio"]))).fillna(1.0)
+    return base.to_numpy(float) * ratio.to_numpy(float)
 
 
 def stream_ms(pred, frame: pd.DataFrame, launch_us: float | None = LAUNCH_US,

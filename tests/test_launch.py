@@ -30,10 +30,16 @@ def frame_of(rows):
 
 
 def test_probes_are_the_smallest_training_kernels(data_dir):
+    from nslib import data as nsdata
     probe = probe_kernels()
     assert set(probe["cls"]) == set(kernels.CLASSES)
     f, b = kernels.flops_bytes(probe)
-    assert (f + b > 0).all() and (f + b < 1e7).all()
+    for cls, size in zip(probe["cls"], f + b):
+        tab = nsdata.kernel_table(cls, "train")
+        assert size == (tab["flops"].fillna(0) + tab["bytes"].fillna(0)).min()
+    # ratios: the class's smallest kernel against the smallest elementwise one, same GPU
+    r = probe.set_index("cls")["ratio"]
+    assert r["elementwise"] == 1.0 and r["linear"] > 1.0 and (r > 0.5).all() and (r < 5).all()
 
 
 def test_stream_takes_the_floor_off_and_keeps_the_roofline(data_dir):
@@ -43,10 +49,10 @@ def test_stream_takes_the_floor_off_and_keeps_the_roofline(data_dir):
         {"cls": "linear", "op": "linear", "B": 1, "M": 4096, "N": 4096, "K": 4096}])
     pred = Floor()
     fl = floors(pred, df)
-    probe = probe_kernels()
-    exp_floor = {c: pred.predict(frame_of(probe[probe["cls"] == c].to_dict("records")))[0]
-                 for c in ("elementwise", "linear")}
-    assert fl == pytest.approx([exp_floor["elementwise"]] * 2 + [exp_floor["linear"]])
+    probe = probe_kernels().set_index("cls")
+    ew = pred.predict(frame_of([probe.loc["elementwise", ["op", "B", "H"]].to_dict()
+                                | {"cls": "elementwise"}]))[0]
+    assert fl == pytest.approx([ew, ew, ew * probe.loc["linear", "ratio"]])
     raw = pred.predict(df)
     out = stream_ms(pred, df, launch_us=3.0)
     assert out[0] == pytest.approx(0.003)                       # floor off: the launch gap
