@@ -32,7 +32,7 @@ quick = False      # quick profile: quick-trained predictors, a subset of config
 
 # %%
 from nslib.figures import save_figure, save_table
-from nslib.model_eval import aggregation_table, report, time_breakdown
+from nslib.model_eval import report, time_breakdown
 from nslib.plots import pred_vs_measured_bars, share_bars
 from nslib.predictors import available
 
@@ -79,10 +79,7 @@ tables["per_class"]
 # difference is largest where kernels are small and many: small-batch training, Switch-XL.
 
 # %%
-aggregation = aggregation_table(mode, names, data=data, gpus=gpus, models=models,
-                                quick=quick, results=results)
-save_table(aggregation, f"{prefix}_{mode}_aggregation", out)
-aggregation
+tables["aggregation"]
 
 # %% [markdown]
 # ## Predicted against measured milliseconds

@@ -80,9 +80,9 @@ def floors(pred, frame: pd.DataFrame, data=None) -> np.ndarray:
     """Per row of a predictor-input ``frame``: the dispatch floor (ms) its prediction carries,
     the predictor's latency of the elementwise probe on the row's GPU times the row's class
     ratio (:func:`probe_kernels`)."""
-    probe = probe_kernels(data)
     if not len(frame):
         return np.zeros(0)
+    probe = probe_kernels(data)
     gcols = list(kernels.GPU_COLS)
     gpus = frame[gcols].drop_duplicates().reset_index(drop=True)
     grid = gpus.merge(probe[probe["cls"] == "elementwise"], how="cross")

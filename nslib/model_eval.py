@@ -230,18 +230,21 @@ def report(mode: str, predictors, prefix: str, data=None, gpus=None, models=None
            quick: bool = False, out=None) -> dict:
     """Evaluate ``mode`` and save the model-level tables as ``<prefix>_<mode>_<name>``.
 
-    Returns ``{"results", "paper", "summary", "per_class"}`` frames (see the functions above;
-    ``per_class`` is :func:`nslib.class_eval.per_class_table` for the first predictor).
+    Returns ``{"results", "paper", "summary", "per_class", "aggregation"}`` frames (see the
+    functions above; ``per_class`` is :func:`nslib.class_eval.per_class_table` for the first
+    predictor, ``aggregation`` :func:`aggregation_table`).
     """
     from .class_eval import per_class_results, per_class_table
     from .figures import save_table
     results = evaluate_models(mode, predictors, data=data, gpus=gpus, models=models, quick=quick)
     per_class = per_class_results(results, predictors[0], data=data, quick=quick)
     tables = {"results": results, "paper": paper_table(results),
-              "summary": summary_table(results), "per_class": per_class_table(per_class)}
+              "summary": summary_table(results), "per_class": per_class_table(per_class),
+              "aggregation": aggregation_table(mode, predictors, data, gpus, models, quick,
+                                               results=results)}
     save_table(results.drop(columns=["note"]).set_index(["gpu", "config", "predictor"]),
                f"{prefix}_{mode}_results", out, digits=2)
-    for name in ("paper", "summary", "per_class"):
+    for name in ("paper", "summary", "per_class", "aggregation"):
         stem = {"paper": "error_table", "per_class": "per_class_error"}.get(name, name)
         save_table(tables[name], f"{prefix}_{mode}_{stem}", out)
     return tables

@@ -48,3 +48,7 @@ def test_04_05_model_tables(data_dir, tmp_path, name, mode):
     assert "all" in summary.columns
     assert (tmp_path / f"{prefix}_{mode}_per_class_error.csv").exists()
     assert (tmp_path / f"{prefix}_{mode}_breakdown.png").exists()
+    agg = pd.read_csv(tmp_path / f"{prefix}_{mode}_aggregation.csv", index_col=[0, 1])
+    assert set(agg.index.get_level_values(1)) == {"stream", "plain sum"}
+    assert agg.loc[("neusight", "stream"), "all"] == pytest.approx(res.loc[
+        res["predictor"] == "neusight", "err"].mean())
