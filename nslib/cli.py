@@ -47,8 +47,18 @@ def _train(args) -> int:
 
 
 def _eval_kernels(args) -> int:
-    from .evaluate import class_table, table_json
-    from .kernel_eval import evaluate_predictor
+    from .evaluate import table_json
+    from .kernel_eval import evaluate_logo, evaluate_predictor, logo_json
+    if args.logo:
+        tab = evaluate_logo(args.predictor, **_train_kw(args))
+        if args.json:
+            print(json.dumps(logo_json(tab), indent=1))
+        else:
+            print(f"Leave-one-GPU-out MAPE (%) of {args.predictor}: each training GPU's test "
+                  "kernels predicted by the predictor trained on the other training GPUs; "
+                  "new GPUs by the one trained on all of them")
+            print(tab.round(1).to_string())
+        return 0
     tab = evaluate_predictor(args.predictor, lookup=args.lookup, **_train_kw(args))
     if args.json:
         print(json.dumps(table_json(tab), indent=1))
@@ -106,6 +116,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--lookup", action="store_true",
                    help="look every tile up as on an unprofiled GPU (default: only where "
                         "the GPU was never trained on)")
+    s.add_argument("--logo", action="store_true",
+                   help="leave-one-GPU-out: hold each training GPU out in turn (JSON: "
+                        "{class: {GPU: mape}})")
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=_eval_kernels)
 

@@ -41,9 +41,13 @@ QUICK: dict[str, dict] = {
 }
 
 
-def train_frame(data=None) -> pd.DataFrame:
-    """All training-split kernels of every class in one frame."""
-    return pd.concat(nsdata.kernel_tables("train", data).values(), ignore_index=True)
+def train_frame(data=None, exclude_gpus=()) -> pd.DataFrame:
+    """All training-split kernels of every class in one frame, without ``exclude_gpus``
+    (Device strings: the GPU a leave-one-GPU-out fold holds out)."""
+    frame = pd.concat(nsdata.kernel_tables("train", data).values(), ignore_index=True)
+    if exclude_gpus:
+        frame = frame[~frame["gpu"].isin(list(exclude_gpus))].reset_index(drop=True)
+    return frame
 
 
 def params_for(name: str, quick: bool = False, seed: int = 0, **overrides) -> dict:
@@ -66,21 +70,26 @@ def cache_key(name: str, params: dict, data=None) -> str:
 
 
 def trained(name: str, data=None, quick: bool = False, seed: int = 0, out=None,
-            progress: bool = True, retrain: bool = False, **overrides):
-    """The predictor ``name`` trained on the training split (cached; see module doc)."""
+            progress: bool = True, retrain: bool = False, exclude_gpus=(), **overrides):
+    """The predictor ``name`` trained on the training split (cached; see module doc).
+
+    ``exclude_gpus``: Device strings left out of training (a leave-one-GPU-out fold).
+    """
     cls = predictor_class(name)
     params = params_for(name, quick, seed, **overrides)
     if name == "roofline":
         return get(name)
-    key = cache_key(name, params, data)
+    exclude = sorted(exclude_gpus)
+    key = cache_key(name, {**params, "exclude_gpus": exclude} if exclude else params, data)
     folder = Path(out) if out is not None else cache_dir("predictors")
     path = folder / f"{name}-{key}.pt"
     if path.exists() and not retrain:
         return cls.load(path)
     t0 = time.time()
-    pred = get(name, **params).fit(train_frame(data), progress=progress)
+    pred = get(name, **params).fit(train_frame(data, exclude), progress=progress)
     pred.save(path)
-    meta = {"predictor": name, "params": params, "data_hash": nsdata.data_hash(data),
+    meta = {"predictor": name, "params": params, "exclude_gpus": exclude,
+            "data_hash": nsdata.data_hash(data),
             "nslib": __version__, "train_seconds": round(time.time() - t0, 1)}
     atomic_write_text(path.with_suffix(".json"), json.dumps(meta, indent=1, default=str))
     return pred
