@@ -992,8 +992,14 @@ def _check_layers(hf, block_of: dict, arch: str) -> None:
                          f"the embeddings and the head. Set the layer count to at least 1")
 
 
+def _vision(hf, name: str):
+    """A vision setting of the config, or of its ``vision_config`` (CLIP-style models)."""
+    v = getattr(hf, name, None)
+    return v if v is not None else getattr(getattr(hf, "vision_config", None), name, None)
+
+
 def _image_size(hf, arch: str) -> tuple[int, int]:
-    size = getattr(hf, "image_size", None)
+    size = _vision(hf, "image_size")
     if isinstance(size, int) and size > 0:
         return size, size
     if isinstance(size, (list, tuple)) and len(size) == 2 and all(isinstance(v, int) and v > 0
@@ -1022,9 +1028,9 @@ def _model_inputs(hf, model, batch: int, seq: int) -> dict:
         inputs = {"input_features": torch.zeros(batch, mels, 2 * frames, device="meta")}
     elif main == "pixel_values":
         h, w = _image_size(hf, arch)
-        channels = int(getattr(hf, "num_channels", 3) or 3)
+        channels = int(_vision(hf, "num_channels") or 3)
         inputs = {"pixel_values": torch.zeros(batch, channels, h, w, device="meta")}
-        patch = getattr(hf, "patch_size", None)
+        patch = _vision(hf, "patch_size")
         if isinstance(patch, int) and patch > 0 and seq != (h // patch) * (w // patch) + 1:
             warnings.warn(f"{arch}: the sequence is set by the image ({h}x{w} pixels, patches "
                           f"of {patch}: {(h // patch) * (w // patch) + 1} tokens with the class "
