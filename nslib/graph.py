@@ -66,7 +66,15 @@ run, so each sparse MLP is replaced (on the traced instance only) by a fixed-cap
 in the measured runs: router linear + softmax + argmax, then each of the ``num_experts`` experts
 processes ``expert_capacity`` tokens per batch row (the original opgraph shows
 ``Linear (64*batch, 1024, 16384)`` per expert): a gather of that token block, the expert's
-MLP, a scale by the router probability and a scatter-add back.
+MLP, a scale by the router probability and a scatter-add back. Top-k mixture of experts
+(Mixtral, Qwen2-MoE, DeepSeek-V2/V3: experts stored as 3-D ``gate_up_proj``/``down_proj``):
+the router runs as written (GEMM, softmax, top-k); the experts module is replaced by the eager
+per-expert loop of transformers with a fixed routing, :func:`expert_tokens` tokens per expert
+(balanced by default, ``imbalance`` skews it); shared experts run as written.
+
+Inputs are built from the config (:func:`trace`): token ids, Whisper's log-mel features or
+ViT's images. Convolutions (their stems) are mapped to the implicit GEMM cuDNN runs:
+``linear (batch * output positions, in channels * kernel size, out channels)``.
 """
 from __future__ import annotations
 

@@ -170,8 +170,10 @@ def test_in_range_gpu_has_no_gpu_warning_and_10x_peak_has_one(base):
     # one line for the scenario, the figures as details (folded in the explorer)
     hit = [w for w in res["warnings"] if "outside the training GPUs" in w]
     assert len(hit) == 1 and "10x" in hit[0]
-    assert res["range_details"] == [f"{fast.name}: SingleFLOPs 194,920 GFLOP/s is 10x the "
-                                    f"largest training GPU's (19,492 GFLOP/s)"]
+    assert res["range_details"] == [
+        f"{fast.name}: SingleFLOPs 194,920 GFLOP/s is 10x the largest training GPU's "
+        f"(19,492 GFLOP/s)",
+        f"{fast.name}: FLOP/byte 125 FLOP/B is 4.2x the largest training GPU's (29.7 FLOP/B)"]
     assert not res["summary"]["in_training_range"].iloc[0]
     # bandwidth, SMs and L2 beyond the range are named too
     odd = hypothetical_gpu(base, mem_bw=10 * base.mem_bw, num_sm=1000, l2_mb=0.5)
