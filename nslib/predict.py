@@ -35,23 +35,33 @@ def resolve_gpu(gpu: str | GPU | os.PathLike, data=None) -> GPU:
     return find_gpu(str(gpu), load_gpus(data))
 
 
-def traced(model, batch: int, seq: int, mode: str, data=None) -> pd.DataFrame:
-    """The kernel trace of a model (name, path or config dict), cached by config content."""
-    from .graph import TRACE_VERSION, load_model_config
+def traced(model, batch: int, seq: int, mode: str, data=None,
+           imbalance: float = 1.0) -> pd.DataFrame:
+    """The kernel trace of a model (name, path or config dict), cached by config content.
+
+    ``imbalance``: the mixture-of-experts routing (:func:`nslib.graph.expert_tokens`).
+    """
+    from .graph import TRACE_VERSION, expert_tokens, load_model_config
+    expert_tokens(1, 1, 1, imbalance)  # validates it
     config = load_model_config(model, data)
-    key = hash_files([], extra=[config, int(batch), int(seq), mode, __version__, TRACE_VERSION])
-    return _traced(key, json.dumps(config, sort_keys=True), int(batch), int(seq), mode).copy()
+    extra = [config, int(batch), int(seq), mode, __version__, TRACE_VERSION]
+    if imbalance != 1.0:
+        extra.append(float(imbalance))
+    key = hash_files([], extra=extra)
+    return _traced(key, json.dumps(config, sort_keys=True), int(batch), int(seq), mode,
+                   imbalance).copy()
 
 
 @lru_cache(maxsize=64)
-def _traced(key: str, config_json: str, batch: int, seq: int, mode: str) -> pd.DataFrame:
+def _traced(key: str, config_json: str, batch: int, seq: int, mode: str,
+            imbalance: float = 1.0) -> pd.DataFrame:
     from .graph import trace
     path = cache_dir("traces") / f"{key}.parquet"
     if path.exists():
         df = pd.read_parquet(path)
         df["inputs"] = df["inputs"].map(lambda v: tuple(int(i) for i in v))
         return df
-    df = trace(json.loads(config_json), batch, seq, mode)
+    df = trace(json.loads(config_json), batch, seq, mode, imbalance=imbalance)
     buf = io.BytesIO()
     df.assign(inputs=df["inputs"].map(list)).to_parquet(buf, index=False)
     atomic_write_bytes(path, buf.getvalue())
@@ -95,7 +105,8 @@ def summarize(frame: pd.DataFrame) -> dict:
 def predict_model(gpu, model, batch: int, seq: int, mode: str = "inf",
                   predictor="neusight", data=None, quick: bool = False, *,
                   fused: bool = False, dp: int = 1, tp: int = 1, pp: int = 1,
-                  microbatches: int = 1, link=None, launch_us: float | None = LAUNCH_US):
+                  microbatches: int = 1, link=None, launch_us: float | None = LAUNCH_US,
+                  imbalance: float = 1.0):
     """Predict one inference (``mode="inf"``) or training step (``"train"``) of ``model``.
 
     ``gpu``: name/alias, spec file or :class:`GPU`; ``model``: a config name in the data
@@ -113,24 +124,38 @@ def predict_model(gpu, model, batch: int, seq: int, mode: str = "inf",
     gap in microseconds (:func:`nslib.launch.stream_ms`: the dispatch floor that every
     microbenchmark carries is taken off); ``None`` sums the predictor's microbenchmark
     latencies as they are (the original tool's aggregation). The summary records it.
+
+    ``imbalance``: routing of top-k mixture-of-experts layers (1 = tokens spread evenly over
+    the experts; see :func:`nslib.graph.expert_tokens`); single-GPU steps only.
+
+    The summary's ``warnings`` lists the datasheet figures of the GPU outside the training
+    GPUs' range (:mod:`nslib.gpu_range`); each is also issued as a
+    :class:`nslib.gpu_range.DatasheetRangeWarning`.
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    if dp != 1 or tp != 1 or pp != 1 or microbatches != 1:
-        from .parallel import predict_parallel
-        return predict_parallel(gpu, model, batch, seq, mode, predictor, data, quick,
-                                fused=fused, dp=dp, tp=tp, pp=pp, microbatches=microbatches,
-                                link=link, launch_us=launch_us)
+    from .gpu_range import warn_out_of_range
     spec = resolve_gpu(gpu, data)
+    notes = warn_out_of_range(spec, data)
+    if dp != 1 or tp != 1 or pp != 1 or microbatches != 1:
+        if imbalance != 1.0:
+            raise ValueError("imbalance applies to single-GPU predictions for now: drop "
+                             "dp/tp/pp or the imbalance")
+        from .parallel import predict_parallel
+        frame, summ = predict_parallel(spec, model, batch, seq, mode, predictor, data, quick,
+                                       fused=fused, dp=dp, tp=tp, pp=pp,
+                                       microbatches=microbatches, link=link,
+                                       launch_us=launch_us)
+        return frame, {**summ, "warnings": notes}
     if fused:
         from .fusion import fuse
-        tr = traced(model, batch, seq, mode, data)
+        tr = traced(model, batch, seq, mode, data, imbalance)
         frame = kernel_frame(fuse(tr, prologues=True), spec)
         pred = _predictor(predictor, data, quick)
         frame["pred_ms"] = stream_ms(pred, frame, launch_us, data)
         return frame, {**summarize(frame), "fused": True, "n_kernels_unfused": int(len(tr)),
-                       "launch_us": launch_us}
-    frame = kernel_frame(traced(model, batch, seq, mode, data), spec)
+                       "launch_us": launch_us, "warnings": notes}
+    frame = kernel_frame(traced(model, batch, seq, mode, data, imbalance), spec)
     pred = _predictor(predictor, data, quick)
     frame["pred_ms"] = stream_ms(pred, frame, launch_us, data)
-    return frame, {**summarize(frame), "launch_us": launch_us}
+    return frame, {**summarize(frame), "launch_us": launch_us, "warnings": notes}

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 
 
 def _predict(args) -> int:
@@ -20,12 +21,17 @@ def _predict(args) -> int:
             raise ValueError("--link-bw applies to a multi-GPU step: add --dp N, --tp N or "
                              "--pp N")
         extra["link"] = args.link_bw
+    if getattr(args, "imbalance", None) is not None:
+        extra["imbalance"] = args.imbalance
     if getattr(args, "plain_sum", False):
         extra["launch_us"] = None
     elif getattr(args, "launch_us", None) is not None:
         extra["launch_us"] = args.launch_us
-    frame, summary = predict_model(gpu, args.model, args.batch, args.seq, args.mode,
-                                   predictor=args.predictor, quick=args.quick, **extra)
+    from .gpu_range import DatasheetRangeWarning
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DatasheetRangeWarning)  # printed below, once
+        frame, summary = predict_model(gpu, args.model, args.batch, args.seq, args.mode,
+                                       predictor=args.predictor, quick=args.quick, **extra)
     summary = {"gpu": str(gpu), "model": args.model, "batch": args.batch, "seq": args.seq,
                "mode": args.mode, "predictor": args.predictor, **summary}
     if args.json:
@@ -50,6 +56,8 @@ def _predict(args) -> int:
         elif summary.get("fused"):
             print(f"  fused: {summary['n_kernels']} kernels "
                   f"(from {summary['n_kernels_unfused']})")
+        for w in summary.get("warnings", []):
+            print(f"warning: {w} (outside the training GPUs: the forecast extrapolates)")
     return 0
 
 
@@ -70,6 +78,9 @@ def add_predict_parser(sub) -> None:
     s.add_argument("--plain-sum", action="store_true",
                    help="sum the kernels' microbenchmark latencies as they are (each with "
                         "its dispatch floor), as the original tool does")
+    s.add_argument("--imbalance", type=float, metavar="F",
+                   help="mixture-of-experts routing: the busiest expert gets F times its even "
+                        "share of tokens (default 1: balanced)")
     s.add_argument("--fused", action="store_true",
                    help="fuse chains of elementwise/memory kernels (nslib.fusion)")
     par = s.add_mutually_exclusive_group()
