@@ -18,10 +18,12 @@ def check_int(name: str, value, minimum: int | None = 1) -> int:
     sometimes emit) are accepted.
     """
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise ValueError(f"{name} must be an integer, got {value!r}")
+        raise ValueError(f"{name} must be a number (an integer), got {value!r}")
     if not float(value).is_integer():  # NaN and inf are not integers either
         raise ValueError(f"{name} must be an integer, got {value!r}")
     value = int(value)
+    if minimum == 1 and value < 1:
+        raise ValueError(f"{name} must be positive (an integer >= 1), got {value}")
     if minimum is not None and value < minimum:
         raise ValueError(f"{name} must be an integer >= {minimum}, got {value}")
     return value
