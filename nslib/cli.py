@@ -69,14 +69,14 @@ def _eval_kernels(args) -> int:
 
 
 def _reproduce(args) -> int:
-    from .reproduce import run
+    from .reproduce import output_paths, run
     recs = run(quick=args.quick, force=args.force, only=args.only or None, out=args.out,
                results=args.results)
     print(f"{'notebook':28s} {'status':12s} seconds")
     for r in recs:
         print(f"{r['notebook']:28s} {r['status']:12s} {r['seconds']:7.1f}")
     print(f"total {sum(r['seconds'] for r in recs):.1f} s; figures and tables in "
-          f"{args.out or 'figures/'}")
+          f"{output_paths(args.quick, args.out, args.results)[0]}")
     return 0
 
 
@@ -126,7 +126,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--quick", action="store_true", help="the quick profile (minutes)")
     s.add_argument("--force", action="store_true", help="rerun up-to-date notebooks too")
     s.add_argument("--only", nargs="*", help="notebook names to run (default: all)")
-    s.add_argument("--out", help="figures folder (default: figures/)")
+    s.add_argument("--out", help="figures folder (default: figures/, or figures/quick/ with "
+                   "--quick)")
     s.add_argument("--results", help="executed notebooks folder (default: results/<profile>)")
     s.set_defaults(func=_reproduce)
 
