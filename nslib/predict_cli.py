@@ -32,8 +32,8 @@ def _predict(args) -> int:
         extra["launch_us"] = args.launch_us
     frame, summary = predict_model(gpu, args.model, args.batch, args.seq, args.mode,
                                    predictor=args.predictor, quick=args.quick, **extra)
-    summary = {"gpu": args.gpu_spec or args.gpu, "model": args.model, "batch": args.batch, "seq": args.seq,
-               "mode": args.mode, "predictor": args.predictor, **summary}
+    summary = {"gpu": args.gpu_spec or args.gpu, "model": args.model, "batch": args.batch,
+               "seq": args.seq, "mode": args.mode, "predictor": args.predictor, **summary}
     if args.json:
         print(json.dumps(summary, indent=1, allow_nan=False))
     else:
@@ -81,7 +81,8 @@ def add_predict_parser(sub) -> None:
     par = s.add_mutually_exclusive_group()
     par.add_argument("--dp", type=arg_int(), metavar="N",
                      help="data parallel on N GPUs (--batch is the global batch)")
-    par.add_argument("--tp", type=arg_int(), metavar="N", help="tensor parallel (Megatron) on N GPUs")
+    par.add_argument("--tp", type=arg_int(), metavar="N",
+                     help="tensor parallel (Megatron) on N GPUs")
     par.add_argument("--pp", type=arg_int(), metavar="N", help="pipeline parallel, N stages")
     s.add_argument("--microbatches", type=arg_int(), metavar="M",
                    help="pipeline micro-batches (with --pp; default 1)")

@@ -162,5 +162,5 @@ def kernel_eval_frame(data=None) -> pd.DataFrame:
     return pd.concat(nsdata.kernel_tables("test", data).values(), ignore_index=True)
 
 
-__all__ = ["trained", "train_all", "train_frame", "kernel_eval_frame", "params_for", "DEFAULTS", "QUICK",
-           "kernels"]
+__all__ = ["trained", "train_all", "train_frame", "kernel_eval_frame", "params_for", "DEFAULTS",
+           "QUICK", "kernels"]

@@ -121,3 +121,30 @@ def test_training_key_ignores_the_test_split(monkeypatch):
     monkeypatch.setattr(nsdata, "table_key", spy)
     nsdata.train_hash()
     assert set(calls) == {"train"}
+
+
+def test_train_all_trains_every_learning_predictor(monkeypatch):
+    from nslib.predictors import available
+    seen = []
+    monkeypatch.setattr(training, "trained", lambda name, **kw: seen.append((name, kw)))
+    names = training.train_all(quick=True)
+    assert [n for n, _ in seen] == names
+    assert set(names) == set(available()) - {"roofline"}
+    assert all(kw["quick"] for _, kw in seen)
+
+
+def test_damaged_trace_is_rebuilt_with_a_note(monkeypatch, tmp_path, capsys):
+    import pandas as pd
+    from nslib import graph, predict
+    monkeypatch.setenv("NSLIB_CACHE", str(tmp_path))
+    frame = pd.DataFrame({"op": ["addu"], "inputs": [(1, 2)], "B": [1.0]})
+    monkeypatch.setattr(graph, "trace", lambda config, batch, seq, mode: frame.copy())
+    predict._traced.cache_clear()
+    first = predict._traced("k", "{}", 1, 8, "inf")
+    entry = tmp_path / "traces" / "k.parquet"
+    entry.write_bytes(entry.read_bytes()[:30])
+    predict._traced.cache_clear()
+    again = predict._traced("k", "{}", 1, 8, "inf")
+    predict._traced.cache_clear()
+    assert "cached model trace k.parquet is damaged" in capsys.readouterr().err
+    assert again["inputs"].tolist() == first["inputs"].tolist() == [(1, 2)]
