@@ -19,20 +19,38 @@ import numpy as np
 import pandas as pd
 
 from . import __version__
+from .checks import check_float, check_int
 from .gpus import GPU, find_gpu, load_gpu_file, load_gpus
 from .launch import LAUNCH_US, stream_ms
-from .paths import atomic_write_bytes, cache_dir, hash_files
+from .paths import cache_dir, hash_files, read_cache_entry, write_cache_entry
 
 MODES = ("inf", "train")
 
 
 def resolve_gpu(gpu: str | GPU | os.PathLike, data=None) -> GPU:
-    """A GPU from a :class:`GPU`, a spec JSON file path, or a name/alias in the data."""
+    """A GPU from a :class:`GPU`, a spec file path (any suffix), or a name/alias in the data."""
     if isinstance(gpu, GPU):
         return gpu
-    if isinstance(gpu, (str, os.PathLike)) and str(gpu).endswith(".json"):
-        return load_gpu_file(gpu)
-    return find_gpu(str(gpu), load_gpus(data))
+    if not isinstance(gpu, (str, os.PathLike)):
+        raise TypeError(f"gpu must be a name, a spec file path or a GPU, not "
+                        f"{type(gpu).__name__}")
+    path = spec_path(gpu)
+    return load_gpu_file(path) if path is not None else find_gpu(str(gpu), load_gpus(data))
+
+
+def spec_path(gpu) -> Path | None:
+    """``gpu`` as a spec file path, or None when it is a name (or a :class:`GPU`).
+
+    A path whatever its suffix (``spec.txt``): a ``Path``, anything ending in ``.json`` or
+    holding a path separator (GPU names never do), or an existing file or folder.
+    """
+    if isinstance(gpu, os.PathLike):
+        return Path(gpu)
+    if not isinstance(gpu, str):
+        return None
+    if gpu.endswith(".json") or "/" in gpu or os.sep in gpu or Path(gpu).expanduser().exists():
+        return Path(gpu)
+    return None
 
 
 def traced(model, batch: int, seq: int, mode: str, data=None,
@@ -42,6 +60,7 @@ def traced(model, batch: int, seq: int, mode: str, data=None,
     ``imbalance``: the mixture-of-experts routing (:func:`nslib.graph.expert_tokens`).
     """
     from .graph import TRACE_VERSION, expert_tokens, load_model_config
+    batch, seq = check_int("batch", batch), check_int("seq", seq)
     expert_tokens(1, 1, 1, imbalance)  # validates it
     config = load_model_config(model, data)
     extra = [config, int(batch), int(seq), mode, __version__, TRACE_VERSION]
@@ -57,14 +76,19 @@ def _traced(key: str, config_json: str, batch: int, seq: int, mode: str,
             imbalance: float = 1.0) -> pd.DataFrame:
     from .graph import trace
     path = cache_dir("traces") / f"{key}.parquet"
-    if path.exists():
-        df = pd.read_parquet(path)
-        df["inputs"] = df["inputs"].map(lambda v: tuple(int(i) for i in v))
+    df = read_cache_entry(path, _read_trace, "model trace")
+    if df is not None:
         return df
     df = trace(json.loads(config_json), batch, seq, mode, imbalance=imbalance)
     buf = io.BytesIO()
     df.assign(inputs=df["inputs"].map(list)).to_parquet(buf, index=False)
-    atomic_write_bytes(path, buf.getvalue())
+    write_cache_entry(path, buf.getvalue())
+    return df
+
+
+def _read_trace(path: Path) -> pd.DataFrame:
+    df = pd.read_parquet(path)
+    df["inputs"] = df["inputs"].map(lambda v: tuple(int(i) for i in v))
     return df
 
 
@@ -90,7 +114,8 @@ def _predictor(predictor, data=None, quick: bool = False):
     if not isinstance(predictor, str):
         return predictor
     from .training import trained
-    return trained(predictor, data=data, quick=quick, progress=False)
+    # training on first use is announced and shows its bars (minutes of silence look a hang)
+    return trained(predictor, data=data, quick=quick, progress=True)
 
 
 def summarize(frame: pd.DataFrame) -> dict:
@@ -134,6 +159,13 @@ def predict_model(gpu, model, batch: int, seq: int, mode: str = "inf",
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    batch, seq = check_int("batch", batch), check_int("seq", seq)
+    dp, tp, pp = check_int("dp", dp), check_int("tp", tp), check_int("pp", pp)
+    microbatches = check_int("microbatches", microbatches)
+    if launch_us is not None:
+        launch_us = check_float("launch_us (microseconds)", launch_us, minimum=0)
+    if isinstance(link, (int, float)) and not isinstance(link, bool):
+        link = check_float("link bandwidth (GB/s)", link, positive=True)
     from .gpu_range import warn_out_of_range
     spec = resolve_gpu(gpu, data)
     notes = warn_out_of_range(spec, data)
@@ -142,7 +174,7 @@ def predict_model(gpu, model, batch: int, seq: int, mode: str = "inf",
             raise ValueError("imbalance applies to single-GPU predictions for now: drop "
                              "dp/tp/pp or the imbalance")
         from .parallel import predict_parallel
-        frame, summ = predict_parallel(spec, model, batch, seq, mode, predictor, data, quick,
+        frame, summ = predict_parallel(gpu, model, batch, seq, mode, predictor, data, quick,
                                        fused=fused, dp=dp, tp=tp, pp=pp,
                                        microbatches=microbatches, link=link,
                                        launch_us=launch_us)
