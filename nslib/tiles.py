@@ -18,33 +18,56 @@ LOOKUP_GPU_COLS = ("num_sm", "peak_gflops", "mem_bw", "mem_gb", "l2_mb")
 TILE_COLS = {"bmm": ("tile_m", "tile_k"), "linear": ("tile_m", "tile_k"), "elementwise": ("tile",)}
 
 
-def lookup_keys(frame: pd.DataFrame, cls: str) -> np.ndarray:
-    """The (n, d) log2 matrix a tile is looked up by: the class's dims, then GPU features."""
+def lookup_keys(frame: pd.DataFrame, cls: str, gpu: bool = True) -> np.ndarray:
+    """The (n, d) log2 matrix a tile is looked up by: the class's dims, then (``gpu``) GPU
+    features."""
     dims = ["B", "M", "N", "K"] if cls in kernels.GEMM_CLASSES else []
     cols = [frame[d].to_numpy(float) for d in dims]
     if cls == "elementwise":  # elementwise kernels are flat: only the element count matters
         cols = [(frame["B"] * frame["H"]).to_numpy(float)]
-    cols += [frame[g].to_numpy(float) for g in LOOKUP_GPU_COLS]
+    if gpu:
+        cols += [frame[g].to_numpy(float) for g in LOOKUP_GPU_COLS]
     return np.log2(np.column_stack(cols))
 
 
-class TileLookup:
-    """Nearest-neighbour tile tables, one per class that has tiles."""
+def _modal_tiles(keys: np.ndarray, tiles: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """One row per distinct key: the tile most kernels with that key ran (ties: the larger)."""
+    df = pd.DataFrame(np.column_stack([keys, tiles]))
+    kc, tc = list(df.columns[:keys.shape[1]]), list(df.columns[keys.shape[1]:])
+    counts = df.groupby(kc + tc).size().rename("n").reset_index()
+    counts["area"] = np.prod(counts[tc].to_numpy(float), axis=1)
+    best = counts.sort_values(kc + ["n", "area"]).groupby(kc).tail(1)
+    return best[kc].to_numpy(float), best[tc].to_numpy(float)
 
-    def __init__(self):
+
+class TileLookup:
+    """Nearest-neighbour tile tables, one per class that has tiles.
+
+    ``gpu_free=True`` builds the *nominal* lookup: keyed on the dims alone, each entry holds
+    the tile most training GPUs ran for those dims. It names a kernel's shape the same way on
+    every GPU, so a predictor trained and queried with it does not depend on guessing which
+    tile a never-profiled GPU's library would pick (the nearest GPU's choice is right for
+    under half of a held-out training GPU's GEMMs).
+    """
+
+    def __init__(self, gpu_free: bool = False):
         self.tables: dict[str, dict] = {}
+        self.gpu_free = gpu_free
 
     def fit(self, frame: pd.DataFrame) -> "TileLookup":
         """Remember the keys and tiles of measured kernels (rows with parsed tiles)."""
         for cls, cols in TILE_COLS.items():
             sub = frame[frame["cls"] == cls]
             if len(sub):
-                keys = lookup_keys(sub, cls)
-                # dedupe identical keys: keeps the tree small and the answer order-independent
+                keys = lookup_keys(sub, cls, gpu=not self.gpu_free)
                 tiles = sub[list(cols)].to_numpy(float)
-                both = np.unique(np.column_stack([keys, tiles]), axis=0)
-                self.tables[cls] = {"keys": both[:, :keys.shape[1]], "tiles": both[:, keys.shape[1]:],
-                                    "cols": list(cols)}
+                if self.gpu_free:
+                    k, t = _modal_tiles(keys, tiles)
+                else:
+                    # dedupe identical keys: keeps the tree small and the answer order-independent
+                    both = np.unique(np.column_stack([keys, tiles]), axis=0)
+                    k, t = both[:, :keys.shape[1]], both[:, keys.shape[1]:]
+                self.tables[cls] = {"keys": k, "tiles": t, "cols": list(cols)}
         self._trees, self._hashes = {}, {}
         return self
 
@@ -64,6 +87,7 @@ class TileLookup:
             self._hashes = getattr(self, "_hashes", {})
             t = self.tables[cls]
             h = hashlib.sha256(np.ascontiguousarray(t["keys"]).tobytes())
+            h.update(b"nominal" if self.gpu_free else b"nearest")
             h.update(np.ascontiguousarray(t["tiles"]).tobytes())
             self._hashes[cls] = h
         return self._hashes[cls].copy()
@@ -102,7 +126,7 @@ class TileLookup:
                 continue
             if cls not in self.tables:
                 raise ValueError(f"no measured {cls} kernels to look tiles up from")
-            idx = self._nearest(cls, lookup_keys(out[mask], cls))
+            idx = self._nearest(cls, lookup_keys(out[mask], cls, gpu=not self.gpu_free))
             tiles = self.tables[cls]["tiles"][idx]
             for j, c in enumerate(cols):
                 if c not in out:
@@ -134,16 +158,31 @@ class TileLookup:
             filled[c] = np.where(miss, looked[c].to_numpy(float), frame[c].to_numpy(float))
         return kernels.add_features(filled)
 
+    def nominal(self, frame: pd.DataFrame, classes) -> pd.DataFrame:
+        """``frame`` (featured) with the tiles of ``classes`` looked up and its derived columns
+        recomputed; other rows unchanged."""
+        mask = frame["cls"].isin(list(classes)).to_numpy()
+        if not mask.any():
+            return frame
+        looked = self.lookup(frame[mask])
+        out = frame.copy()
+        for c in [c for cls in classes for c in TILE_COLS.get(cls, ())]:
+            out.loc[mask, c] = looked[c].to_numpy(float)
+        return kernels.add_features(out)
+
     def get_state(self) -> dict:
         import torch
-        return {c: {"keys": torch.from_numpy(t["keys"]), "tiles": torch.from_numpy(t["tiles"]),
-                    "cols": t["cols"]} for c, t in self.tables.items()}
+        state = {c: {"keys": torch.from_numpy(t["keys"]), "tiles": torch.from_numpy(t["tiles"]),
+                     "cols": t["cols"]} for c, t in self.tables.items()}
+        if self.gpu_free:
+            state["_gpu_free"] = True
+        return state
 
     @classmethod
     def from_state(cls, state: dict) -> "TileLookup":
-        obj = cls()
+        obj = cls(gpu_free=bool(state.get("_gpu_free", False)))
         obj.tables = {c: {"keys": t["keys"].numpy(), "tiles": t["tiles"].numpy(),
-                          "cols": list(t["cols"])} for c, t in state.items()}
+                          "cols": list(t["cols"])} for c, t in state.items() if c != "_gpu_free"}
         return obj
 
 

@@ -84,6 +84,9 @@ class TrainConfig:
     21%). ``ensemble``: MLPs trained from different seeds (and validation splits) whose
     utilisations are averaged, which damps the seed-to-seed spread (linear new GPUs 13.2-18.2%
     single, 11.4-14.7% with 3). ``clip``: clip the standardised inputs to the training range.
+    ``tiles``: ``parsed`` (each training kernel's own tile; looked up on a new GPU) or
+    ``nominal`` (trained and predicted with the tile most training GPUs ran for the dims,
+    :class:`nslib.tiles.TileLookup` with ``gpu_free``).
     """
 
     layers: int = 4
@@ -99,6 +102,7 @@ class TrainConfig:
     val: str = "random"
     ensemble: int = 1
     clip: bool = True
+    tiles: str = "parsed"
 
 
 def paper_config(cls: str, data=None) -> dict:
@@ -370,6 +374,7 @@ class NeuSight(Predictor):
         self.models: dict[str, nn.Module] = {}
         self.norm: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         self.tiles = TileLookup()
+        self.nominal = TileLookup(gpu_free=True)
         self.packing = RowPacking()
         self.history: dict[str, list] = {}
 
@@ -400,7 +405,7 @@ class NeuSight(Predictor):
 
     def utilisation(self, frame: pd.DataFrame) -> np.ndarray:
         """The predicted utilisation u in (0, 1) of each kernel (bounded model only)."""
-        frame = self._pack(self.tiles.fill(frame))
+        frame = self._pack(self._nominal(self.tiles.fill(frame)))
         out = np.empty(len(frame))
         for cls, idx, sub in by_class(frame):
             with torch.no_grad():
@@ -412,8 +417,9 @@ class NeuSight(Predictor):
     # ----- training
     def fit(self, frame: pd.DataFrame, progress: bool = True) -> "NeuSight":
         self.tiles.fit(frame)
+        self.nominal.fit(frame)
         self.packing.fit(frame)
-        frame = self._pack(frame)
+        frame = self._pack(self._nominal(frame))
         for i, (cls, _, sub) in enumerate(by_class(frame)):
             self._fit_class(cls, sub.reset_index(drop=True), self.seed + i, progress)
         return self
@@ -495,6 +501,11 @@ class NeuSight(Predictor):
         return wave_ms(raw, ctx, form)
 
     # ----- prediction
+    def _nominal(self, frame: pd.DataFrame) -> pd.DataFrame:
+        """Nominal tiles for the classes configured so (``tiles="nominal"``)."""
+        classes = [c for c, cfg in self.configs.items() if cfg.get("tiles") == "nominal"]
+        return self.nominal.nominal(frame, classes) if classes else frame
+
     def _pack(self, frame: pd.DataFrame) -> pd.DataFrame:
         """Pack softmax rows into blocks (:class:`RowPacking`) for classes configured so."""
         classes = [c for c in RowPacking.CLASSES if self.configs[c].get("pack_rows", False)]
@@ -504,7 +515,7 @@ class NeuSight(Predictor):
 
     def predict(self, frame: pd.DataFrame, lookup: bool = False) -> np.ndarray:
         """Latency in ms per row; ``lookup=True`` ignores parsed tiles and looks all up."""
-        frame = self._pack(self.tiles.fill(frame, lookup_all=lookup))
+        frame = self._pack(self._nominal(self.tiles.fill(frame, lookup_all=lookup)))
         out = np.empty(len(frame))
         for cls, idx, sub in by_class(frame):
             if cls not in self.models:
@@ -519,7 +530,8 @@ class NeuSight(Predictor):
                 "models": {c: m.state_dict() for c, m in self.models.items()},
                 "norm": {c: tuple(torch.from_numpy(a) for a in arrs)
                          for c, arrs in self.norm.items()},
-                "tiles": self.tiles.get_state(), "packing": self.packing.get_state(),
+                "tiles": self.tiles.get_state(), "nominal": self.nominal.get_state(),
+                "packing": self.packing.get_state(),
                 "history": self.history}
 
     def set_state(self, state: dict) -> None:
@@ -536,4 +548,5 @@ class NeuSight(Predictor):
             self.models[c] = m
         self.norm = {c: tuple(a.numpy() for a in arrs) for c, arrs in state["norm"].items()}
         self.tiles = TileLookup.from_state(state["tiles"])
+        self.nominal = TileLookup.from_state(state.get("nominal", {"_gpu_free": True}))
         self.packing = RowPacking.from_state(state.get("packing"))
