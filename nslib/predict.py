@@ -43,17 +43,22 @@ def traced(model, batch: int, seq: int, mode: str, data=None) -> pd.DataFrame:
     return _traced(key, json.dumps(config, sort_keys=True), int(batch), int(seq), mode).copy()
 
 
+# trace columns holding tuples of ints (parquet stores them as lists)
+_TUPLE_COLUMNS = ("inputs", "allocs", "frees")
+
+
 @lru_cache(maxsize=64)
 def _traced(key: str, config_json: str, batch: int, seq: int, mode: str) -> pd.DataFrame:
     from .graph import trace
     path = cache_dir("traces") / f"{key}.parquet"
     if path.exists():
         df = pd.read_parquet(path)
-        df["inputs"] = df["inputs"].map(lambda v: tuple(int(i) for i in v))
+        for c in _TUPLE_COLUMNS:
+            df[c] = df[c].map(lambda v: tuple(int(i) for i in v))
         return df
     df = trace(json.loads(config_json), batch, seq, mode)
     buf = io.BytesIO()
-    df.assign(inputs=df["inputs"].map(list)).to_parquet(buf, index=False)
+    df.assign(**{c: df[c].map(list) for c in _TUPLE_COLUMNS}).to_parquet(buf, index=False)
     atomic_write_bytes(path, buf.getvalue())
     return df
 
