@@ -274,3 +274,135 @@ def step_memory(trace: pd.DataFrame, mode: str, optimizer: str = "adam", *,
                   kv_cache=float(kv_cache), framework=float(framework), comm=float(comm),
                   peak_phase=phase, peak_kid=kid, peak_module=module, capacity=float(capacity),
                   context_source=context_source)
+
+
+# --------------------------------------------------------------------------------------------
+# A model on a GPU, on one or several GPUs
+# --------------------------------------------------------------------------------------------
+
+def _out_elems(df: pd.DataFrame) -> np.ndarray:
+    """Elements each kernel writes: GEMMs B*M*K, memory rows H, vector rows B*H."""
+    cls = df["cls"].to_numpy()
+    B, M, K, H = (df[c].to_numpy(float) for c in ("B", "M", "K", "H"))
+    gemm = np.isin(cls, ("linear", "bmm"))
+    return np.where(gemm, B * M * K, np.where(cls == "memory", H, B * H))
+
+
+def tp_scales(trace: pd.DataFrame, n: int, info: dict,
+              vocab_parallel: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """(activation share, parameter share) of one of ``n`` tensor-parallel GPUs per row of
+    ``trace``: how much of each kernel's output it writes and of the parameters it reads
+    first (see the module docstring)."""
+    from .parallel import shard_tensor_parallel
+    sh = shard_tensor_parallel(trace, n, info, vocab_parallel)
+    sh = sh[sh["cls"] != "comm"].set_index("kid").reindex(trace["kid"].to_numpy())
+    before, after = _out_elems(trace), _out_elems(sh)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        act = np.where(before > 0, after / before, 1.0)
+        nk0 = trace["N"].to_numpy(float) * trace["K"].to_numpy(float)
+        nk1 = sh["N"].to_numpy(float) * sh["K"].to_numpy(float)
+        lin = (trace["cls"].to_numpy() == "linear") & (nk0 > 0)
+        wsc = np.where(lin, nk1 / nk0, 1.0)
+    if vocab_parallel:
+        vocab = trace["module"].isin(info.get("vocab_modules") or ()).to_numpy() & \
+            (trace["cls"].to_numpy() == "memory")
+        wsc = np.where(vocab, 1.0 / n, wsc)
+    return np.nan_to_num(act, nan=1.0), np.nan_to_num(wsc, nan=1.0)
+
+
+def memory_of(gpu, model, batch: int, seq: int, mode: str = "inf", optimizer: str = "adam",
+              *, dp: int = 1, tp: int = 1, pp: int = 1, microbatches: int = 1,
+              vocab_parallel: bool = True, kv_cache: bool = False, data=None) -> Memory:
+    """Peak memory per GPU of one step of ``model`` (config name, path or dict) on ``gpu``
+    (name, spec file or :class:`nslib.gpus.GPU`): the worst GPU of a DP/TP/PP step, ``batch``
+    the global batch. ``kv_cache``: an inference that keeps every layer's keys and values
+    (generation). Raises ValueError for degrees that do not divide the model."""
+    from .predict import resolve_gpu, traced
+    _check(mode, optimizer)
+    spec = resolve_gpu(gpu, data)
+    fw, src = framework_bytes(spec, data)
+    fixed = {"framework": fw, "capacity": float(spec.mem_gb) * GIB, "context_source": src}
+    if dp == tp == pp == microbatches == 1:
+        kv = _kv(model, batch, seq, mode, kv_cache, data)
+        return step_memory(traced(model, batch, seq, mode, data), mode, optimizer,
+                           kv_cache=kv, **fixed)
+    from .parallel import check_degrees, model_info
+    info = model_info(model, mode, data)
+    check_degrees(info, batch, dp, tp, pp, microbatches)
+    if dp > 1:
+        tr = traced(model, batch // dp, seq, mode, data)
+        buckets = float(tr["trainable"].sum()) if mode == "train" else 0.0
+        kv = _kv(model, batch // dp, seq, mode, kv_cache, data)
+        return step_memory(tr, mode, optimizer, comm=buckets, kv_cache=kv, **fixed)
+    if tp > 1:
+        tr = traced(model, batch, seq, mode, data)
+        act, wsc = tp_scales(tr, tp, info, vocab_parallel)
+        kv = _kv(model, batch, seq, mode, kv_cache, data) / tp
+        return step_memory(tr, mode, optimizer, scale=act, wscale=wsc, kv_cache=kv, **fixed)
+    stages = pipeline_memory(spec, model, batch, seq, mode, optimizer, pp=pp,
+                             microbatches=microbatches, kv_cache=kv_cache, data=data)
+    return max(stages, key=lambda m: m.total)
+
+
+def pipeline_memory(gpu, model, batch: int, seq: int, mode: str = "train",
+                    optimizer: str = "adam", *, pp: int = 2, microbatches: int = 1,
+                    kv_cache: bool = False, data=None) -> list[Memory]:
+    """Peak memory of each of the ``pp`` pipeline stages (GPipe, see the module docstring)."""
+    from .parallel import check_degrees, model_info, pipeline_stages
+    from .predict import resolve_gpu, traced
+    _check(mode, optimizer)
+    spec = resolve_gpu(gpu, data)
+    info = model_info(model, mode, data)
+    check_degrees(info, batch, 1, 1, pp, microbatches)
+    fw, src = framework_bytes(spec, data)
+    mb = batch // microbatches
+    tr = traced(model, mb, seq, mode, data)
+    stage = pipeline_stages(tr, pp, info["layers"])
+    received = 4.0 * mb * seq * info["hidden"]   # FP32 activation from the previous stage
+    kv = _kv(model, batch, seq, mode, kv_cache, data) / pp
+    out = []
+    for s in range(pp):
+        sel = stage == s
+        saved = _saved_bytes(tr, select=sel)
+        flight = (microbatches - 1) * saved
+        if s > 0:
+            flight += received * (microbatches if mode == "train" else 1)
+        out.append(step_memory(tr, mode, optimizer, select=sel, in_flight=flight, kv_cache=kv,
+                               framework=fw, capacity=float(spec.mem_gb) * GIB,
+                               context_source=src))
+    return out
+
+
+def _kv(model, batch, seq, mode, kv_cache, data) -> float:
+    if not kv_cache:
+        return 0.0
+    if mode != "inf":
+        raise ValueError("kv_cache applies to inference (mode='inf'): a training step keeps "
+                         "no KV cache")
+    from .graph import load_model_config
+    return kv_cache_bytes(load_model_config(model, data), batch, seq)
+
+
+# --------------------------------------------------------------------------------------------
+# The published formula, for comparison
+# --------------------------------------------------------------------------------------------
+
+def korthikanti_bytes(seq: int, batch: int, hidden: int, heads: int, elem_bytes: int = 2,
+                      mask_bytes: int = 1) -> float:
+    """Activation bytes one transformer layer saves for its backward, by Korthikanti et al.
+    (2022, "Reducing Activation Recomputation in Large Transformer Models", eq. 1):
+    ``s*b*h*(34 + 5*a*s/h)`` for 16-bit activations and 1-byte dropout masks. Written per
+    element size: ``s*b*h*(16*e + 2*m) + a*s*s*b*(2*e + m)`` (``e`` bytes per activation,
+    ``m`` per mask element; ``e = 4`` for the FP32 steps nslib traces)."""
+    s, b, h, a = (float(v) for v in (seq, batch, hidden, heads))
+    return s * b * h * (16 * elem_bytes + 2 * mask_bytes) + a * s * s * b * (2 * elem_bytes +
+                                                                           mask_bytes)
+
+
+def layer_saved_bytes(trace: pd.DataFrame, layer: int) -> float:
+    """Bytes the forward kernels of transformer block ``layer`` leave alive for the backward
+    (a training trace): the trace's counterpart of :func:`korthikanti_bytes`."""
+    sel = (trace["layer"].to_numpy() == layer) & (trace["phase"].to_numpy() == "fw")
+    if not sel.any():
+        raise ValueError(f"the trace has no forward kernels in block {layer}")
+    return _saved_bytes(trace, select=sel)
