@@ -281,21 +281,28 @@ def step_memory(trace: pd.DataFrame, mode: str, optimizer: str = "adam", *,
 # --------------------------------------------------------------------------------------------
 
 def _out_elems(df: pd.DataFrame) -> np.ndarray:
-    """Elements each kernel writes: GEMMs B*M*K, memory rows H, vector rows B*H."""
-    cls = df["cls"].to_numpy()
+    """What each kernel writes, to compare a kernel with its shard: GEMMs B*M*K elements,
+    vector rows B*H elements, memory rows their bytes (a predicted frame has turned their
+    dims into a copy's; sharding divides their bytes alike)."""
+    cls = (df["kernel_class"] if "kernel_class" in df else df["cls"]).to_numpy()
     B, M, K, H = (df[c].to_numpy(float) for c in ("B", "M", "K", "H"))
     gemm = np.isin(cls, ("linear", "bmm"))
-    return np.where(gemm, B * M * K, np.where(cls == "memory", H, B * H))
+    return np.where(gemm, B * M * K, np.where(cls == "memory", df["bytes"].to_numpy(float),
+                                              B * H))
 
 
-def tp_scales(trace: pd.DataFrame, n: int, info: dict,
-              vocab_parallel: bool = True) -> tuple[np.ndarray, np.ndarray]:
+def tp_scales(trace: pd.DataFrame, n: int, info: dict, vocab_parallel: bool = True,
+              sharded: pd.DataFrame | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(activation share, parameter share) of one of ``n`` tensor-parallel GPUs per row of
     ``trace``: how much of each kernel's output it writes and of the parameters it reads
-    first (see the module docstring)."""
+    first (see the module docstring). ``sharded``: the unfused frame
+    :func:`nslib.parallel.shard_tensor_parallel` made of this trace, when the caller has it
+    (the frame of a TP ``predict_model``), to save sharding again."""
     from .parallel import shard_tensor_parallel
-    sh = shard_tensor_parallel(trace, n, info, vocab_parallel)
-    sh = sh[sh["cls"] != "comm"].set_index("kid").reindex(trace["kid"].to_numpy())
+    if sharded is None or "fused_from" in sharded or \
+            not np.isin(trace["kid"].to_numpy(), sharded["kid"].to_numpy()).all():
+        sharded = shard_tensor_parallel(trace, n, info, vocab_parallel)
+    sh = sharded[sharded["cls"] != "comm"].set_index("kid").reindex(trace["kid"].to_numpy())
     before, after = _out_elems(trace), _out_elems(sh)
     with np.errstate(divide="ignore", invalid="ignore"):
         act = np.where(before > 0, after / before, 1.0)
@@ -305,18 +312,20 @@ def tp_scales(trace: pd.DataFrame, n: int, info: dict,
         wsc = np.where(lin, nk1 / nk0, 1.0)
     if vocab_parallel:
         vocab = trace["module"].isin(info.get("vocab_modules") or ()).to_numpy() & \
-            (trace["cls"].to_numpy() == "memory")
+            (trace["cls"].to_numpy() == "memory")   # the trace's own classes
         wsc = np.where(vocab, 1.0 / n, wsc)
     return np.nan_to_num(act, nan=1.0), np.nan_to_num(wsc, nan=1.0)
 
 
 def memory_of(gpu, model, batch: int, seq: int, mode: str = "inf", optimizer: str = "adam",
               *, dp: int = 1, tp: int = 1, pp: int = 1, microbatches: int = 1,
-              vocab_parallel: bool = True, kv_cache: bool = False, data=None) -> Memory:
+              vocab_parallel: bool = True, kv_cache: bool = False, data=None,
+              sharded: pd.DataFrame | None = None) -> Memory:
     """Peak memory per GPU of one step of ``model`` (config name, path or dict) on ``gpu``
     (name, spec file or :class:`nslib.gpus.GPU`): the worst GPU of a DP/TP/PP step, ``batch``
     the global batch. ``kv_cache``: an inference that keeps every layer's keys and values
-    (generation). Raises ValueError for degrees that do not divide the model."""
+    (generation). ``sharded``: see :func:`tp_scales`. Raises ValueError for degrees that do
+    not divide the model."""
     from .predict import resolve_gpu, traced
     _check(mode, optimizer)
     spec = resolve_gpu(gpu, data)
@@ -336,7 +345,7 @@ def memory_of(gpu, model, batch: int, seq: int, mode: str = "inf", optimizer: st
         return step_memory(tr, mode, optimizer, comm=buckets, kv_cache=kv, **fixed)
     if tp > 1:
         tr = traced(model, batch, seq, mode, data)
-        act, wsc = tp_scales(tr, tp, info, vocab_parallel)
+        act, wsc = tp_scales(tr, tp, info, vocab_parallel, sharded)
         kv = _kv(model, batch, seq, mode, kv_cache, data) / tp
         return step_memory(tr, mode, optimizer, scale=act, wscale=wsc, kv_cache=kv, **fixed)
     stages = pipeline_memory(spec, model, batch, seq, mode, optimizer, pp=pp,

@@ -26,8 +26,16 @@ def _predict(args) -> int:
         extra["launch_us"] = args.launch_us
     frame, summary = predict_model(gpu, args.model, args.batch, args.seq, args.mode,
                                    predictor=args.predictor, quick=args.quick, **extra)
+    from .memory import memory_of
+    par = {k: extra[k] for k in ("dp", "tp", "pp", "microbatches") if k in extra}
+    if par.get("tp", 1) > 1:
+        par["sharded"] = frame   # the sharded trace predict_model made: not sharded twice
+    mem = memory_of(gpu, args.model, args.batch, args.seq, args.mode, args.optimizer,
+                    kv_cache=args.kv_cache, **par).to_dict()
+    par.pop("sharded", None)
     summary = {"gpu": str(gpu), "model": args.model, "batch": args.batch, "seq": args.seq,
-               "mode": args.mode, "predictor": args.predictor, **summary}
+               "mode": args.mode, "predictor": args.predictor, **summary,
+               "memory_gb": mem, "fits": mem["fits"]}
     if args.json:
         print(json.dumps(summary, indent=1))
     else:
@@ -50,7 +58,20 @@ def _predict(args) -> int:
         elif summary.get("fused"):
             print(f"  fused: {summary['n_kernels']} kernels "
                   f"(from {summary['n_kernels_unfused']})")
+        print(_memory_line(mem, bool(par)))
     return 0
+
+
+def _memory_line(mem: dict, per_gpu: bool) -> str:
+    """'memory: fits (X GB of Y)' or 'memory: does not fit (needs X GB of Y)', with the parts."""
+    parts = ", ".join(f"{k} {mem[k]:.2f}" for k in ("weights", "grads", "optimizer",
+                                                     "activations", "kv_cache", "framework",
+                                                     "comm") if mem[k] > 0)
+    verdict = (f"fits ({mem['total']:.2f} GB of {mem['capacity']:g})" if mem["fits"] else
+               f"does not fit (needs {mem['total']:.2f} GB of {mem['capacity']:g})")
+    where = " per GPU" if per_gpu else ""
+    return (f"  memory{where}: {verdict}; peak in {mem['peak_phase']} at "
+            f"{mem['peak_module'] or 'kernel ' + str(mem['peak_kid'])}: {parts} GB")
 
 
 def add_predict_parser(sub) -> None:
@@ -70,6 +91,12 @@ def add_predict_parser(sub) -> None:
     s.add_argument("--plain-sum", action="store_true",
                    help="sum the kernels' microbenchmark latencies as they are (each with "
                         "its dispatch floor), as the original tool does")
+    s.add_argument("--optimizer", default="adam",
+                   choices=["adam", "adamw", "sgd", "sgd_plain", "none"],
+                   help="optimizer states counted in the training memory (default adam; sgd "
+                        "keeps a momentum buffer, sgd_plain none)")
+    s.add_argument("--kv-cache", action="store_true",
+                   help="inference keeps every layer's keys and values (generation) in memory")
     s.add_argument("--fused", action="store_true",
                    help="fuse chains of elementwise/memory kernels (nslib.fusion)")
     par = s.add_mutually_exclusive_group()

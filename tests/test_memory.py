@@ -125,3 +125,34 @@ def test_parallel_per_gpu(data_dir):
         max(s.activations for s in one_mb), rel=0.35)
     with pytest.raises(ValueError, match="divisible by tp"):
         memory_of("H100", TINY, 8, 32, "train", tp=3)
+
+
+def test_tp_memory_reuses_the_predicted_shard(data_dir):
+    from nslib.predict import predict_model
+    frame, _ = predict_model("H100", TINY, 8, 32, "train", predictor="roofline", tp=2)
+    a = memory_of("H100", TINY, 8, 32, "train", tp=2)
+    b = memory_of("H100", TINY, 8, 32, "train", tp=2, sharded=frame)
+    assert a == b
+
+
+def test_predict_cli_reports_memory(data_dir, tmp_path, capsys):
+    import json
+
+    from nslib.cli import main
+    path = tmp_path / "tiny.json"
+    path.write_text(json.dumps(TINY))
+    base = ["predict", "--model", str(path), "--seq", "32", "--mode", "train",
+            "--predictor", "roofline"]
+    assert main(base + ["--gpu", "T4", "--batch", "2", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["fits"] is True and out["memory_gb"]["fits"] is True
+    assert out["memory_gb"]["total"] > out["memory_gb"]["framework"] > 0
+    assert main(base + ["--gpu", "T4", "--batch", "2", "--optimizer", "sgd_plain",
+                        "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["memory_gb"]["optimizer"] == 0
+    assert main(["predict", "--gpu", "P100", "--model", "gpt3_27", "--batch", "8", "--seq",
+                 "1024", "--mode", "train", "--predictor", "roofline"]) == 0
+    text = capsys.readouterr().out
+    assert "does not fit (needs " in text and "GB of 16)" in text
+    assert main(base + ["--gpu", "T4", "--batch", "4", "--tp", "2"]) == 0
+    assert "memory per GPU: fits" in capsys.readouterr().out
