@@ -155,9 +155,9 @@ def live_bytes(trace: pd.DataFrame, scale=None, select=None) -> np.ndarray:
     return _live(trace, scale, select)[0]
 
 
-def _live(trace, scale=None, select=None) -> tuple[np.ndarray, float]:
+def _live(trace, scale=None, select=None, storages=None) -> tuple[np.ndarray, float]:
     """(:func:`live_bytes`, bytes still alive after the last kernel: the held storages)."""
-    first, last, nbytes = _storages(trace)
+    first, last, nbytes = _storages(trace) if storages is None else storages
     n = len(trace)
     w = nbytes if scale is None else nbytes * np.asarray(scale, float)[first]
     if select is not None:
@@ -238,7 +238,8 @@ def _check(mode: str, optimizer: str) -> None:
 def step_memory(trace: pd.DataFrame, mode: str, optimizer: str = "adam", *,
                 framework: float = 0.0, capacity: float = 0.0, kv_cache: float = 0.0,
                 comm: float = 0.0, scale=None, wscale=None, select=None,
-                in_flight: float = 0.0, context_source: str = "") -> Memory:
+                in_flight: float = 0.0, context_source: str = "",
+                storages: tuple | None = None) -> Memory:
     """The peak of one GPU running ``trace`` (one step; ``mode`` "inf" or "train"), bytes.
 
     ``optimizer``: a key of :data:`OPTIMIZERS` (training only). ``framework``, ``kv_cache``,
@@ -246,7 +247,8 @@ def step_memory(trace: pd.DataFrame, mode: str, optimizer: str = "adam", *,
     ``scale``/``select``: as in :func:`live_bytes`; ``wscale`` (per row) scales the parameters
     that row reads first; ``in_flight``: activation bytes other micro-batches keep alive
     (pipeline), added to the kernels' live set. With ``select``, only the selected rows'
-    parameters count and the peak is taken over the selected rows."""
+    parameters count and the peak is taken over the selected rows. ``storages``: (first row,
+    last row, bytes) arrays to use instead of the trace's (:func:`storage_law`)."""
     _check(mode, optimizer)
     n = len(trace)
     rows = np.ones(n, bool) if select is None else np.asarray(select, bool)
@@ -256,7 +258,7 @@ def step_memory(trace: pd.DataFrame, mode: str, optimizer: str = "adam", *,
     train = mode == "train"
     states, temps = OPTIMIZERS[optimizer] if train else (0.0, 0.0)
     grads = trainable if train else 0.0
-    live, held = _live(trace, scale, select)
+    live, held = _live(trace, scale, select, storages)
     live = live + in_flight
     cand = np.flatnonzero(rows)
     if not len(cand):
@@ -390,6 +392,86 @@ def _kv(model, batch, seq, mode, kv_cache, data) -> float:
                          "no KV cache")
     from .graph import load_model_config
     return kv_cache_bytes(load_model_config(model, data), batch, seq)
+
+
+# --------------------------------------------------------------------------------------------
+# Sweeps: storage sizes as laws of batch and sequence length
+# --------------------------------------------------------------------------------------------
+
+def storage_law(model, mode: str, data=None, batch_one: bool = False) -> dict:
+    """Every storage's bytes as ``c * batch**i * seq**j`` from the sweep's three probe traces
+    (:func:`nslib.sweep.scaling_law`; batch 1 has its own), so a sweep sizes the memory of
+    any (batch, seq) without tracing it. Raises ValueError when the storages differ between
+    the probes (then use :func:`memory_of` per scenario)."""
+    from .predict import traced
+    from .sweep import _BASE, _BASE_ONE
+    probes = _BASE_ONE if batch_one else _BASE
+    frames = [traced(model, b, s, mode, data) for b, s in probes]
+    st = [_storages(f) for f in frames]
+    if not all(len(x[2]) == len(st[0][2]) and (x[0] == st[0][0]).all()
+               and (x[1] == st[0][1]).all() for x in st[1:]):
+        raise ValueError("this model's storages change with batch or sequence length: compute "
+                         "its memory per scenario with nslib.memory.memory_of")
+    x, y, z = st[0][2], st[1][2], st[2][2]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        i = np.zeros_like(x) if batch_one else np.round(np.log(y / x) / np.log(1.5))
+        j = np.round(np.log(z / x) / np.log(1.5))
+    i, j = np.nan_to_num(i), np.nan_to_num(j)
+    c = x / (probes[0][0] ** i * probes[0][1] ** j)
+    return {"base": frames[0], "first": st[0][0], "last": st[0][1], "c": c, "i": i, "j": j}
+
+
+def law_memory(law: dict, batch: int, seq: int, mode: str, optimizer: str = "adam",
+               **kw) -> Memory:
+    """:func:`step_memory` of the trace of (``batch``, ``seq``) sized by a :func:`storage_law`
+    (``kw``: framework, capacity... as step_memory takes)."""
+    nbytes = np.round(law["c"] * float(batch) ** law["i"] * float(seq) ** law["j"])
+    return step_memory(law["base"], mode, optimizer,
+                       storages=(law["first"], law["last"], nbytes), **kw)
+
+
+def sweep_memory(model, mode: str, scenarios: pd.DataFrame, optimizer: str = "adam",
+                 data=None) -> pd.DataFrame:
+    """``scenarios`` (columns ``gpu``, ``batch``, ``seq``) with ``memory_gb`` (the peak, GB),
+    ``capacity_gb`` and ``fits`` added (one GPU each, no KV cache)."""
+    from .predict import resolve_gpu
+    laws = {one: storage_law(model, mode, data, batch_one=one)
+            for one in pd.unique(scenarios["batch"] == 1)}
+    gpus = {g: resolve_gpu(g, data) for g in pd.unique(scenarios["gpu"])}
+    ctx = {g: framework_bytes(spec, data)[0] for g, spec in gpus.items()}
+    own = {(b, s): law_memory(laws[b == 1], int(b), int(s), mode, optimizer).total
+           for b, s in set(zip(scenarios["batch"], scenarios["seq"]))}
+    out = scenarios.copy()
+    total = np.array([own[(b, s)] + ctx[g] for g, b, s in
+                      zip(out["gpu"], out["batch"], out["seq"])])
+    cap = np.array([float(gpus[g].mem_gb) * GIB for g in out["gpu"]])
+    out["memory_gb"], out["capacity_gb"], out["fits"] = total / GIB, cap / GIB, total <= cap
+    return out
+
+
+def largest_batch(model, mode: str, seq: int, gpus, optimizer: str = "adam", data=None,
+                  limit: int = 1 << 16) -> pd.DataFrame:
+    """The largest batch of ``seq`` tokens whose step fits on each GPU (0: not even batch 1),
+    by bisection over :func:`law_memory` (the peak grows with the batch). Columns ``gpu``,
+    ``seq``, ``largest_batch``, ``memory_gb`` (at that batch), ``capacity_gb``."""
+    from .predict import resolve_gpu
+    laws = {one: storage_law(model, mode, data, batch_one=one) for one in (True, False)}
+
+    def need(b: int) -> float:
+        return law_memory(laws[b == 1], b, seq, mode, optimizer).total
+
+    rows = []
+    for g in gpus:
+        spec = resolve_gpu(g, data)
+        room = float(spec.mem_gb) * GIB - framework_bytes(spec, data)[0]
+        lo, hi = 0, limit + 1        # need(lo) fits (lo=0: nothing), need(hi) does not
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if need(mid) <= room else (lo, mid)
+        used = need(lo) + float(spec.mem_gb) * GIB - room if lo else 0.0
+        rows.append({"gpu": g, "seq": int(seq), "largest_batch": lo, "memory_gb": used / GIB,
+                     "capacity_gb": float(spec.mem_gb)})
+    return pd.DataFrame(rows)
 
 
 # --------------------------------------------------------------------------------------------

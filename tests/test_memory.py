@@ -156,3 +156,30 @@ def test_predict_cli_reports_memory(data_dir, tmp_path, capsys):
     assert "does not fit (needs " in text and "GB of 16)" in text
     assert main(base + ["--gpu", "T4", "--batch", "4", "--tp", "2"]) == 0
     assert "memory per GPU: fits" in capsys.readouterr().out
+
+
+def test_storage_law_sizes_any_scenario_exactly():
+    from nslib.memory import law_memory, storage_law
+    cfg = {**TINY, "n_positions": 256}
+    for mode in ("inf", "train"):
+        laws = {one: storage_law(cfg, mode, batch_one=one) for one in (True, False)}
+        for b, s in ((1, 64), (5, 100), (8, 256)):
+            got = law_memory(laws[b == 1], b, s, mode)
+            assert got == step_memory(trace(cfg, b, s, mode), mode)
+
+
+def test_sweep_memory_columns_and_largest_batch(data_dir):
+    from nslib.memory import largest_batch
+    from nslib.sweep import sweep
+    sc = pd.DataFrame({"gpu": ["T4", "H100", "T4"], "batch": [2, 2, 16384], "seq": [32, 32, 64]})
+    got = sweep(TINY, "train", sc, predictor="roofline")
+    assert got["fits"].tolist() == [True, True, False]
+    assert got["capacity_gb"].tolist() == [15.0, 80.0, 15.0]
+    one = memory_of("T4", TINY, 2, 32, "train")
+    assert got["memory_gb"].iat[0] == pytest.approx(one.total / GIB)
+    big = largest_batch(TINY, "train", 64, ["T4", "H100"])
+    t4, h100 = big["largest_batch"].tolist()
+    assert 0 < t4 < h100
+    assert memory_of("T4", TINY, t4, 64, "train").fits
+    assert not memory_of("T4", TINY, t4 + 1, 64, "train").fits
+    assert largest_batch("gpt2_large", "train", 512, ["P100"])["largest_batch"].iat[0] == 0
