@@ -183,3 +183,26 @@ def test_sweep_memory_columns_and_largest_batch(data_dir):
     assert memory_of("T4", TINY, t4, 64, "train").fits
     assert not memory_of("T4", TINY, t4 + 1, 64, "train").fits
     assert largest_batch("gpt2_large", "train", 512, ["P100"])["largest_batch"].iat[0] == 0
+
+
+def test_explorer_marks_a_gpu_the_step_does_not_fit_on(data_dir):
+    import matplotlib.pyplot as plt
+
+    from nslib.widgets import memory_table, plot_scenario, scenario
+    res = scenario(["P100", "H100"], "gpt2_large", 1, 512, "train", predictor="roofline")
+    s = res["summary"].set_index("gpu")
+    assert s["fits"].tolist() == [False, True]
+    assert s["memory_gb"].iloc[0] > 16 > res["memory"]["capacity"].iloc[0] - 1
+    hit = [w for w in res["warnings"] if "does not fit (needs" in w]
+    assert len(hit) == 1 and "P100" in hit[0] and "of 16" in hit[0]
+    fig = plot_scenario(res)
+    texts = [t.get_text() for ax in fig.axes for t in ax.texts]
+    assert any("does not fit" in t for t in texts)
+    assert fig.axes[3].get_xlabel() == "peak memory per GPU (GB)"
+    plt.close(fig)
+    # the table the explorer draws is a plain function of the GPUs and the scenario
+    from nslib.predict import resolve_gpu
+    specs = [resolve_gpu("P100"), resolve_gpu("H100")]
+    tab = memory_table(specs, ["a", "b"], "gpt2_large", 1, 512, "train")
+    assert tab["fits"].tolist() == [False, True]
+    assert tab.loc["a", "total"] == pytest.approx(s["memory_gb"].iloc[0])
