@@ -1,13 +1,13 @@
 """nslib.memory: peak memory from the trace, checked against PyTorch's real allocations on the
-CPU (tests/memref.py), against Korthikanti et al.'s activation formula, and per GPU under
+CPU (nslib.memcheck), against Korthikanti et al.'s activation formula, and per GPU under
 DP/TP/PP; fits / does not fit on one GPU."""
 import numpy as np
 import pandas as pd
 import pytest
 
-from memref import real_peak
 from nslib.gpus import GPU
 from nslib.graph import trace
+from nslib.memcheck import compare, real_peak
 from nslib.memory import (GIB, OPTIMIZERS, framework_bytes, korthikanti_bytes,
                           layer_saved_bytes, live_bytes, memory_of, pipeline_memory,
                           step_memory)
@@ -44,6 +44,13 @@ def test_peak_within_10_percent_of_real_allocations(name, mode):
     real = real_peak(cfg, 4, 64, mode)
     m = step_memory(trace(cfg, 4, 64, mode), mode, "adam")
     assert nslib_peak(m) == pytest.approx(real, rel=0.10), (name, mode, nslib_peak(m), real)
+
+
+def test_compare_table():
+    tab = compare({"gpt2": CONFIGS["gpt2"]}, 2, 32, modes=("inf",))
+    assert list(tab.columns) == ["model", "mode", "real_mb", "nslib_mb", "error_pct",
+                                 "peak_phase"]
+    assert abs(tab["error_pct"].iat[0]) < 10
 
 
 def test_breakdown_parts():
