@@ -8,6 +8,8 @@ import sys
 
 import pandas as pd
 
+from .checks import arg_int
+
 
 def _gpus(args) -> int:
     from .gpus import load_gpus
@@ -40,15 +42,33 @@ def _train_kw(args) -> dict:
 
 
 def _train(args) -> int:
-    from .training import trained
+    from .training import train_all, trained
+    if args.all:
+        if args.epochs is not None or args.predictor:
+            raise ValueError("--all trains every predictor with its own defaults: drop "
+                             "--epochs and --predictor, or train one with --predictor NAME")
+        names = train_all(quick=args.quick, seed=args.seed, retrain=args.retrain, out=args.out)
+        print(f"trained {', '.join(names)}; cached for every command and notebook")
+        return 0
+    args.predictor = args.predictor or "neusight"
     trained(args.predictor, out=args.out, retrain=args.retrain, **_train_kw(args))
     print(f"trained {args.predictor}; cached for every command and notebook")
     return 0
 
 
 def _eval_kernels(args) -> int:
-    from .evaluate import class_table, table_json
-    from .kernel_eval import evaluate_predictor
+    from .evaluate import table_json
+    from .kernel_eval import evaluate_logo, evaluate_predictor, logo_json
+    if args.logo:
+        tab = evaluate_logo(args.predictor, **_train_kw(args))
+        if args.json:
+            print(json.dumps(logo_json(tab), indent=1))
+        else:
+            print(f"Leave-one-GPU-out MAPE (%) of {args.predictor}: each training GPU's test "
+                  "kernels predicted by the predictor trained on the other training GPUs; "
+                  "new GPUs by the one trained on all of them")
+            print(tab.round(1).to_string())
+        return 0
     tab = evaluate_predictor(args.predictor, lookup=args.lookup, **_train_kw(args))
     if args.json:
         print(json.dumps(table_json(tab), indent=1))
@@ -59,14 +79,14 @@ def _eval_kernels(args) -> int:
 
 
 def _reproduce(args) -> int:
-    from .reproduce import run
+    from .reproduce import output_paths, run
     recs = run(quick=args.quick, force=args.force, only=args.only or None, out=args.out,
                results=args.results)
     print(f"{'notebook':28s} {'status':12s} seconds")
     for r in recs:
         print(f"{r['notebook']:28s} {r['status']:12s} {r['seconds']:7.1f}")
     print(f"total {sum(r['seconds'] for r in recs):.1f} s; figures and tables in "
-          f"{args.out or 'figures/'}")
+          f"{output_paths(args.quick, args.out, args.results)[0]}")
     return 0
 
 
@@ -89,14 +109,17 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("predictors", help="list the kernel predictors")
     s.set_defaults(func=_predictors)
 
-    def train_opts(s):
-        s.add_argument("--predictor", default="neusight")
-        s.add_argument("--epochs", type=int)
-        s.add_argument("--seed", type=int, default=0)
+    def train_opts(s, default="neusight"):
+        s.add_argument("--predictor", default=default,
+                       help="predictor name (see `nslib predictors`; default neusight)")
+        s.add_argument("--epochs", type=arg_int(), help="training epochs of every class "
+                       "(predictors trained by epochs only)")
+        s.add_argument("--seed", type=arg_int(minimum=0), default=0)
         s.add_argument("--quick", action="store_true", help="the quick profile (tests)")
 
     s = sub.add_parser("train", help="train a predictor on the training GPUs (cached)")
-    train_opts(s)
+    train_opts(s, default=None)
+    s.add_argument("--all", action="store_true", help="train every predictor (ahead of use)")
     s.add_argument("--out", help="folder for the weights (default: the cache)")
     s.add_argument("--retrain", action="store_true", help="train even if cached")
     s.set_defaults(func=_train)
@@ -106,6 +129,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--lookup", action="store_true",
                    help="look every tile up as on an unprofiled GPU (default: only where "
                         "the GPU was never trained on)")
+    s.add_argument("--logo", action="store_true",
+                   help="leave-one-GPU-out: hold each training GPU out in turn (JSON: "
+                        "{class: {GPU: mape}})")
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=_eval_kernels)
 
@@ -113,7 +139,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--quick", action="store_true", help="the quick profile (minutes)")
     s.add_argument("--force", action="store_true", help="rerun up-to-date notebooks too")
     s.add_argument("--only", nargs="*", help="notebook names to run (default: all)")
-    s.add_argument("--out", help="figures folder (default: figures/)")
+    s.add_argument("--out", help="figures folder (default: figures/, or figures/quick/ with "
+                   "--quick)")
     s.add_argument("--results", help="executed notebooks folder (default: results/<profile>)")
     s.set_defaults(func=_reproduce)
 
@@ -122,7 +149,19 @@ def build_parser() -> argparse.ArgumentParser:
         add_predict_parser(sub)
     except ImportError:
         pass
+    _global_options_anywhere(p, sub)
     return p
+
+
+def _global_options_anywhere(p, sub) -> None:
+    """Accept --data and --cache after the sub-command too (``nslib predict --data X``).
+
+    SUPPRESS keeps a sub-command that was not given them from resetting the value given
+    before it."""
+    for s in sub.choices.values():
+        for opt in ("--data", "--cache"):
+            s.add_argument(opt, default=argparse.SUPPRESS,
+                           help=next(a.help for a in p._actions if opt in a.option_strings))
 
 
 def main(argv=None) -> int:
@@ -131,13 +170,13 @@ def main(argv=None) -> int:
         os.environ["NSLIB_DATA"] = args.data
     if args.cache:
         os.environ["NSLIB_CACHE"] = args.cache
-    from .paths import DataNotFoundError
+    from .paths import CacheError, DataNotFoundError
     try:
         return args.func(args)
     except Exception as e:
         from .reproduce import NotebookFailed
         if not isinstance(e, (NotebookFailed, DataNotFoundError, FileNotFoundError,
-                              FileExistsError, ValueError, KeyError)):
+                              FileExistsError, ValueError, KeyError, CacheError)):
             raise
         msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
         print(f"nslib: error: {msg}", file=sys.stderr)

@@ -10,6 +10,7 @@ the training split is ``train/collect/<op>/<version>/<GPU>.csv``, the test split
 from __future__ import annotations
 
 import io
+import json
 import os
 from functools import lru_cache
 from pathlib import Path
@@ -19,7 +20,8 @@ import pandas as pd
 
 from . import kernels
 from .gpus import GPU, find_gpu, load_gpus
-from .paths import DataNotFoundError, cache_dir, data_root, hash_files, require, atomic_write_bytes
+from .paths import (DataNotFoundError, cache_dir, data_root, hash_files, read_cache_entry,
+                    require, write_cache_entry)
 
 SCHEMA_VERSION = 4  # bump when the built tables change shape or meaning
 TEST_FILES = {"bmm": "bmm.csv", "linear": "linear.csv", "elementwise": "elem.csv",
@@ -52,14 +54,50 @@ def source_files(cls: str, split: str, data=None) -> list[Path]:
     return files
 
 
+NUMERIC = ["Latency", "Grid x", "Grid y", "Grid z"]
+
+
+def _ends_mid_line(path: Path) -> bool:
+    """True when a non-empty file's last byte is not a line end (a cut-off download or copy:
+    its last row would otherwise be read with its tail missing, or with a shortened number)."""
+    with open(path, "rb") as f:
+        if f.seek(0, os.SEEK_END) == 0:
+            return False
+        f.seek(-1, os.SEEK_END)
+        return f.read(1) != b"\n"
+
+
 def _read(path: Path, cls: str) -> pd.DataFrame:
-    df = pd.read_csv(path)
-    need = list(RENAME) + (GEMM_DIMS if cls in kernels.GEMM_CLASSES else VEC_DIMS)
+    """One kernel CSV's needed columns, renamed; ValueError naming the file (and line) when a
+    column is missing, a cell is empty or not a number, or the file ends mid-line."""
+    if _ends_mid_line(path):
+        raise ValueError(f"{path}: the last line is cut off (no line end): the file is "
+                             "truncated; restore it (`nslib fetch --force`)")
+    try:
+        df = pd.read_csv(path)
+    except (pd.errors.ParserError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: not a readable CSV ({e}); restore the file") from None
+    dims = GEMM_DIMS if cls in kernels.GEMM_CLASSES else VEC_DIMS
+    need = list(RENAME) + dims
     missing = [c for c in need if c not in df.columns]
     if missing:
         raise ValueError(f"{path}: expected columns {missing} are missing (found "
                          f"{list(df.columns)}); is this a NeuSight kernel file?")
-    return df[need].rename(columns=RENAME)
+    df = df[need]
+    for col in need:
+        empty = df[col].isna().to_numpy()
+        if col in NUMERIC + dims:
+            num = pd.to_numeric(df[col], errors="coerce")
+            bad = np.flatnonzero(num.isna().to_numpy() & ~empty)
+            if len(bad):
+                raise ValueError(f"{path}, line {bad[0] + 2}: column {col!r} holds "
+                                 f"{df[col].iloc[bad[0]]!r}, not a number; fix or restore "
+                                 "the file")
+            df = df.assign(**{col: num})
+        if empty.any():
+            raise ValueError(f"{path}, line {np.flatnonzero(empty)[0] + 2}: column {col!r} is "
+                             "empty (a cut-off or malformed row); fix or restore the file")
+    return df.rename(columns=RENAME)
 
 
 def parse_gemm_tile(names: pd.Series, M, K, grid_x, grid_y) -> tuple[np.ndarray, np.ndarray]:
@@ -122,10 +160,39 @@ def build_table(cls: str, split: str, data=None) -> pd.DataFrame:
 
 
 def table_key(cls: str, split: str, data=None) -> str:
-    """Content hash of a table's inputs (CSV files, GPU configs, schema version)."""
-    root = data_root(data)
-    configs = sorted((root / "data" / "device_configs").glob("*.json"))
-    return hash_files(source_files(cls, split, data) + configs, extra=[SCHEMA_VERSION, cls, split])
+    """Content hash of a table's inputs: its CSV files, the datasheets of the GPUs measured in
+    them (only those: a datasheet-only GPU added to the data changes no table) and the schema
+    version."""
+    files = source_files(cls, split, data)
+    devices = measured_devices(files)
+    gpus = load_gpus(data)
+    folder = data_root(data) / "data" / "device_configs"
+    configs, unknown = set(), []
+    for d in devices:
+        try:
+            configs.add(folder / f"{find_gpu(d, gpus).key}.json")
+        except KeyError:
+            unknown.append(d)  # build_table names it; adding its spec later changes the key
+    return hash_files(files + sorted(configs), extra=[SCHEMA_VERSION, cls, split, unknown])
+
+
+def measured_devices(files: list[Path]) -> list[str]:
+    """The sorted ``Device`` strings found in kernel CSVs, remembered in the cache by the
+    files' content hash (reading the column of every CSV on each command would be slow)."""
+    key = hash_files(files, extra=["devices-1"])
+    path = cache_dir("tables") / f"devices-{key}.json"
+    found = read_cache_entry(path, lambda p: json.loads(p.read_text()), "device list")
+    if isinstance(found, list):
+        return found
+    names = set()
+    for f in files:
+        try:
+            names.update(pd.read_csv(f, usecols=["Device"])["Device"].dropna().astype(str))
+        except (ValueError, pd.errors.ParserError):
+            pass  # a broken file: build_table's reader names the problem
+    found = sorted(names)
+    write_cache_entry(path, json.dumps(found).encode())
+    return found
 
 
 def kernel_table(cls: str, split: str, data=None) -> pd.DataFrame:
@@ -137,12 +204,13 @@ def kernel_table(cls: str, split: str, data=None) -> pd.DataFrame:
 @lru_cache(maxsize=32)
 def _cached_table(cls: str, split: str, key: str, root: str) -> pd.DataFrame:
     path = cache_dir("tables") / f"{cls}-{split}-{key}.parquet"
-    if path.exists():
-        return pd.read_parquet(path)
+    df = read_cache_entry(path, pd.read_parquet, "kernel table")
+    if df is not None:
+        return df
     df = build_table(cls, split, root)
     buf = io.BytesIO()
     df.to_parquet(buf, index=False)
-    atomic_write_bytes(path, buf.getvalue())
+    write_cache_entry(path, buf.getvalue())
     return df
 
 
@@ -161,6 +229,11 @@ def gpu_splits(data=None) -> dict[str, list[str]]:
     test = set().union(*(kernel_table(c, "test", data)["gpu"] for c in kernels.CLASSES))
     return {"train_gpus": sorted(train), "test_gpus": sorted(test),
             "new_gpus": sorted(test - train)}
+
+
+def train_hash(data=None) -> str:
+    """Content hash of the training tables' inputs: what a predictor is trained on."""
+    return hash_files([], extra=[table_key(c, "train", data) for c in kernels.CLASSES])
 
 
 def data_hash(data=None) -> str:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from .kernels import CLASSES
+
 
 def ape(pred_ms, measured_ms) -> np.ndarray:
     """Absolute percentage error per row, in percent: ``100 * |pred - measured| / measured``."""
@@ -25,7 +27,12 @@ def class_table(frame: pd.DataFrame, pred_ms, train_gpus, new_gpus) -> pd.DataFr
     tab = df.pivot_table(index="cls", columns="group", values="err", aggfunc="mean")
     tab = tab.reindex(columns=["train_gpus", "new_gpus"])
     tab["n"] = df.groupby("cls").size()
-    order = [c for c in ("bmm", "linear", "elementwise", "softmax", "layernorm") if c in tab.index]
+    return order_classes(tab)
+
+
+def order_classes(tab: pd.DataFrame) -> pd.DataFrame:
+    """Rows of a class-indexed table in the kernel class order (others after)."""
+    order = [c for c in CLASSES if c in tab.index]
     return tab.loc[order + [c for c in tab.index if c not in order]]
 
 

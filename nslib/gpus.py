@@ -7,6 +7,7 @@ import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from .checks import check_float, check_int
 from .paths import data_root, require
 
 # NeuSight JSON key -> (dataclass field, description with unit)
@@ -19,6 +20,7 @@ FIELDS = {
     "SingleFLOPs": ("peak_gflops", "FP32 peak, GFLOP/s"),
     "L2Cache": ("l2_mb", "L2 cache, MB"),
 }
+INT_FIELDS = ("Num_Sm", "Core_Per_SM")  # counts: 0.5 SMs is a typo, not a GPU
 
 
 @dataclass(frozen=True)
@@ -50,7 +52,8 @@ def gpu_from_dict(raw: dict, source: str = "<dict>", key: str = "") -> GPU:
     """Validate a NeuSight-format dict and build a :class:`GPU`.
 
     Raises ValueError naming ``source`` and the field when a key is missing, a value is not a
-    number, or a value is zero or negative.
+    finite number (JSON ``NaN``/``Infinity`` included), a count is not a whole number, or a
+    value is zero or negative.
     """
     if not isinstance(raw, dict):
         raise ValueError(f"{source}: a GPU spec must be a JSON object with keys Device, "
@@ -62,13 +65,13 @@ def gpu_from_dict(raw: dict, source: str = "<dict>", key: str = "") -> GPU:
     for k, (field, desc) in FIELDS.items():
         if k not in raw:
             raise ValueError(f"{source}: field '{k}' ({desc}) is missing")
-        v = raw[k]
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
-            raise ValueError(f"{source}: field '{k}' ({desc}) must be a number, got {v!r}")
-        if not v > 0:
-            raise ValueError(f"{source}: field '{k}' ({desc}) must be positive, got {v!r}")
-        vals[field] = v
-    vals["num_sm"], vals["cores_per_sm"] = int(vals["num_sm"]), int(vals["cores_per_sm"])
+        try:
+            if k in INT_FIELDS:
+                vals[field] = check_int(f"field '{k}' ({desc})", raw[k], minimum=1)
+            else:
+                vals[field] = check_float(f"field '{k}' ({desc})", raw[k], positive=True)
+        except ValueError as e:
+            raise ValueError(f"{source}: {e}") from None
     return GPU(name=name.strip(), key=key or _stem(name), **vals)
 
 
@@ -78,11 +81,16 @@ def _stem(name: str) -> str:
 
 def load_gpu_file(path: str | os.PathLike) -> GPU:
     """Load one NeuSight device JSON file (errors name the file)."""
-    path = Path(path)
+    path = Path(path).expanduser()
+    if path.is_dir():
+        raise ValueError(f"GPU spec {path} is a directory, not a file: pass a datasheet JSON "
+                         "file (see `nslib gpus --json` for the format)")
     try:
         raw = json.loads(path.read_text())
     except FileNotFoundError:
         raise FileNotFoundError(f"GPU spec file not found: {path}") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"{path}: not a text file; a GPU spec is a JSON file") from None
     except json.JSONDecodeError as e:
         raise ValueError(f"{path}: not valid JSON ({e}); fix the file") from None
     return gpu_from_dict(raw, source=str(path), key=path.stem)

@@ -66,7 +66,15 @@ run, so each sparse MLP is replaced (on the traced instance only) by a fixed-cap
 in the measured runs: router linear + softmax + argmax, then each of the ``num_experts`` experts
 processes ``expert_capacity`` tokens per batch row (the original opgraph shows
 ``Linear (64*batch, 1024, 16384)`` per expert): a gather of that token block, the expert's
-MLP, a scale by the router probability and a scatter-add back.
+MLP, a scale by the router probability and a scatter-add back. Top-k mixture of experts
+(Mixtral, Qwen2-MoE, DeepSeek-V2/V3: experts stored as 3-D ``gate_up_proj``/``down_proj``):
+the router runs as written (GEMM, softmax, top-k); the experts module is replaced by the eager
+per-expert loop of transformers with a fixed routing, :func:`expert_tokens` tokens per expert
+(balanced by default, ``imbalance`` skews it); shared experts run as written.
+
+Inputs are built from the config (:func:`trace`): token ids, Whisper's log-mel features or
+ViT's images. Convolutions (their stems) are mapped to the implicit GEMM cuDNN runs:
+``linear (batch * output positions, in channels * kernel size, out channels)``.
 """
 from __future__ import annotations
 
@@ -86,11 +94,11 @@ import pandas as pd
 from nslib import kernels
 from nslib.paths import data_root
 
-__all__ = ["load_model_config", "trace", "summarize", "TRACE_COLUMNS", "TRACE_VERSION",
-           "MEASURED_ARCHITECTURE", "MEMORY_COLUMNS"]
+__all__ = ["load_model_config", "trace", "summarize", "expert_tokens", "TRACE_COLUMNS",
+           "TRACE_VERSION", "MEASURED_ARCHITECTURE", "MEMORY_COLUMNS"]
 
 # Bump when the rows trace() produces change, so caches of traces can key on it.
-TRACE_VERSION = 2
+TRACE_VERSION = 3
 
 TRACE_COLUMNS = ("kid", "phase", "aten", "cls", "op", "B", "M", "N", "K", "H", "flops", "bytes",
                  "inputs", "layer", "module")
@@ -191,8 +199,9 @@ MEASURED_ARCHITECTURE = {
 
 def _model_classes(hf_config, architecture: str | None):
     import transformers
-    from transformers import (AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM,
-                              AutoModelForPreTraining, AutoModelForSeq2SeqLM)
+    from transformers import (AutoModel, AutoModelForCausalLM, AutoModelForImageClassification,
+                              AutoModelForMaskedLM, AutoModelForPreTraining,
+                              AutoModelForSeq2SeqLM, AutoModelForSpeechSeq2Seq)
 
     if architecture:
         cls = getattr(transformers, architecture, None)
@@ -203,8 +212,11 @@ def _model_classes(hf_config, architecture: str | None):
     # The original NeuSight graphs are those of the pre-training models (BERT: pooler + MLM +
     # NSP heads, i.e. BertForPreTraining; GPT-2: GPT2LMHeadModel; Switch: ForConditionalGeneration)
     # and of the causal LM where there is no pre-training class (OPT: OPTForCausalLM).
-    return [AutoModelForPreTraining, AutoModelForCausalLM, AutoModelForSeq2SeqLM,
-            AutoModelForMaskedLM, AutoModel]
+    # Speech models come before the causal LM (Whisper's causal LM is its decoder alone) and
+    # vision models get their classifier rather than the bare encoder.
+    return [AutoModelForPreTraining, AutoModelForSpeechSeq2Seq, AutoModelForCausalLM,
+            AutoModelForSeq2SeqLM, AutoModelForMaskedLM, AutoModelForImageClassification,
+            AutoModel]
 
 
 def _build(config: dict, architecture: str | None):
@@ -293,7 +305,10 @@ _EW_FIXED = {
     "hardtanh_backward": "mul", "leaky_relu_backward": "mul", "elu_backward": "mul",
     "softplus_backward": "mul", "mish_backward": "mul", "hardswish_backward": "mul",
     "hardsigmoid_backward": "mul", "logit_backward": "mul", "threshold": "relu",
+    "polar": "tanh",  # cos and sin of the rotary angles (DeepSeek-V2's complex rotary)
 }
+# convolutions (Whisper's audio stem, ViT's patch embedding): implicit GEMMs
+_CONV = {"convolution", "convolution_backward"}
 _SOFTMAX = {"_softmax", "_log_softmax", "_softmax_backward_data", "_log_softmax_backward_data",
             "softmax", "log_softmax"}
 _LAYERNORM = {"native_layer_norm", "native_layer_norm_backward", "_fused_rms_norm",
@@ -463,6 +478,8 @@ class _Tracer:
                 kind = "none"
             elif base in _GEMM:
                 kind = "gemm"
+            elif base in _CONV:
+                kind = "conv"
             elif base in _EW_FIXED or base in _EW_PAIR:
                 kind = "ew"
             elif base in _SOFTMAX:
@@ -564,6 +581,9 @@ class _Tracer:
         if kind == "gemm":
             self._gemm(base, aten, args, ins, outs)
             return
+        if kind == "conv":
+            self._conv(base, aten, args, ins, outs)
+            return
         if outs and all(t.numel() == 0 for t in outs):
             return  # a kernel over no elements is not launched
         if kind == "ew":
@@ -624,6 +644,35 @@ class _Tracer:
         nbytes = float(kernels.BYTES_PER_ELEM * B * (M * N + N * K + M * K))
         kid = self.add_row(aten, cls, cls, (B, M, N, K, None), flops, nbytes, self.producers(ins))
         self.set_writer(outs, (kid,))
+
+    def _conv(self, base, aten, args, ins, outs):
+        """A convolution as the implicit GEMM cuDNN runs: ``(batch * output positions) x
+        (in channels * kernel size) @ (... x out channels)``; the backward as the two GEMMs of
+        the input and weight gradients plus a reduction for the bias gradient."""
+        fw = base == "convolution"
+        x, w = (args[0], args[1]) if fw else (args[1], args[2])
+        y = outs[0] if fw else args[0]                       # output / its gradient
+        groups = int(args[8] if fw else args[9])
+        M = int(y.shape[0]) * math.prod(int(v) for v in y.shape[2:])
+        N = int(w.shape[1]) * math.prod(int(v) for v in w.shape[2:])
+        K = int(w.shape[0]) // max(groups, 1)
+        mask = (True, False, False) if fw else tuple(bool(m) for m in args[10])
+        gemms = [(M, N, K)] if fw else [g for g, m in zip(((M, K, N), (K, M, N)), mask) if m]
+        cls = "bmm" if groups > 1 else "linear"
+        inputs = self.producers(ins)
+        kids = []
+        for m, n, k in gemms:
+            if min(m, n, k) > 0:
+                kids.append(self.add_row(aten, cls, cls, (groups, m, n, k, None),
+                                         2.0 * groups * m * n * k, float(
+                                             kernels.BYTES_PER_ELEM * groups * (m * n + n * k + m * k)),
+                                         inputs))
+        if not fw and len(mask) > 2 and mask[2]:
+            written = int(w.shape[0])
+            kids.append(self.add_row(aten, "memory", "mem", (1, None, None, None, written), 0.0,
+                                     float(_nbytes(y) + written * y.element_size()), inputs))
+        if kids:
+            self.set_writer(outs, tuple(kids))
 
     def _layernorm(self, base, aten, args, ins, outs):
         fw = not base.endswith("_backward")
@@ -928,13 +977,85 @@ def _fixed_capacity_moe(self, hidden_states, *args, **kwargs):
     return out.reshape(batch, seq, dim)
 
 
-def _patch_moe(model) -> int:
-    n = 0
-    for mod in model.modules():
-        if type(mod).__name__.endswith("SparseMLP") and hasattr(mod, "router") \
-                and hasattr(mod, "experts"):
+def expert_tokens(tokens: int, top_k: int, n_experts: int, imbalance: float = 1.0) -> list[int]:
+    """Tokens each routed expert processes in one MoE layer (the tracer's routing assumption).
+
+    ``tokens * top_k`` token-expert pairs are shared out: with ``imbalance = 1`` evenly (the
+    first ``remainder`` experts take one more); with ``imbalance = f > 1`` the busiest expert
+    takes ``f`` times the even share (at most every token once) and the others share the rest
+    evenly. The total is always ``tokens * top_k``, so the GEMM FLOPs do not change; only the
+    kernel shapes do (one large expert GEMM and many small ones).
+    """
+    if isinstance(imbalance, bool) or not isinstance(imbalance, (int, float)) \
+            or not math.isfinite(imbalance) or imbalance < 1:
+        raise ValueError(f"imbalance must be a finite number >= 1 (1 = tokens spread evenly over "
+                         f"the experts; 2 = the busiest expert gets twice its share), got "
+                         f"{imbalance!r}")
+    total = tokens * top_k
+    top = min(tokens, math.ceil(imbalance * total / n_experts)) if imbalance > 1 else None
+    if top is None or n_experts == 1:
+        q, r = divmod(total, n_experts)
+        return [q + 1] * r + [q] * (n_experts - r)
+    q, r = divmod(total - top, n_experts - 1)
+    return [top] + [q + 1] * r + [q] * (n_experts - 1 - r)
+
+
+def _balanced_experts(self, hidden_states, top_k_index, top_k_weights):
+    """A transformers experts module (3-D ``gate_up_proj``/``down_proj``) with a fixed routing.
+
+    Each expert runs, as the eager loop of transformers does, a gather of its tokens, the
+    gate-up GEMM, the activation times up, the down GEMM, a scale by the router weight and a
+    scatter-add back; how many tokens each gets is :func:`expert_tokens`.
+    """
+    import torch
+    import torch.nn.functional as F
+
+    tokens = int(hidden_states.shape[0])
+    counts = expert_tokens(tokens, int(top_k_index.shape[-1]), int(self.gate_up_proj.shape[0]),
+                           self._nslib_imbalance)
+    out = torch.zeros_like(hidden_states)
+    weights = top_k_weights.reshape(-1, 1)
+    for e, n in enumerate(counts):
+        if n == 0:
+            continue  # an expert no token reaches launches nothing
+        idx = torch.empty(n, dtype=torch.long, device=hidden_states.device)
+        gate, up = F.linear(hidden_states.index_select(0, idx), self.gate_up_proj[e]).chunk(2, -1)
+        y = F.linear(self.act_fn(gate) * up, self.down_proj[e])
+        out.index_add_(0, idx, y * weights.index_select(0, idx))
+    return out
+
+
+def _is_fused_experts(mod) -> bool:
+    w1, w2 = getattr(mod, "gate_up_proj", None), getattr(mod, "down_proj", None)
+    return (getattr(w1, "dim", None) is not None and w1.dim() == 3
+            and getattr(w2, "dim", None) is not None and w2.dim() == 3 and hasattr(mod, "act_fn"))
+
+
+def _patch_moe(model, imbalance: float = 1.0, arch: str = "model") -> int:
+    """Give every mixture-of-experts module a fixed routing; returns how many were patched.
+
+    Switch sparse MLPs get :func:`_fixed_capacity_moe`; top-k experts modules of the Mixtral
+    layout (Mixtral, Qwen2-MoE, DeepSeek-V2/V3, ...) :func:`_balanced_experts`. Any other
+    module named ``...Experts`` raises ValueError: its routing would need meta-unfriendly data.
+    """
+    n, done = 0, []
+    for name, mod in model.named_modules():
+        cname = type(mod).__name__
+        if any(name.startswith(d + ".") for d in done):
+            continue  # inside a patched module: its own forward no longer runs them
+        if cname.endswith("SparseMLP") and hasattr(mod, "router") and hasattr(mod, "experts"):
             mod.forward = types.MethodType(_fixed_capacity_moe, mod)
             n += 1
+            done.append(name)
+        elif _is_fused_experts(mod):
+            mod._nslib_imbalance = imbalance
+            mod.forward = types.MethodType(_balanced_experts, mod)
+            n += 1
+        elif cname.endswith("Experts"):
+            raise ValueError(f"{arch}: the mixture-of-experts module {name} ({cname}) is not in a "
+                             f"layout nslib can trace (it needs 3-D gate_up_proj/down_proj "
+                             f"expert weights as in Mixtral, Qwen2-MoE and DeepSeek, or a Switch "
+                             f"SparseMLP); this architecture is not supported yet")
     return n
 
 
@@ -942,7 +1063,10 @@ def _patch_moe(model) -> int:
 # trace
 # --------------------------------------------------------------------------------------------
 
-_MAX_POS = ("n_positions", "max_position_embeddings")
+_MAX_POS = ("n_positions", "max_position_embeddings", "max_target_positions")
+# config fields that count transformer blocks (a zero in any of them is an error)
+_LAYER_KEYS = ("num_hidden_layers", "n_layer", "n_layers", "num_layers", "num_decoder_layers",
+               "encoder_layers", "decoder_layers")
 
 
 def _check_args(batch, seq, mode):
@@ -965,6 +1089,67 @@ def _mark_storages(tracer: _Tracer, model, inputs: dict) -> None:
     tracer.mark(list(inputs.values()), "held")
 
 
+def _check_layers(hf, block_of: dict, arch: str) -> None:
+    """A model without transformer blocks would trace only embeddings and heads: an error."""
+    zero = [k for k in _LAYER_KEYS if getattr(hf, k, None) == 0]
+    if zero or not block_of:
+        what = ", ".join(f"{k} = 0" for k in zero) or "no repeated transformer block found"
+        raise ValueError(f"{arch} has no transformer layers ({what}): its trace would hold only "
+                         f"the embeddings and the head. Set the layer count to at least 1")
+
+
+def _vision(hf, name: str):
+    """A vision setting of the config, or of its ``vision_config`` (CLIP-style models)."""
+    v = getattr(hf, name, None)
+    return v if v is not None else getattr(getattr(hf, "vision_config", None), name, None)
+
+
+def _image_size(hf, arch: str) -> tuple[int, int]:
+    size = _vision(hf, "image_size")
+    if isinstance(size, int) and size > 0:
+        return size, size
+    if isinstance(size, (list, tuple)) and len(size) == 2 and all(isinstance(v, int) and v > 0
+                                                                   for v in size):
+        return int(size[0]), int(size[1])
+    raise ValueError(f"{arch} takes images, but its config has no usable image_size (got "
+                     f"{size!r}): add image_size (pixels) to the config")
+
+
+def _model_inputs(hf, model, batch: int, seq: int) -> dict:
+    """Meta inputs of the shape the model's main input needs (see :func:`trace`)."""
+    import torch
+
+    arch = type(model).__name__
+    main = getattr(model, "main_input_name", "input_ids")
+    ids = torch.zeros(batch, seq, dtype=torch.long, device="meta")
+    if main == "input_ids":
+        inputs = {"input_ids": ids}
+    elif main == "input_features":
+        mels, frames = getattr(hf, "num_mel_bins", None), getattr(hf, "max_source_positions", None)
+        if not (isinstance(mels, int) and isinstance(frames, int) and mels > 0 and frames > 0):
+            raise ValueError(f"{arch} takes audio features, but nslib builds them only from "
+                             f"Whisper-style num_mel_bins and max_source_positions, which this "
+                             f"config lacks: not supported")
+        # the two stride-1/stride-2 convolutions halve the frames to max_source_positions
+        inputs = {"input_features": torch.zeros(batch, mels, 2 * frames, device="meta")}
+    elif main == "pixel_values":
+        h, w = _image_size(hf, arch)
+        channels = int(_vision(hf, "num_channels") or 3)
+        inputs = {"pixel_values": torch.zeros(batch, channels, h, w, device="meta")}
+        patch = _vision(hf, "patch_size")
+        if isinstance(patch, int) and patch > 0 and seq != (h // patch) * (w // patch) + 1:
+            warnings.warn(f"{arch}: the sequence is set by the image ({h}x{w} pixels, patches "
+                          f"of {patch}: {(h // patch) * (w // patch) + 1} tokens with the class "
+                          f"token); seq={seq} is not used", stacklevel=4)
+    else:
+        raise ValueError(f"{arch} takes {main!r} as its input, which nslib cannot build (it "
+                         f"builds token ids, Whisper-style audio features and images): not "
+                         f"supported")
+    if getattr(hf, "is_encoder_decoder", False):
+        inputs["decoder_input_ids"] = ids
+    return inputs
+
+
 def _loss(output):
     import torch
 
@@ -983,12 +1168,17 @@ def _loss(output):
 
 
 def trace(config: dict, batch: int, seq: int, mode: str, *, grad_accumulation: bool = True,
-          architecture: str | None = None) -> pd.DataFrame:
+          architecture: str | None = None, imbalance: float = 1.0) -> pd.DataFrame:
     """The kernels one forward (``mode="inf"``) or forward + backward (``"train"``) launches.
 
     ``config``: a HuggingFace config dict (or a name/path for :func:`load_model_config`).
-    Input: token ids of shape ``(batch, seq)`` (and decoder ids of the same shape for
-    encoder-decoder models). ``grad_accumulation``: trace the add of each parameter gradient
+    Inputs are built from the config: token ids of shape ``(batch, seq)`` (and decoder ids of
+    the same shape for encoder-decoder models); for speech models (Whisper) log-mel features of
+    shape ``(batch, num_mel_bins, 2 * max_source_positions)`` (the encoder's fixed 30 s
+    window) and decoder ids ``(batch, seq)``; for vision models (ViT) images of shape
+    ``(batch, num_channels, image_size, image_size)``, whose patch count sets the sequence
+    (``seq`` is then unused, with a warning when it differs). ``imbalance``: the routing of
+    top-k mixture-of-experts layers (:func:`expert_tokens`; 1 = balanced). ``grad_accumulation``: trace the add of each parameter gradient
     into an existing ``.grad`` (as the measured runs and the original opgraph). ``architecture``:
     a transformers class name to build instead of the default: the model the measurements
     ran (:data:`MEASURED_ARCHITECTURE`, e.g. BERT inference is BertForSequenceClassification),
@@ -1003,7 +1193,8 @@ def trace(config: dict, batch: int, seq: int, mode: str, *, grad_accumulation: b
     (transformer block index, encoder blocks then decoder blocks, or -1 outside the blocks)
     and ``module`` (qualified name of the innermost module running it, or ""). Unknown aten ops give no row and one
     warning listing them. Raises ValueError for bad arguments or a config transformers cannot
-    build.
+    build, with zero layers, or of an architecture the tracer does not support (naming it and
+    what is missing).
     """
     from transformers.utils import logging as hf_logging
 
@@ -1015,15 +1206,17 @@ def trace(config: dict, batch: int, seq: int, mode: str, *, grad_accumulation: b
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # transformers' notes about meta tensors, token ids...
     try:
-        return _trace(config, batch, seq, mode, grad_accumulation, architecture)
+        return _trace(config, batch, seq, mode, grad_accumulation, architecture, imbalance)
     finally:
         hf_logging.set_verbosity(verbosity)
 
 
-def _trace(config, batch, seq, mode, grad_accumulation, architecture) -> pd.DataFrame:
+def _trace(config, batch, seq, mode, grad_accumulation, architecture, imbalance) -> pd.DataFrame:
     import torch
 
+    expert_tokens(1, 1, 1, imbalance)  # validates imbalance before the (slower) build
     hf, model = _build(config, architecture)
+    arch = type(model).__name__
     for attr in _MAX_POS:
         limit = getattr(hf, attr, None)
         if isinstance(limit, int) and 0 < limit < seq:
@@ -1031,14 +1224,12 @@ def _trace(config, batch, seq, mode, grad_accumulation, architecture) -> pd.Data
                              f"sequence or raise {attr} in the config")
     train = mode == "train"
     model.train(train)
-    _patch_moe(model)
-    tracer = _Tracer(model, _block_index(model))
+    block_of = _block_index(model)
+    _check_layers(hf, block_of, arch)
+    _patch_moe(model, imbalance, arch)
+    tracer = _Tracer(model, block_of)
     recorder, dropout_mode = _make_modes(tracer, redirect_dropout=train)
-
-    ids = torch.zeros(batch, seq, dtype=torch.long, device="meta")
-    inputs: dict[str, Any] = {"input_ids": ids}
-    if getattr(hf, "is_encoder_decoder", False):
-        inputs["decoder_input_ids"] = torch.zeros(batch, seq, dtype=torch.long, device="meta")
+    inputs = _model_inputs(hf, model, batch, seq)
     if train and grad_accumulation:
         with torch.no_grad():
             for p in model.parameters():
@@ -1062,13 +1253,9 @@ def _trace(config, batch, seq, mode, grad_accumulation, architecture) -> pd.Data
                 else:
                     with torch.no_grad(), recorder:
                         tracer.mark(_tensors(model(**inputs), []), "held")
-            except ValueError:
-                raise
-            except (RuntimeError, IndexError, TypeError, NotImplementedError) as e:
-                raise ValueError(f"tracing the {hf.model_type!r} model failed "
-                                 f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-                                 f"): check that the config's sizes are consistent and that "
-                                 f"batch/seq suit the model") from None
+            except (ValueError, RuntimeError, IndexError, TypeError, NotImplementedError,
+                    AttributeError, KeyError) as e:
+                raise _trace_error(e, arch, hf.model_type, model, tracer) from None
     finally:
         tracer.closed = True
         for h in handles:
@@ -1078,6 +1265,19 @@ def _trace(config, batch, seq, mode, grad_accumulation, architecture) -> pd.Data
         warnings.warn(f"nslib.graph.trace: {len(tracer.unknown)} aten op(s) have no kernel "
                       f"mapping and were left out of the trace: {listing}", stacklevel=3)
     return tracer.frame()
+
+
+def _trace_error(e: Exception, arch: str, model_type: str, model, tracer) -> ValueError:
+    """The error of a failed forward/backward: the architecture, the module and the cause."""
+    where = tracer.current_module()
+    mod = dict(model.named_modules()).get(where) if where else None
+    place = f" in {where} ({type(mod).__name__})" if mod is not None else ""
+    cause = str(e).splitlines()[0] if str(e) else ""
+    return ValueError(f"tracing {arch} (model_type {model_type!r}) failed{place}: "
+                      f"{type(e).__name__}: {cause}. nslib traces the families in the README's "
+                      f"'Supported models' table; a module that needs data-dependent shapes or "
+                      f"inputs other than token ids, audio features or images is not supported. "
+                      f"If the config was edited by hand, check that its sizes are consistent")
 
 
 # --------------------------------------------------------------------------------------------

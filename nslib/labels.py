@@ -11,6 +11,7 @@ import re
 
 import pandas as pd
 
+from .checks import check_float
 from .paths import data_root, require
 
 _TAG = re.compile(r"^(?P<model>.+?)-(?P<mode>inf|train)-(?P<seq>\d+)-(?P<batch>\d+)"
@@ -27,19 +28,36 @@ def parse_tag(tag: str) -> dict:
             "batch": int(d["batch"]), "variant": d["variant"] or ""}
 
 
+def _read_label(path) -> tuple[float, float, float]:
+    """(e2e, fw, bw) in ms of one label file (fw/bw 0 when absent); ValueError naming the file
+    (and the line, for broken JSON) otherwise."""
+    hint = "expected e2e_latency, fw_latency, bwall_latency in ms; fix or restore the file"
+    try:
+        raw = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        where = f", line {e.lineno}" if isinstance(e, json.JSONDecodeError) else ""
+        raise ValueError(f"{path}{where}: not a NeuSight label ({e}); {hint}") from None
+    if not isinstance(raw, dict) or "e2e_latency" not in raw:
+        raise ValueError(f"{path}: not a NeuSight label (no e2e_latency); {hint}")
+    out = []
+    for k in ("e2e_latency", "fw_latency", "bwall_latency"):
+        v = raw.get(k) or 0
+        try:
+            out.append(check_float(f"field {k!r}", v, minimum=0))
+        except ValueError as e:
+            raise ValueError(f"{path}: {e}; {hint}") from None
+    if not out[0] > 0:
+        raise ValueError(f"{path}: field 'e2e_latency' must be positive; {hint}")
+    return tuple(out)
+
+
 def load_labels(data=None) -> pd.DataFrame:
     """Every label in the data, one row each: gpu_key, tag, model, mode, seq, batch, variant,
     e2e_ms, fw_ms, bw_ms (fw/bw NaN where the measurement did not split them)."""
     root = require(data_root(data) / "label", "label folder")
     rows = []
     for path in sorted(root.glob("*/*.json")):
-        try:
-            raw = json.loads(path.read_text())
-            e2e = float(raw["e2e_latency"])
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
-            raise ValueError(f"{path}: not a NeuSight label ({e}); expected e2e_latency, "
-                             "fw_latency, bwall_latency in ms") from None
-        fw, bw = float(raw.get("fw_latency") or 0), float(raw.get("bwall_latency") or 0)
+        e2e, fw, bw = _read_label(path)
         rows.append({"gpu_key": path.parent.name, "tag": path.stem, **parse_tag(path.stem),
                      "e2e_ms": e2e, "fw_ms": fw if fw > 0 else float("nan"),
                      "bw_ms": bw if bw > 0 else float("nan")})

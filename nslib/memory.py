@@ -322,12 +322,13 @@ def tp_scales(trace: pd.DataFrame, n: int, info: dict, vocab_parallel: bool = Tr
 def memory_of(gpu, model, batch: int, seq: int, mode: str = "inf", optimizer: str = "adam",
               *, dp: int = 1, tp: int = 1, pp: int = 1, microbatches: int = 1,
               vocab_parallel: bool = True, kv_cache: bool = False, data=None,
-              sharded: pd.DataFrame | None = None) -> Memory:
+              sharded: pd.DataFrame | None = None, imbalance: float = 1.0) -> Memory:
     """Peak memory per GPU of one step of ``model`` (config name, path or dict) on ``gpu``
     (name, spec file or :class:`nslib.gpus.GPU`): the worst GPU of a DP/TP/PP step, ``batch``
     the global batch. ``kv_cache``: an inference that keeps every layer's keys and values
-    (generation). ``sharded``: see :func:`tp_scales`. Raises ValueError for degrees that do
-    not divide the model."""
+    (generation). ``sharded``: see :func:`tp_scales`. ``imbalance``: mixture-of-experts routing
+    as :func:`nslib.predict.traced` takes it. Raises ValueError for degrees that do not divide
+    the model."""
     from .predict import resolve_gpu, traced
     _check(mode, optimizer)
     spec = resolve_gpu(gpu, data)
@@ -335,29 +336,30 @@ def memory_of(gpu, model, batch: int, seq: int, mode: str = "inf", optimizer: st
     fixed = {"framework": fw, "capacity": float(spec.mem_gb) * GIB, "context_source": src}
     if dp == tp == pp == microbatches == 1:
         kv = _kv(model, batch, seq, mode, kv_cache, data)
-        return step_memory(traced(model, batch, seq, mode, data), mode, optimizer,
+        return step_memory(traced(model, batch, seq, mode, data, imbalance), mode, optimizer,
                            kv_cache=kv, **fixed)
     from .parallel import check_degrees, model_info
     info = model_info(model, mode, data)
     check_degrees(info, batch, dp, tp, pp, microbatches)
     if dp > 1:
-        tr = traced(model, batch // dp, seq, mode, data)
+        tr = traced(model, batch // dp, seq, mode, data, imbalance)
         buckets = float(tr["trainable"].sum()) if mode == "train" else 0.0
         kv = _kv(model, batch // dp, seq, mode, kv_cache, data)
         return step_memory(tr, mode, optimizer, comm=buckets, kv_cache=kv, **fixed)
     if tp > 1:
-        tr = traced(model, batch, seq, mode, data)
+        tr = traced(model, batch, seq, mode, data, imbalance)
         act, wsc = tp_scales(tr, tp, info, vocab_parallel, sharded)
         kv = _kv(model, batch, seq, mode, kv_cache, data) / tp
         return step_memory(tr, mode, optimizer, scale=act, wscale=wsc, kv_cache=kv, **fixed)
     stages = pipeline_memory(spec, model, batch, seq, mode, optimizer, pp=pp,
-                             microbatches=microbatches, kv_cache=kv_cache, data=data)
+                             microbatches=microbatches, kv_cache=kv_cache, data=data,
+                             imbalance=imbalance)
     return max(stages, key=lambda m: m.total)
 
 
 def pipeline_memory(gpu, model, batch: int, seq: int, mode: str = "train",
                     optimizer: str = "adam", *, pp: int = 2, microbatches: int = 1,
-                    kv_cache: bool = False, data=None) -> list[Memory]:
+                    kv_cache: bool = False, data=None, imbalance: float = 1.0) -> list[Memory]:
     """Peak memory of each of the ``pp`` pipeline stages (GPipe, see the module docstring)."""
     from .parallel import check_degrees, model_info, pipeline_stages
     from .predict import resolve_gpu, traced
@@ -367,7 +369,7 @@ def pipeline_memory(gpu, model, batch: int, seq: int, mode: str = "train",
     check_degrees(info, batch, 1, 1, pp, microbatches)
     fw, src = framework_bytes(spec, data)
     mb = batch // microbatches
-    tr = traced(model, mb, seq, mode, data)
+    tr = traced(model, mb, seq, mode, data, imbalance)
     stage = pipeline_stages(tr, pp, info["layers"])
     received = 4.0 * mb * seq * info["hidden"]   # FP32 activation from the previous stage
     kv = _kv(model, batch, seq, mode, kv_cache, data) / pp

@@ -62,6 +62,7 @@ PP: the blocks, and ``M`` the batch), else ValueError naming the constraint.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from dataclasses import asdict, dataclass, replace
@@ -168,7 +169,7 @@ def default_link(gpu, data=None, spec_path=None) -> LinkSpec:
     lat = raw.get("Link_Latency_us", 1.0)
     bw = raw.get("Link_Bw")
     if bw is not None:
-        if isinstance(bw, bool) or not isinstance(bw, (int, float)) or not bw > 0:
+        if isinstance(bw, bool) or not isinstance(bw, (int, float)) or not 0 < bw < math.inf:
             raise ValueError(f"{name}: device JSON field 'Link_Bw' (GPU-to-GPU link bandwidth, "
                              f"GB/s both directions) must be a positive number, got {bw!r}")
         return LinkSpec(float(bw), float(util), float(lat), source="device JSON Link_Bw")
@@ -629,10 +630,9 @@ def predict_parallel(gpu, model, batch: int, seq: int, mode: str = "train",
     ``launch_us`` as in :func:`nslib.predict.predict_model`.
     """
     from .fusion import fuse
-    from .predict import _predictor, resolve_gpu, traced
+    from .predict import _predictor, resolve_gpu, spec_path as spec_path_of, traced
     spec = resolve_gpu(gpu, data)
-    spec_path = gpu if isinstance(gpu, (str, os.PathLike)) and str(gpu).endswith(".json") \
-        else None
+    spec_path = spec_path_of(gpu)
     info = model_info(model, mode, data)
     check_degrees(info, batch, dp, tp, pp, microbatches)
     lk = resolve_link(link, spec, data, spec_path)

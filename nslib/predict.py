@@ -19,28 +19,56 @@ import numpy as np
 import pandas as pd
 
 from . import __version__
+from .checks import check_float, check_int
 from .gpus import GPU, find_gpu, load_gpu_file, load_gpus
 from .launch import LAUNCH_US, stream_ms
-from .paths import atomic_write_bytes, cache_dir, hash_files
+from .paths import cache_dir, hash_files, read_cache_entry, write_cache_entry
 
 MODES = ("inf", "train")
 
 
 def resolve_gpu(gpu: str | GPU | os.PathLike, data=None) -> GPU:
-    """A GPU from a :class:`GPU`, a spec JSON file path, or a name/alias in the data."""
+    """A GPU from a :class:`GPU`, a spec file path (any suffix), or a name/alias in the data."""
     if isinstance(gpu, GPU):
         return gpu
-    if isinstance(gpu, (str, os.PathLike)) and str(gpu).endswith(".json"):
-        return load_gpu_file(gpu)
-    return find_gpu(str(gpu), load_gpus(data))
+    if not isinstance(gpu, (str, os.PathLike)):
+        raise TypeError(f"gpu must be a name, a spec file path or a GPU, not "
+                        f"{type(gpu).__name__}")
+    path = spec_path(gpu)
+    return load_gpu_file(path) if path is not None else find_gpu(str(gpu), load_gpus(data))
 
 
-def traced(model, batch: int, seq: int, mode: str, data=None) -> pd.DataFrame:
-    """The kernel trace of a model (name, path or config dict), cached by config content."""
-    from .graph import TRACE_VERSION, load_model_config
+def spec_path(gpu) -> Path | None:
+    """``gpu`` as a spec file path, or None when it is a name (or a :class:`GPU`).
+
+    A path whatever its suffix (``spec.txt``): a ``Path``, anything ending in ``.json`` or
+    holding a path separator (GPU names never do), or an existing file or folder.
+    """
+    if isinstance(gpu, os.PathLike):
+        return Path(gpu)
+    if not isinstance(gpu, str):
+        return None
+    if gpu.endswith(".json") or "/" in gpu or os.sep in gpu or Path(gpu).expanduser().exists():
+        return Path(gpu)
+    return None
+
+
+def traced(model, batch: int, seq: int, mode: str, data=None,
+           imbalance: float = 1.0) -> pd.DataFrame:
+    """The kernel trace of a model (name, path or config dict), cached by config content.
+
+    ``imbalance``: the mixture-of-experts routing (:func:`nslib.graph.expert_tokens`).
+    """
+    from .graph import TRACE_VERSION, expert_tokens, load_model_config
+    batch, seq = check_int("batch", batch), check_int("seq", seq)
+    expert_tokens(1, 1, 1, imbalance)  # validates it
     config = load_model_config(model, data)
-    key = hash_files([], extra=[config, int(batch), int(seq), mode, __version__, TRACE_VERSION])
-    return _traced(key, json.dumps(config, sort_keys=True), int(batch), int(seq), mode).copy()
+    extra = [config, int(batch), int(seq), mode, __version__, TRACE_VERSION]
+    if imbalance != 1.0:
+        extra.append(float(imbalance))
+    key = hash_files([], extra=extra)
+    return _traced(key, json.dumps(config, sort_keys=True), int(batch), int(seq), mode,
+                   imbalance).copy()
 
 
 # trace columns holding tuples of ints (parquet stores them as lists)
@@ -48,18 +76,24 @@ _TUPLE_COLUMNS = ("inputs", "allocs", "frees")
 
 
 @lru_cache(maxsize=64)
-def _traced(key: str, config_json: str, batch: int, seq: int, mode: str) -> pd.DataFrame:
+def _traced(key: str, config_json: str, batch: int, seq: int, mode: str,
+            imbalance: float = 1.0) -> pd.DataFrame:
     from .graph import trace
     path = cache_dir("traces") / f"{key}.parquet"
-    if path.exists():
-        df = pd.read_parquet(path)
-        for c in _TUPLE_COLUMNS:
-            df[c] = df[c].map(lambda v: tuple(int(i) for i in v))
+    df = read_cache_entry(path, _read_trace, "model trace")
+    if df is not None:
         return df
-    df = trace(json.loads(config_json), batch, seq, mode)
+    df = trace(json.loads(config_json), batch, seq, mode, imbalance=imbalance)
     buf = io.BytesIO()
     df.assign(**{c: df[c].map(list) for c in _TUPLE_COLUMNS}).to_parquet(buf, index=False)
-    atomic_write_bytes(path, buf.getvalue())
+    write_cache_entry(path, buf.getvalue())
+    return df
+
+
+def _read_trace(path: Path) -> pd.DataFrame:
+    df = pd.read_parquet(path)
+    for c in _TUPLE_COLUMNS:
+        df[c] = df[c].map(lambda v: tuple(int(i) for i in v))
     return df
 
 
@@ -85,7 +119,8 @@ def _predictor(predictor, data=None, quick: bool = False):
     if not isinstance(predictor, str):
         return predictor
     from .training import trained
-    return trained(predictor, data=data, quick=quick, progress=False)
+    # training on first use is announced and shows its bars (minutes of silence look a hang)
+    return trained(predictor, data=data, quick=quick, progress=True)
 
 
 def summarize(frame: pd.DataFrame) -> dict:
@@ -100,7 +135,8 @@ def summarize(frame: pd.DataFrame) -> dict:
 def predict_model(gpu, model, batch: int, seq: int, mode: str = "inf",
                   predictor="neusight", data=None, quick: bool = False, *,
                   fused: bool = False, dp: int = 1, tp: int = 1, pp: int = 1,
-                  microbatches: int = 1, link=None, launch_us: float | None = LAUNCH_US):
+                  microbatches: int = 1, link=None, launch_us: float | None = LAUNCH_US,
+                  imbalance: float = 1.0):
     """Predict one inference (``mode="inf"``) or training step (``"train"``) of ``model``.
 
     ``gpu``: name/alias, spec file or :class:`GPU`; ``model``: a config name in the data
@@ -118,24 +154,45 @@ def predict_model(gpu, model, batch: int, seq: int, mode: str = "inf",
     gap in microseconds (:func:`nslib.launch.stream_ms`: the dispatch floor that every
     microbenchmark carries is taken off); ``None`` sums the predictor's microbenchmark
     latencies as they are (the original tool's aggregation). The summary records it.
+
+    ``imbalance``: routing of top-k mixture-of-experts layers (1 = tokens spread evenly over
+    the experts; see :func:`nslib.graph.expert_tokens`); single-GPU steps only.
+
+    The summary's ``warnings`` lists the datasheet figures of the GPU outside the training
+    GPUs' range (:mod:`nslib.gpu_range`); each is also issued as a
+    :class:`nslib.gpu_range.DatasheetRangeWarning`.
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    if dp != 1 or tp != 1 or pp != 1 or microbatches != 1:
-        from .parallel import predict_parallel
-        return predict_parallel(gpu, model, batch, seq, mode, predictor, data, quick,
-                                fused=fused, dp=dp, tp=tp, pp=pp, microbatches=microbatches,
-                                link=link, launch_us=launch_us)
+    batch, seq = check_int("batch", batch), check_int("seq", seq)
+    dp, tp, pp = check_int("dp", dp), check_int("tp", tp), check_int("pp", pp)
+    microbatches = check_int("microbatches", microbatches)
+    if launch_us is not None:
+        launch_us = check_float("launch_us (microseconds)", launch_us, minimum=0)
+    if isinstance(link, (int, float)) and not isinstance(link, bool):
+        link = check_float("link bandwidth (GB/s)", link, positive=True)
+    from .gpu_range import warn_out_of_range
     spec = resolve_gpu(gpu, data)
+    notes = warn_out_of_range(spec, data)
+    if dp != 1 or tp != 1 or pp != 1 or microbatches != 1:
+        if imbalance != 1.0:
+            raise ValueError("imbalance applies to single-GPU predictions for now: drop "
+                             "dp/tp/pp or the imbalance")
+        from .parallel import predict_parallel
+        frame, summ = predict_parallel(gpu, model, batch, seq, mode, predictor, data, quick,
+                                       fused=fused, dp=dp, tp=tp, pp=pp,
+                                       microbatches=microbatches, link=link,
+                                       launch_us=launch_us)
+        return frame, {**summ, "warnings": notes}
     if fused:
         from .fusion import fuse
-        tr = traced(model, batch, seq, mode, data)
+        tr = traced(model, batch, seq, mode, data, imbalance)
         frame = kernel_frame(fuse(tr, prologues=True), spec)
         pred = _predictor(predictor, data, quick)
         frame["pred_ms"] = stream_ms(pred, frame, launch_us, data)
         return frame, {**summarize(frame), "fused": True, "n_kernels_unfused": int(len(tr)),
-                       "launch_us": launch_us}
-    frame = kernel_frame(traced(model, batch, seq, mode, data), spec)
+                       "launch_us": launch_us, "warnings": notes}
+    frame = kernel_frame(traced(model, batch, seq, mode, data, imbalance), spec)
     pred = _predictor(predictor, data, quick)
     frame["pred_ms"] = stream_ms(pred, frame, launch_us, data)
-    return frame, {**summarize(frame), "launch_us": launch_us}
+    return frame, {**summarize(frame), "launch_us": launch_us, "warnings": notes}

@@ -2,13 +2,20 @@
 from __future__ import annotations
 
 import json
+import warnings
+from pathlib import Path
+
+from .checks import arg_float, arg_int
 
 
 def _predict(args) -> int:
     from .predict import predict_model
-    gpu = args.gpu_spec or args.gpu
-    if not gpu:
+    if args.gpu and args.gpu_spec:
+        raise ValueError("give one of --gpu NAME and --gpu-spec FILE, not both")
+    if not (args.gpu or args.gpu_spec):
         raise ValueError("name a GPU with --gpu NAME (see `nslib gpus`) or --gpu-spec FILE.json")
+    # a spec is always a file, whatever its suffix
+    gpu = Path(args.gpu_spec) if args.gpu_spec else args.gpu
     extra = {}
     if getattr(args, "fused", False):
         extra["fused"] = True
@@ -20,26 +27,25 @@ def _predict(args) -> int:
             raise ValueError("--link-bw applies to a multi-GPU step: add --dp N, --tp N or "
                              "--pp N")
         extra["link"] = args.link_bw
+    if getattr(args, "imbalance", None) is not None:
+        extra["imbalance"] = args.imbalance
     if getattr(args, "plain_sum", False):
         extra["launch_us"] = None
     elif getattr(args, "launch_us", None) is not None:
         extra["launch_us"] = args.launch_us
-    frame, summary = predict_model(gpu, args.model, args.batch, args.seq, args.mode,
-                                   predictor=args.predictor, quick=args.quick, **extra)
-    from .memory import memory_of
-    par = {k: extra[k] for k in ("dp", "tp", "pp", "microbatches") if k in extra}
-    if par.get("tp", 1) > 1:
-        par["sharded"] = frame   # the sharded trace predict_model made: not sharded twice
-    mem = memory_of(gpu, args.model, args.batch, args.seq, args.mode, args.optimizer,
-                    kv_cache=args.kv_cache, **par).to_dict()
-    par.pop("sharded", None)
-    summary = {"gpu": str(gpu), "model": args.model, "batch": args.batch, "seq": args.seq,
-               "mode": args.mode, "predictor": args.predictor, **summary,
+    from .gpu_range import DatasheetRangeWarning
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DatasheetRangeWarning)  # printed below, once
+        frame, summary = predict_model(gpu, args.model, args.batch, args.seq, args.mode,
+                                       predictor=args.predictor, quick=args.quick, **extra)
+    mem, per_gpu = _memory(args, gpu, extra, frame)
+    summary = {"gpu": args.gpu_spec or args.gpu, "model": args.model, "batch": args.batch,
+               "seq": args.seq, "mode": args.mode, "predictor": args.predictor, **summary,
                "memory_gb": mem, "fits": mem["fits"]}
     if args.json:
-        print(json.dumps(summary, indent=1))
+        print(json.dumps(summary, indent=1, allow_nan=False))
     else:
-        print(f"{args.model} {args.mode} batch {args.batch} seq {args.seq} on {gpu} "
+        print(f"{args.model} {args.mode} batch {args.batch} seq {args.seq} on {summary['gpu']} "
               f"({args.predictor}): {summary['e2e_ms']:.2f} ms "
               f"(forward {summary['fw_ms']:.2f}, backward {summary['bw_ms']:.2f})")
         for k, v in sorted(summary["per_class_ms"].items(), key=lambda kv: -kv[1]):
@@ -58,8 +64,21 @@ def _predict(args) -> int:
         elif summary.get("fused"):
             print(f"  fused: {summary['n_kernels']} kernels "
                   f"(from {summary['n_kernels_unfused']})")
-        print(_memory_line(mem, bool(par)))
+        print(_memory_line(mem, per_gpu))
+        for w in summary.get("warnings", []):
+            print(f"warning: {w} (outside the training GPUs: the forecast extrapolates)")
     return 0
+
+
+def _memory(args, gpu, extra: dict, frame) -> tuple[dict, bool]:
+    """(:func:`nslib.memory.memory_of` of the run as a dict, whether it is per GPU of several)."""
+    from .memory import memory_of
+    par = {k: extra[k] for k in ("dp", "tp", "pp", "microbatches", "imbalance") if k in extra}
+    if par.get("tp", 1) > 1:
+        par["sharded"] = frame   # the sharded trace predict_model made: not sharded twice
+    mem = memory_of(gpu, args.model, args.batch, args.seq, args.mode, args.optimizer,
+                    kv_cache=args.kv_cache, **par).to_dict()
+    return mem, any(par.get(k, 1) > 1 for k in ("dp", "tp", "pp"))
 
 
 def _memory_line(mem: dict, per_gpu: bool) -> str:
@@ -79,18 +98,21 @@ def add_predict_parser(sub) -> None:
     s.add_argument("--gpu", help="GPU name or alias (see `nslib gpus`)")
     s.add_argument("--gpu-spec", help="a GPU datasheet JSON in NeuSight's format")
     s.add_argument("--model", required=True, help="config name in the data, or a JSON path")
-    s.add_argument("--batch", type=int, required=True)
-    s.add_argument("--seq", type=int, required=True)
+    s.add_argument("--batch", type=arg_int(), required=True)
+    s.add_argument("--seq", type=arg_int(), required=True)
     s.add_argument("--mode", choices=["inf", "train"], default="inf")
     s.add_argument("--predictor", default="neusight")
     s.add_argument("--quick", action="store_true", help="use the quick-trained predictor")
     s.add_argument("--json", action="store_true")
-    s.add_argument("--launch-us", type=float, metavar="US",
+    s.add_argument("--launch-us", type=arg_float(minimum=0), metavar="US",
                    help="gap between back-to-back kernels in the model, microseconds "
                         "(default 3; see nslib.launch)")
     s.add_argument("--plain-sum", action="store_true",
                    help="sum the kernels' microbenchmark latencies as they are (each with "
                         "its dispatch floor), as the original tool does")
+    s.add_argument("--imbalance", type=float, metavar="F",
+                   help="mixture-of-experts routing: the busiest expert gets F times its even "
+                        "share of tokens (default 1: balanced)")
     s.add_argument("--optimizer", default="adam",
                    choices=["adam", "adamw", "sgd", "sgd_plain", "none"],
                    help="optimizer states counted in the training memory (default adam; sgd "
@@ -100,13 +122,14 @@ def add_predict_parser(sub) -> None:
     s.add_argument("--fused", action="store_true",
                    help="fuse chains of elementwise/memory kernels (nslib.fusion)")
     par = s.add_mutually_exclusive_group()
-    par.add_argument("--dp", type=int, metavar="N",
+    par.add_argument("--dp", type=arg_int(), metavar="N",
                      help="data parallel on N GPUs (--batch is the global batch)")
-    par.add_argument("--tp", type=int, metavar="N", help="tensor parallel (Megatron) on N GPUs")
-    par.add_argument("--pp", type=int, metavar="N", help="pipeline parallel, N stages")
-    s.add_argument("--microbatches", type=int, metavar="M",
+    par.add_argument("--tp", type=arg_int(), metavar="N",
+                     help="tensor parallel (Megatron) on N GPUs")
+    par.add_argument("--pp", type=arg_int(), metavar="N", help="pipeline parallel, N stages")
+    s.add_argument("--microbatches", type=arg_int(), metavar="M",
                    help="pipeline micro-batches (with --pp; default 1)")
-    s.add_argument("--link-bw", type=float, metavar="GBPS",
+    s.add_argument("--link-bw", type=arg_float(positive=True), metavar="GBPS",
                    help="GPU link bandwidth in GB/s (datasheet, both directions; default: "
                         "the GPU's Link_Bw or its NVLink/PCIe generation), used x 0.72 / 2")
     s.set_defaults(func=_predict)

@@ -16,6 +16,7 @@ from .paths import PROJECT_ROOT, atomic_write_text, data_root, figures_dir, hash
 
 NOTEBOOKS = PROJECT_ROOT / "notebooks"
 RESULTS = PROJECT_ROOT / "results"
+FIGURES = PROJECT_ROOT / "figures"
 _NUMBERED = re.compile(r"^\d\d_.+\.ipynb$")
 
 
@@ -46,13 +47,17 @@ def run(quick: bool = False, force: bool = False, only=None, data=None, out=None
     (default results/<profile>/); ``params_file``: default notebooks/params.yaml.
     """
     import papermill as pm
-    figs = figures_dir(out)
-    res = Path(results) if results else RESULTS / ("quick" if quick else "full")
-    res.mkdir(parents=True, exist_ok=True)
-    root, dhash = str(data_root(data)), data_hash(data)
     plan = load_params(Path(params_file) if params_file else None, quick=quick)
     if only:
+        unknown = sorted(set(only) - set(plan))
+        if unknown:
+            raise ValueError(f"unknown notebook(s) {', '.join(unknown)} for --only; the "
+                             f"notebooks are: {', '.join(plan)}")
         plan = {k: v for k, v in plan.items() if k in set(only)}
+    figs, res, readme = output_paths(quick, out, results)
+    figs = figures_dir(figs)
+    res.mkdir(parents=True, exist_ok=True)
+    root, dhash = str(data_root(data)), data_hash(data)
     records = []
     for name, params in tqdm(plan.items(), desc="notebooks", disable=not progress):
         nb = NOTEBOOKS / f"{name}.ipynb"
@@ -76,9 +81,23 @@ def run(quick: bool = False, force: bool = False, only=None, data=None, out=None
                                              "seconds": secs}, indent=1))
         records.append({"notebook": name, "status": "ran", "seconds": secs})
     write_index(figs, res, dhash)
-    if out is None:
-        write_headline(figs, PROJECT_ROOT / "README.md")
+    if readme is not None:
+        write_headline(figs, readme, "quick" if quick else "full", dhash)
     return records
+
+
+def output_paths(quick: bool, out=None, results=None) -> tuple[Path, Path, Path | None]:
+    """(figures folder, executed-notebooks folder, README to update or None) of a run.
+
+    The committed ``figures/`` and the README's headline tables belong to the full profile:
+    a quick run writes to ``figures/quick/`` (git-ignored) and never updates the README, and
+    a run with its own ``out`` folder leaves the README alone too.
+    """
+    profile = "quick" if quick else "full"
+    figs = Path(out) if out is not None else (FIGURES / "quick" if quick else FIGURES)
+    res = Path(results) if results else RESULTS / profile
+    readme = PROJECT_ROOT / "README.md" if out is None and not quick else None
+    return figs, res, readme
 
 
 HEADLINE = {"03_baselines_kernel_error.csv": "Kernel-level MAPE (%) per predictor: class x "
@@ -90,10 +109,14 @@ HEADLINE = {"03_baselines_kernel_error.csv": "Kernel-level MAPE (%) per predicto
 _START, _END = "<!-- headline:start -->", "<!-- headline:end -->"
 
 
-def write_headline(figs: Path, readme: Path) -> None:
-    """Put the headline tables of the last reproduction into the README between markers."""
+def write_headline(figs: Path, readme: Path, profile: str = "full", dhash: str = "") -> None:
+    """Put the headline tables of the last reproduction into the README between markers,
+    under a line naming the profile, the date and the data hash that made them."""
+    import datetime
+
     import pandas as pd
-    parts = []
+    parts = [f"_Made by `nslib reproduce` ({profile} profile) on "
+             f"{datetime.date.today().isoformat()}, data hash {dhash or '?'}._\n"]
     for name, title in HEADLINE.items():
         path = figs / name
         if path.exists():
@@ -103,7 +126,7 @@ def write_headline(figs: Path, readme: Path) -> None:
                 df.columns = [" ".join(c) for c in df.columns]
             parts.append(f"**{title}** ({name})\n\n{df.round(1).to_markdown()}\n")
     text = readme.read_text()
-    if not parts or _START not in text or _END not in text:
+    if len(parts) == 1 or _START not in text or _END not in text:
         return
     head, rest = text.split(_START, 1)
     atomic_write_text(readme, head + _START + "\n" + "\n".join(parts) + _END +

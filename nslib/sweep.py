@@ -62,15 +62,19 @@ def sweep(model, mode: str, scenarios: pd.DataFrame, predictor="neusight", data=
     """Predicted ``e2e_ms``, ``fw_ms``, ``bw_ms`` for each row of ``scenarios``.
 
     ``scenarios`` has columns ``gpu`` (name, alias or GPU), ``batch`` and ``seq``. Identical
-    kernels across layers and scenarios are predicted once. ``memory``: also the peak memory
-    ``memory_gb``, the GPU's ``capacity_gb`` and ``fits`` (:func:`nslib.memory.sweep_memory`,
-    ``optimizer``'s states counted in training); the times of a scenario that does not fit are
-    still given, as if it had the memory.
+    kernels across layers and scenarios are predicted once. The ``warnings`` column names the
+    GPU's datasheet figures outside the training GPUs' range ("; "-separated, "" when in
+    range; :mod:`nslib.gpu_range`); each GPU out of range also gets one Python warning per
+    figure. ``memory``: also the peak memory ``memory_gb``, the GPU's ``capacity_gb`` and
+    ``fits`` (:func:`nslib.memory.sweep_memory`, ``optimizer``'s states counted in training);
+    the times of a scenario that does not fit are still given, as if it had the memory.
     """
+    from .gpu_range import warn_out_of_range
     laws = {one: scaling_law(model, mode, data, batch_one=one)
             for one in pd.unique(scenarios["batch"] == 1)}
     pred = _predictor(predictor, data, quick)
     gpus = {g: resolve_gpu(g, data) for g in pd.unique(scenarios["gpu"])}
+    notes = {g: "; ".join(warn_out_of_range(spec, data)) for g, spec in gpus.items()}
     parts = []
     for (batch, seq), grp in scenarios.groupby(["batch", "seq"], sort=False):
         k = scenario_kernels(laws[batch == 1], int(batch), int(seq))
@@ -85,6 +89,7 @@ def sweep(model, mode: str, scenarios: pd.DataFrame, predictor="neusight", data=
     out["fw_ms"] = tot.get("fw", pd.Series(0.0, index=tot.index)).reindex(out.index).fillna(0)
     out["bw_ms"] = tot.get("bw", pd.Series(0.0, index=tot.index)).reindex(out.index).fillna(0)
     out["e2e_ms"] = out["fw_ms"] + out["bw_ms"]
+    out["warnings"] = [notes[g] for g in out["gpu"]]
     if memory:
         from .memory import sweep_memory
         out = sweep_memory(model, mode, out, optimizer, data)

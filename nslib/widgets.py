@@ -38,8 +38,6 @@ from .paths import data_root
 SLIDER_FIELDS = ("num_sm", "peak_gflops", "mem_bw", "mem_gb", "l2_mb")
 _JSON_KEY = {f: k for k, (f, _) in FIELDS.items()}          # dataclass field -> JSON key
 _INT_FIELDS = ("num_sm", "cores_per_sm")
-FEATURE_LABELS = {"peak_gflops": ("FP32 peak", "GFLOP/s"), "mem_bw": ("memory bandwidth", "GB/s"),
-                  "num_sm": ("SMs", ""), "l2_mb": ("L2 cache", "MB"), "mem_gb": ("memory", "GB")}
 # kernel dims checked against the training kernels, per class (elementwise kernels are flat:
 # only their element count matters to the measurements and the tile lookup)
 RANGE_DIMS = {"bmm": ("B", "M", "N", "K"), "linear": ("M", "N", "K"),
@@ -205,24 +203,25 @@ def _dim(frame: pd.DataFrame, d: str) -> np.ndarray:
 def training_ranges(data=None) -> dict:
     """What the predictors were trained on, from the training kernels (computed once per data).
 
-    ``{"gpus": [Device names], "gpu": {feature: (min, max)}, "dims": {cls: {dim: (min, max)}},
-    "waves": {cls: max waves}}``. Features are the datasheet columns of
-    :data:`nslib.kernels.GPU_COLS`; dims those of :data:`RANGE_DIMS`.
+    ``{"gpus": [Device names], "gpu": {feature: (min, max)}, "datasheet": ...,
+    "dims": {cls: {dim: (min, max)}}, "waves": {cls: max waves}}``. Features are the datasheet
+    columns of :data:`nslib.kernels.GPU_COLS`, ``datasheet`` is
+    :func:`nslib.gpu_range.training_ranges` (the one source of the GPU ranges); dims those of
+    :data:`RANGE_DIMS`.
     """
     root = _root(data)
     if root not in _RANGES:
         from .data import kernel_table
-        gpu = {c: [np.inf, -np.inf] for c in kernels.GPU_COLS}
-        dims, waves, names = {}, {}, set()
+        from .gpu_range import CHECKED, training_ranges as datasheet_ranges
+        sheet = datasheet_ranges(data)
+        gpu = {attr: tuple(sheet["ranges"][k]) for k, (attr, _) in CHECKED.items() if attr}
+        dims, waves = {}, {}
         for cls in kernels.CLASSES:
             t = kernel_table(cls, "train", data)
-            names |= set(t["gpu"])
-            for c in kernels.GPU_COLS:
-                gpu[c] = [min(gpu[c][0], float(t[c].min())), max(gpu[c][1], float(t[c].max()))]
             dims[cls] = {d: (float(np.nanmin(_dim(t, d))), float(np.nanmax(_dim(t, d))))
                          for d in RANGE_DIMS[cls]}
             waves[cls] = float(t["waves"].max())
-        _RANGES[root] = {"gpus": sorted(names), "gpu": {k: tuple(v) for k, v in gpu.items()},
+        _RANGES[root] = {"gpus": list(sheet["train_gpus"]), "gpu": gpu, "datasheet": sheet,
                          "dims": dims, "waves": waves}
     return _RANGES[root]
 
@@ -261,20 +260,29 @@ def _num(v: float) -> str:
 
 
 def gpu_warning(gpu: GPU, label: str, ranges: dict) -> str | None:
-    """One line naming the datasheet features of ``gpu`` outside the training GPUs' range."""
-    cols = gpu.columns()
-    items = []
-    for f, (lo, hi) in ranges["gpu"].items():
-        v = float(cols[f])
-        if v < lo * (1 - 1e-9) or v > hi * (1 + 1e-9):
-            what, unit = FEATURE_LABELS[f]
-            items.append(f"{what} {_num(v)}{' ' + unit if unit else ''} "
-                         f"(training GPUs {_num(lo)}-{_num(hi)})")
+    """One line naming the datasheet figures of ``gpu`` outside the training GPUs' range
+    (:func:`nslib.gpu_range.out_of_range`), or None when it is inside."""
+    from .gpu_range import out_of_range
+    items = out_of_range(gpu, ranges=ranges["datasheet"])
     if not items:
         return None
-    return (f"{label} lies outside the training GPUs in {'; '.join(items)}: the forecast "
-            f"extrapolates (NeuSight's roofline bound keeps it physical; unbounded predictors "
-            f"such as mlp, xgboost and linreg may not be).")
+    parts = [o.message().split(": ", 1)[1] for o in items]
+    return f"{label} lies outside the training GPUs: {'; '.join(parts)}."
+
+
+def range_summary(outside: dict[str, list]) -> str | None:
+    """The explorer's one line for a scenario's GPUs outside the training range.
+
+    ``outside``: ``{gpu label: [OutOfRange, ...]}`` of the GPUs out of range; the details
+    (one line per figure) are folded under this line in the explorer.
+    """
+    if not outside:
+        return None
+    worst = [f"{_short(label)} (up to {max(o.factor for o in items):.2g}x)"
+             for label, items in outside.items()]
+    return (f"{len(outside)} GPU(s) lie outside the training GPUs' datasheets: "
+            f"{', '.join(worst)}. The forecast extrapolates (NeuSight's roofline bound keeps "
+            f"it physical; unbounded predictors such as mlp, xgboost and linreg may not be).")
 
 
 def kernel_warnings(featured: dict[str, pd.DataFrame], ranges: dict) -> list[str]:
@@ -441,13 +449,18 @@ def scenario(gpus, model, batch: int, seq: int, mode: str = "inf", predictor="ne
     Returns a dict: ``summary`` (one row per GPU: gpu, e2e_ms, fw_ms, bw_ms, n_kernels, the
     datasheet numbers, ``in_training_range``), ``per_class`` (ms per kernel class, one row
     per GPU), ``top_kernels`` (:func:`largest_kernels` of each GPU), ``warnings`` (list of
-    strings: GPUs and kernels outside the training range, :func:`dominance_warnings`,
-    arguments not available yet), ``frames`` (``{gpu: predicted kernel frame}``), ``gpus``
+    strings: one line for the GPUs outside the training range (:func:`range_summary`), kernels
+    outside it, :func:`dominance_warnings`, arguments not available yet), ``range_details``
+    (one line per datasheet figure out of range, :mod:`nslib.gpu_range`; folded under that
+    line in the explorer), ``frames`` (``{gpu: predicted kernel frame}``), ``gpus``
     (the :class:`GPU` objects), ``memory`` (:func:`memory_table`; the summary also gains
     ``memory_gb`` and ``fits``, and a GPU the step does not fit on gets a warning),
     ``params`` and ``seconds``. Raises ValueError, KeyError or
     FileNotFoundError for a bad mode, GPU, model or size (the explorer shows them as messages).
     """
+    import warnings as pywarnings
+
+    from .gpu_range import DatasheetRangeWarning, out_of_range
     from .predict import MODES, predict_model, resolve_gpu
 
     t0 = time.perf_counter()
@@ -481,14 +494,16 @@ def scenario(gpus, model, batch: int, seq: int, mode: str = "inf", predictor="ne
     config_key = json.dumps(load_model_config(model, data), sort_keys=True, default=str)
     pred_key = (predictor, bool(quick), _root(data)) if isinstance(predictor, str) else id(pred)
 
-    rows, per_class, tops, frames, featured = [], [], [], {}, {}
+    rows, per_class, tops, frames, featured, outside = [], [], [], {}, {}, {}
     for spec, label in zip(specs, labels):
         key = (pred_key, spec, config_key, int(batch), int(seq), mode,
                tuple(sorted((k, repr(v)) for k, v in extra.items())))
         hit = _RESULTS.get(key)
         if hit is None:
-            frame, summ = predict_model(spec, model, int(batch), int(seq), mode,
-                                        predictor=pred, data=data, **extra)
+            with pywarnings.catch_warnings():
+                pywarnings.simplefilter("ignore", DatasheetRangeWarning)  # one line below
+                frame, summ = predict_model(spec, model, int(batch), int(seq), mode,
+                                            predictor=pred, data=data, **extra)
             try:
                 frame, has_waves = kernel_waves(frame, data), True
             except (ValueError, KeyError) as e:  # waves are for warnings and placement only
@@ -505,16 +520,17 @@ def scenario(gpus, model, batch: int, seq: int, mode: str = "inf", predictor="ne
             warns.append(f"{label}: could not compute tiles and waves of the kernels "
                          f"({has_waves}).")
         frames[label] = frame
-        gw = gpu_warning(spec, label, ranges)
-        if gw:
-            warns.append(gw)
+        issues = out_of_range(spec, ranges=ranges["datasheet"])
+        if issues:
+            outside[label] = issues
         rows.append({"gpu": label, "e2e_ms": summ["e2e_ms"], "fw_ms": summ["fw_ms"],
                      "bw_ms": summ["bw_ms"], "n_kernels": summ["n_kernels"],
                      **{c: v for c, v in spec.columns().items() if c != "gpu"},
-                     "in_training_range": gw is None})
+                     "in_training_range": not issues})
         per_class.append({"gpu": label, **summ["per_class_ms"]})
         tops.append(largest_kernels(frame, label, spec, summ["e2e_ms"], top))
-    warns += kernel_warnings(featured, ranges)
+    line = range_summary(outside)
+    warns = ([line] if line else []) + warns + kernel_warnings(featured, ranges)
     warns += dominance_warnings(specs, labels, [r["e2e_ms"] for r in rows])
     mem = memory_table(specs, labels, model, batch, seq, mode, data)
     warns += memory_warnings(mem)
@@ -525,8 +541,9 @@ def scenario(gpus, model, batch: int, seq: int, mode: str = "inf", predictor="ne
     pc = pd.DataFrame(per_class).set_index("gpu").fillna(0.0)
     order = [c for c in CLASS_ORDER if c in pc] + [c for c in pc if c not in CLASS_ORDER]
     return {"summary": summary, "per_class": pc[order], "top_kernels": pd.concat(tops,
-            ignore_index=True), "warnings": warns, "frames": frames, "gpus": specs,
-            "memory": mem,
+            ignore_index=True), "warnings": warns, "frames": frames,
+            "range_details": [o.message() for items in outside.values() for o in items],
+            "gpus": specs, "memory": mem,
             "params": {"model": model if not isinstance(model, dict) else
                        model.get("model_type", "config"), "batch": int(batch), "seq": int(seq),
                        "mode": mode, "predictor": predictor if isinstance(predictor, str)
@@ -807,11 +824,16 @@ class Explorer:
             return self.model.value, None
         return parse_pasted_config(self.pasted.value)
 
-    def _say(self, warnings=(), error=None, note=None):
+    def _say(self, warnings=(), error=None, note=None, details=()):
         parts = []
         if error:
             parts.append(f"<div style='color:#b00'><b>Error:</b> {html.escape(error)}</div>")
-        for w in warnings:
+        for i, w in enumerate(warnings):
+            if i == 0 and details:  # the range line: one line, its figures folded
+                items = "".join(f"<li>{html.escape(d)}</li>" for d in details)
+                parts.append(f"<details style='color:#8a5a00'><summary>&#9888; "
+                             f"{html.escape(w)}</summary><ul>{items}</ul></details>")
+                continue
             parts.append(f"<div style='color:#8a5a00'>&#9888; {html.escape(w)}</div>")
         if note:
             parts.append(f"<div style='color:#555'><small>{html.escape(note)}</small></div>")
@@ -854,7 +876,8 @@ class Explorer:
             display(res["summary"][["gpu", "e2e_ms", "fw_ms", "bw_ms", "n_kernels",
                                     "memory_gb", "fits"]].round(2).set_index("gpu"))
         plt.close(fig)
-        self._say(res["warnings"], note=f"predicted in {res['seconds']:.2f} s")
+        self._say(res["warnings"], note=f"predicted in {res['seconds']:.2f} s",
+                  details=res.get("range_details", ()))
         return res
 
 
@@ -885,5 +908,5 @@ def render(**kwargs) -> Explorer:
 
 __all__ = ["hypothetical_gpu", "parse_pasted_config", "scenario", "plot_scenario",
            "build_explorer", "render", "Explorer", "training_ranges", "kernel_waves",
-           "kernel_warnings", "gpu_warning", "dominance_warnings", "largest_kernels",
-           "get_predictor", "clear_caches", "SLIDER_FIELDS"]
+           "kernel_warnings", "gpu_warning", "range_summary", "dominance_warnings",
+           "largest_kernels", "get_predictor", "clear_caches", "SLIDER_FIELDS"]

@@ -92,19 +92,31 @@ def test_traced_style_frame_without_tiles_gets_lookup(fitted):
     assert np.isfinite(pred).all() and (pred >= kernels.roofline_ms(f)).all()
 
 
+def _ctx(base, waves, mem_ms=(0.0, 0.0), sm_ms=(0.0, 0.0), comp_ms=(0.0, 0.0)):
+    return torch.tensor([base, waves, mem_ms, sm_ms, comp_ms], dtype=torch.float64).T
+
+
 def test_wave_laws_by_hand():
-    from nslib.predictors.neusight import ADDITIVE_MS, wave_ms
+    from nslib.predictors.neusight import ADDITIVE_MS, KAPPA, wave_ms
     raw = torch.zeros(2, 2, dtype=torch.float64)           # sigmoid(0) = 0.5, exp(0) = 1
-    base = torch.tensor([0.2, 0.2], dtype=torch.float64)   # ms of one wave at the roofline
-    waves = torch.tensor([1.0, 4.0], dtype=torch.float64)
-    assert wave_ms(raw, base, waves, "paper").tolist() == pytest.approx(
+    ctx = _ctx([0.2, 0.2], [1.0, 4.0])                      # ms of one wave at the roofline
+    assert wave_ms(raw, ctx, "paper").tolist() == pytest.approx(
         [0.2 / (0.5 * 0.5), 0.2 / (0.5 * (1 - 0.5 / 4))])
-    assert wave_ms(raw, base, waves, "overhead").tolist() == pytest.approx(
+    assert wave_ms(raw, ctx, "overhead").tolist() == pytest.approx(
         [0.2 * 2 / 0.5, 0.2 * 5 / (0.5 * 4)])
-    assert wave_ms(raw, base, waves, "additive").tolist() == pytest.approx(
+    assert wave_ms(raw, ctx, "additive").tolist() == pytest.approx(
         [0.2 / 0.5 + ADDITIVE_MS, 0.2 / 0.5 + ADDITIVE_MS / 4])
+    raw3 = torch.zeros(2, 3, dtype=torch.float64)
+    # stream: launch + bytes / (0.5 * bandwidth) + bytes / (KAPPA * SM peak), per wave
+    ctx = _ctx([0.001, 0.001], [1.0, 4.0], mem_ms=[0.1, 0.4], sm_ms=[0.01, 0.04])
+    assert wave_ms(raw3, ctx, "stream").tolist() == pytest.approx(
+        [ADDITIVE_MS + 0.2 + 0.01 / KAPPA, (ADDITIVE_MS + 0.8 + 0.04 / KAPPA) / 4])
+    # series: launch + max(compute / 0.5, bytes / (0.5 * bandwidth)), per wave
+    ctx = _ctx([0.001, 0.001], [1.0, 4.0], mem_ms=[0.1, 0.1], comp_ms=[0.3, 0.01])
+    assert wave_ms(raw3, ctx, "series").tolist() == pytest.approx(
+        [ADDITIVE_MS + 0.6, (ADDITIVE_MS + 0.2) / 4])
     with pytest.raises(ValueError, match="form"):
-        wave_ms(raw, base, waves, "linear")
+        wave_ms(raw, ctx, "linear")
 
 
 def test_launch_cost_of_vector_ops_does_not_scale_with_bandwidth(fitted):

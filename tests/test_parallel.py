@@ -222,7 +222,8 @@ def test_invalid_degrees_rejected(kw, match):
 
 def test_defaults_unchanged():
     f0, s0 = predict_model(GPU0, CFG, BATCH, SEQ, "train", predictor=Const(), launch_us=None)
-    assert set(s0) == {"e2e_ms", "fw_ms", "bw_ms", "per_class_ms", "n_kernels", "launch_us"}
+    assert set(s0) == {"e2e_ms", "fw_ms", "bw_ms", "per_class_ms", "n_kernels", "launch_us",
+                       "warnings"}
     assert "comm" not in f0["kernel_class"].values
     f1, s1 = predict_model(GPU0, CFG, BATCH, SEQ, "inf", predictor=Const(), fused=True,
                            launch_us=None)

@@ -15,9 +15,8 @@ def test_environment_yml_installs_the_package_and_pins_torch_like_pyproject():
     pip = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict))
     deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
     torch_pin = next(d for d in deps if d.startswith("torch"))
-    assert torch_pin in pip, "environment.yml must pin the same torch as pyproject.toml"
-    assert "-e .[dev]" in pip, "environment.yml must install the package (one dependency list)"
-    assert [d for d in pip if d not in (torch_pin, "-e .[dev]")] == []
+    assert pip == [torch_pin, "-r requirements.lock", "-e .[dev]"], \
+        "environment.yml: the same torch as pyproject.toml first, then the lock, then the package"
 
 
 def notebooks():

@@ -167,13 +167,20 @@ def test_in_range_gpu_has_no_gpu_warning_and_10x_peak_has_one(base):
     assert not [w for w in ok["warnings"] if "outside the training GPUs" in w]
     fast = hypothetical_gpu(base, peak_gflops=10 * base.peak_gflops)
     res = scenario([fast], TINY, 2, 128, "inf", quick=True)
-    hit = [w for w in res["warnings"] if fast.name in w and "FP32 peak" in w]
-    assert hit and "outside the training GPUs" in hit[0]
+    # one line for the scenario, the figures as details (folded in the explorer)
+    hit = [w for w in res["warnings"] if "outside the training GPUs" in w]
+    assert len(hit) == 1 and "10x" in hit[0]
+    assert res["range_details"] == [
+        f"{fast.name}: SingleFLOPs 194,920 GFLOP/s is 10x the largest training GPU's "
+        f"(19,492 GFLOP/s)",
+        f"{fast.name}: FLOP/byte 125 FLOP/B is 4.2x the largest training GPU's (29.7 FLOP/B)"]
     assert not res["summary"]["in_training_range"].iloc[0]
     # bandwidth, SMs and L2 beyond the range are named too
     odd = hypothetical_gpu(base, mem_bw=10 * base.mem_bw, num_sm=1000, l2_mb=0.5)
-    text = " ".join(scenario([odd], TINY, 2, 128, "inf", quick=True)["warnings"])
-    assert "memory bandwidth" in text and "SMs" in text and "L2 cache" in text
+    res = scenario([odd, base], TINY, 2, 128, "inf", quick=True)
+    text = " ".join(res["range_details"])
+    assert "Mem_Bw" in text and "Num_Sm" in text and "L2Cache 0.5 MB is 4x below" in text
+    assert len([w for w in res["warnings"] if "outside the training GPUs" in w]) == 1
 
 
 def test_kernels_larger_than_any_training_kernel_are_warned_about(base):
@@ -252,6 +259,10 @@ def test_explorer_builds_and_its_callbacks_run(data_dir):
     res = ex.update()
     assert ex.error is None and res is not None and len(res["summary"]) == 2
     assert ex.figure is not None and "outside the training GPUs" in ex.message.value
+    # one folded line for the scenario: the figures sit inside <details>
+    msg = ex.message.value
+    assert msg.count("<details") == 1 and msg.count("outside the training GPUs") == 1
+    assert "Mem_Bw" in msg.split("<summary>")[1].split("</summary>")[1]
 
     # a hypothetical GPU from the sliders joins the comparison
     ex.sliders["mem_bw"].value = 2.0

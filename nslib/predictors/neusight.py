@@ -119,7 +119,8 @@ def tile_features(frame: pd.DataFrame, features=FEATURES) -> np.ndarray:
     waves * tile MB / (L2 MB per SM, times 1024 as in the paper). Extras: ``waves``,
     ``tile_m``, ``tile_k``, ``aspect`` (tm / tk), ``reduction`` (N) for GEMMs, ``balance``
     (tile FLOP/byte over the GPU's peak FLOP/s per byte/s), ``num_sm``, ``fill``
-    (blocks / (waves * num_sm), in (0, 1]). float64.
+    (blocks / (waves * num_sm), in (0, 1]); GPU-independent ``tile_kb`` (KiB a block
+    moves), ``blocks`` and ``row`` (H of vector ops). float64.
     """
     sm = frame["num_sm"].to_numpy(float)
     tile_mb = frame["tile_bytes"].to_numpy(float) / 2**20
@@ -141,6 +142,10 @@ def tile_features(frame: pd.DataFrame, features=FEATURES) -> np.ndarray:
         "balance": lambda: (frame["tile_flops"].to_numpy(float) / frame["tile_bytes"].to_numpy(float))
         / (frame["peak_gflops"].to_numpy(float) / frame["mem_bw"].to_numpy(float)),
         "num_sm": lambda: sm,
+        # GPU-independent kernel descriptors: bytes a block moves, blocks launched, row length
+        "tile_kb": lambda: frame["tile_bytes"].to_numpy(float) / 1024,
+        "blocks": lambda: frame["blocks"].to_numpy(float),
+        "row": lambda: frame["H"].to_numpy(float),
         # how full the waves are on average: blocks / (waves * num_sm), in (0, 1]
         "fill": lambda: frame["blocks"].to_numpy(float) / (waves * sm),
     }
@@ -220,14 +225,42 @@ class RowPacking:
         return cls(state["log2_h"].numpy(), state["rows"].numpy())
 
 
-FORMS = ("paper", "overhead", "additive")
-# Scale of the additive form's fixed cost: exp(raw) * 10 us, so raw = 0 is a typical launch.
+FORMS = ("paper", "overhead", "additive", "stream", "series")
+# raw MLP outputs each law needs
+OUTPUTS = {"paper": 2, "overhead": 2, "additive": 2, "stream": 3, "series": 3}
+# Scale of the additive and stream forms' fixed cost: exp(raw) * 10 us, so raw = 0 is a
+# typical launch.
 ADDITIVE_MS = 0.01
+# Scale of the stream form's SM-side rate: bytes an SM moves per FLOP of its FP32 peak
+# (exp(raw) times this; 0.1 is ~20 GB/s per SM on an A100).
+KAPPA = 0.1
+CONTEXT = ("base", "waves", "mem_ms", "sm_ms", "comp_ms")
 
 
-def _one_wave_ms(raw: torch.Tensor, base: torch.Tensor, waves: torch.Tensor,
-                 form: str) -> torch.Tensor:
-    """Per-wave ms of one member from its two raw outputs (see :func:`wave_ms`)."""
+def wave_context(frame: pd.DataFrame) -> torch.Tensor:
+    """Per kernel, the (n, 4) float64 quantities the laws of :func:`wave_ms` combine.
+
+    ``base``: one wave at the roofline, ms (:func:`roofline_wave_ms`); ``waves``;
+    ``mem_ms``: the kernel's bytes at the memory bandwidth, ms; ``sm_ms``: its bytes at one
+    byte per FLOP of the FP32 peak of the SMs it occupies (``min(blocks, num_sm)``), ms: the
+    time scale of how fast the SMs themselves can issue memory traffic; ``comp_ms``: the
+    waves of tiles at the FP32 peak, ms (wave-quantised compute time).
+    """
+    sm = frame["num_sm"].to_numpy(float)
+    nbytes = frame["bytes"].to_numpy(float)
+    active = np.minimum(frame["blocks"].to_numpy(float), sm)
+    per_sm = frame["peak_gflops"].to_numpy(float) * 1e9 / sm
+    waves = frame["waves"].to_numpy(float)
+    cols = [roofline_wave_ms(frame), waves,
+            nbytes / (frame["mem_bw"].to_numpy(float) * 1e9) * 1e3,
+            nbytes / (active * per_sm) * 1e3,
+            waves * frame["tile_flops"].to_numpy(float) / per_sm * 1e3]
+    return torch.from_numpy(np.column_stack(cols).astype(float))
+
+
+def _one_wave_ms(raw: torch.Tensor, ctx: torch.Tensor, form: str) -> torch.Tensor:
+    """Per-wave ms of one member from its raw outputs (see :func:`wave_ms`)."""
+    base, waves = ctx[:, 0], ctx[:, 1]
     gamma = torch.sigmoid(raw[:, 1].clamp(-30, 30))  # < 1 in float64 even for unclipped inputs
     if form == "paper":
         return base / (gamma * (1 - torch.sigmoid(raw[:, 0].clamp(-30, 30)) / waves))
@@ -235,14 +268,24 @@ def _one_wave_ms(raw: torch.Tensor, base: torch.Tensor, waves: torch.Tensor,
         return base * (waves + torch.exp(raw[:, 0].clamp(-20, 20))) / (gamma * waves)
     if form == "additive":
         return base / gamma + ADDITIVE_MS * torch.exp(raw[:, 0].clamp(-20, 20)) / waves
+    if form == "stream":
+        kappa = KAPPA * torch.exp(raw[:, 2].clamp(-20, 20))
+        total = ADDITIVE_MS * torch.exp(raw[:, 0].clamp(-20, 20)) + ctx[:, 2] / gamma + \
+            ctx[:, 3] / kappa
+        return torch.maximum(total / waves, base)
+    if form == "series":
+        delta = torch.sigmoid(raw[:, 2].clamp(-30, 30))
+        total = ADDITIVE_MS * torch.exp(raw[:, 0].clamp(-20, 20)) + \
+            torch.maximum(ctx[:, 4] / gamma, ctx[:, 2] / delta)
+        return torch.maximum(total / waves, base)
     raise ValueError(f"unknown NeuSight form {form!r}; known: {FORMS}")
 
 
-def wave_ms(raw: torch.Tensor, base: torch.Tensor, waves: torch.Tensor, form: str) -> torch.Tensor:
-    """Predicted ms of one wave (float64) from the MLP's raw outputs; ``base``: the wave's
-    roofline ms (:func:`roofline_wave_ms`). The kernel takes ``waves`` times this.
+def wave_ms(raw: torch.Tensor, ctx: torch.Tensor, form: str) -> torch.Tensor:
+    """Predicted ms of one wave (float64) from the MLP's raw outputs; ``ctx``: the kernels'
+    :func:`wave_context`. The kernel takes ``waves`` times this.
 
-    The utilisation ``u = base / wave_ms`` is in (0, 1) under every law, so no prediction
+    The utilisation ``u = base / wave_ms`` is in (0, 1] under every law, so no prediction
     beats the roofline. ``paper``: ``u = gamma * (1 - alpha / waves)``, alpha and gamma
     sigmoids. ``overhead``: ``u = gamma * waves / (waves + a)``, gamma a sigmoid and
     ``a = exp(raw)`` a fixed cost in units of waves (latency = (waves + a) * wave_time /
@@ -250,14 +293,26 @@ def wave_ms(raw: torch.Tensor, base: torch.Tensor, waves: torch.Tensor, form: st
     a fixed cost in time, not in waves: a launch costs about the same whatever the GPU's
     bandwidth, where the ``overhead`` law scales it with the wave time (1 / bandwidth for
     memory-bound ops) and a slow-memory GPU unlike the training ones got launch costs of a
-    millisecond. An ensemble (more than two raw columns) averages its members' u.
+    millisecond. ``stream`` (memory-bound classes): latency = c + bytes / (gamma * bandwidth)
+    + bytes / (kappa * FP32 peak of the occupied SMs): the memory system and the SMs' own
+    issue rate (Little's law: an SM keeps a bounded number of bytes in flight) are two
+    ceilings in series; a GPU whose memory is slow next to its SMs is DRAM-bound, one whose
+    memory is fast next to few or slow SMs is SM-bound. gamma, kappa and c depend only on the
+    kernel, so the GPU enters through its datasheet alone and more bandwidth, SMs or peak can
+    never make a kernel slower. ``series`` (GEMMs): latency = c + max(compute / gamma,
+    bytes / (delta * bandwidth)), compute the waves of tiles at the FP32 peak: the tile
+    pipeline overlaps loads with math, so the slower of the two sets the pace, and a GPU
+    with slow memory next to its peak turns GEMMs of low intensity memory-bound instead of
+    extrapolating an MLP input. An ensemble averages its members' u.
     """
     raw = raw.double()
-    if raw.shape[1] > 2:
-        u = torch.stack([base / _one_wave_ms(raw[:, j:j + 2], base, waves, form)
-                         for j in range(0, raw.shape[1], 2)]).mean(dim=0)
+    k = OUTPUTS[form] if form in OUTPUTS else 2
+    if raw.shape[1] > k:
+        base = ctx[:, 0]
+        u = torch.stack([base / _one_wave_ms(raw[:, j:j + k], ctx, form)
+                         for j in range(0, raw.shape[1], k)]).mean(dim=0)
         return base / u
-    return _one_wave_ms(raw, base, waves, form)
+    return _one_wave_ms(raw, ctx, form)
 
 
 class Ensemble(nn.Module):
@@ -274,7 +329,8 @@ class Ensemble(nn.Module):
 def make_model(n_in: int, cfg: dict) -> nn.Module:
     """The (untrained) network of a class's config: one MLP, or an :class:`Ensemble`."""
     k = int(cfg.get("ensemble", 1))
-    mlps = [make_mlp(n_in, cfg["layers"], cfg["hidden"], 2) for _ in range(k)]
+    n_out = OUTPUTS.get(cfg.get("form", "paper"), 2)
+    mlps = [make_mlp(n_in, cfg["layers"], cfg["hidden"], n_out) for _ in range(k)]
     return mlps[0] if k == 1 else Ensemble(mlps)
 
 
@@ -339,9 +395,7 @@ class NeuSight(Predictor):
 
     def _latency(self, cls: str, raw: torch.Tensor, frame: pd.DataFrame) -> np.ndarray:
         """Latency in ms (float64) of each kernel from the MLP's raw outputs."""
-        waves = torch.from_numpy(frame["waves"].to_numpy(float, copy=True))
-        wave_ms = self._wave_ms(raw, torch.from_numpy(roofline_wave_ms(frame)), waves,
-                                self.configs[cls]["form"])
+        wave_ms = self._wave_ms(raw, wave_context(frame), self.configs[cls]["form"])
         return wave_ms.numpy() * self._scale(frame)
 
     def utilisation(self, frame: pd.DataFrame) -> np.ndarray:
@@ -351,9 +405,8 @@ class NeuSight(Predictor):
         for cls, idx, sub in by_class(frame):
             with torch.no_grad():
                 raw = self._outputs(cls, sub).double()
-            waves = torch.from_numpy(sub["waves"].to_numpy(float, copy=True))
-            base = torch.from_numpy(roofline_wave_ms(sub))
-            out[idx] = (base / wave_ms(raw, base, waves, self.configs[cls]["form"])).numpy()
+            ctx = wave_context(sub)
+            out[idx] = (ctx[:, 0] / wave_ms(raw, ctx, self.configs[cls]["form"])).numpy()
         return out
 
     # ----- training
@@ -376,12 +429,11 @@ class NeuSight(Predictor):
         self.norm[cls] = (mean, std, lo, hi)
         x = self._inputs(cls, feats)
         target = torch.from_numpy(df["latency_ms"].to_numpy(float) / self._scale(df))
-        base = torch.from_numpy(roofline_wave_ms(df))
-        waves = torch.from_numpy(df["waves"].to_numpy(float, copy=True))
+        ctx = wave_context(df)
         members, hists = [], []
         for k in range(cfg.ensemble):
             s = seed + 1000 * k
-            model, hist = self._fit_member(cls, cfg, df, x, target, base, waves, s, progress)
+            model, hist = self._fit_member(cls, cfg, df, x, target, ctx, s, progress)
             members.append(model)
             hists.append(hist)
         self.models[cls] = members[0] if cfg.ensemble == 1 else Ensemble(members)
@@ -401,11 +453,11 @@ class NeuSight(Predictor):
         n_val = int(round(cfg.val_frac * len(df)))
         return perm[:n_val], perm[n_val:]
 
-    def _fit_member(self, cls, cfg, df, x, target, base, waves, seed, progress):
+    def _fit_member(self, cls, cfg, df, x, target, ctx, seed, progress):
         """One MLP trained from ``seed``: the epoch with the best validation SMAPE is kept."""
         rng = np.random.default_rng(seed)
         torch.manual_seed(seed)
-        model = make_mlp(len(cfg.features), cfg.layers, cfg.hidden, 2)
+        model = make_mlp(len(cfg.features), cfg.layers, cfg.hidden, OUTPUTS.get(cfg.form, 2))
         val, tr = self._split(cfg, df, rng)
         n_val = len(val)
         opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
@@ -417,7 +469,7 @@ class NeuSight(Predictor):
             order = tr[rng.permutation(len(tr))]
             for s in range(0, len(order), cfg.batch):
                 b = torch.from_numpy(order[s:s + cfg.batch])
-                pred = self._wave_ms(model(x[b]), base[b], waves[b], cfg.form)
+                pred = self._wave_ms(model(x[b]), ctx[b], cfg.form)
                 loss = smape(pred, target[b])
                 opt.zero_grad()
                 loss.backward()
@@ -426,7 +478,7 @@ class NeuSight(Predictor):
             model.eval()
             with torch.no_grad():
                 vb = torch.from_numpy(val if n_val else tr)
-                err = float(smape(self._wave_ms(model(x[vb]), base[vb], waves[vb], cfg.form), target[vb]))
+                err = float(smape(self._wave_ms(model(x[vb]), ctx[vb], cfg.form), target[vb]))
             hist.append(err)
             if err < best:
                 best, best_state = err, {k: v.clone() for k, v in model.state_dict().items()}
@@ -435,12 +487,12 @@ class NeuSight(Predictor):
         model.eval()
         return model, hist
 
-    def _wave_ms(self, raw, base, waves, form="paper"):
+    def _wave_ms(self, raw, ctx, form="paper"):
         """Per-wave ms (bounded) or whole-kernel ms (unbounded) from raw MLP outputs."""
         raw = raw.double()
         if not self.bounded:
             return torch.exp(raw[:, 0::2]).mean(dim=1)
-        return wave_ms(raw, base, waves, form)
+        return wave_ms(raw, ctx, form)
 
     # ----- prediction
     def _pack(self, frame: pd.DataFrame) -> pd.DataFrame:

@@ -1,0 +1,146 @@
+"""Datasheet range checks: which figures of a GPU lie outside those of the training GPUs.
+
+The predictors learned from the training GPUs only (``train_gpus`` of
+:func:`nslib.data.gpu_splits`, read from the data, never listed in code). A GPU whose
+datasheet leaves their range is an extrapolation, and every prediction says so:
+:func:`out_of_range` lists the figures, :func:`warn_out_of_range` also issues them as
+:class:`DatasheetRangeWarning` (a ``UserWarning``) for the Python API.
+
+Checked figures: the datasheet numbers the predictors read (SM count, FP32 peak, memory
+bandwidth, device memory, L2; see :data:`nslib.kernels.GPU_COLS`) and the machine balance
+``SingleFLOPs / Mem_Bw`` (FLOP per byte), which decides where kernels turn compute-bound.
+"""
+from __future__ import annotations
+
+import json
+import math
+import warnings
+from dataclasses import dataclass
+
+from .gpus import GPU, find_gpu, load_gpus
+from .paths import atomic_write_text, cache_dir, data_root
+
+__all__ = ["CHECKED", "DatasheetRangeWarning", "OutOfRange", "figures", "training_ranges",
+           "out_of_range", "range_warnings", "warn_out_of_range"]
+
+# figure name (NeuSight JSON key, or the derived ratio) -> (GPU attribute or None, unit)
+CHECKED = {
+    "Num_Sm": ("num_sm", ""),
+    "SingleFLOPs": ("peak_gflops", "GFLOP/s"),
+    "Mem_Bw": ("mem_bw", "GB/s"),
+    "Dev_Mem": ("mem_gb", "GB"),
+    "L2Cache": ("l2_mb", "MB"),
+    "FLOP/byte": (None, "FLOP/B"),
+}
+_TOL = 1e-9          # relative slack so a training GPU's own figures are always in range
+_MEMO: dict = {}     # data root -> ranges, for the life of the process
+
+
+class DatasheetRangeWarning(UserWarning):
+    """A prediction for a GPU whose datasheet lies outside the training GPUs' range."""
+
+
+@dataclass(frozen=True)
+class OutOfRange:
+    """One datasheet figure of ``gpu`` outside the training GPUs' ``[lo, hi]``."""
+
+    gpu: str
+    figure: str
+    value: float
+    lo: float
+    hi: float
+    unit: str = ""
+
+    @property
+    def above(self) -> bool:
+        return self.value > self.hi
+
+    @property
+    def factor(self) -> float:
+        """How far out: ``value / hi`` above the range, ``lo / value`` below it (>= 1)."""
+        return self.value / self.hi if self.above else self.lo / self.value
+
+    def message(self) -> str:
+        """E.g. ``"Mem_Bw 34,300 GB/s is 22x the largest training GPU's (1,555 GB/s)"``."""
+        unit = f" {self.unit}" if self.unit else ""
+        f = self.factor
+        times = f"{f:.0f}x" if f >= 10 else f"{f:.2g}x"
+        if self.above:
+            return (f"{self.gpu}: {self.figure} {_num(self.value)}{unit} is {times} the largest "
+                    f"training GPU's ({_num(self.hi)}{unit})")
+        return (f"{self.gpu}: {self.figure} {_num(self.value)}{unit} is {times} below the "
+                f"smallest training GPU's ({_num(self.lo)}{unit})")
+
+
+def _num(v: float) -> str:
+    return f"{v:,.0f}" if abs(v) >= 100 else f"{v:,.3g}"
+
+
+def figures(gpu: GPU) -> dict[str, float]:
+    """The checked figures of one datasheet, keyed as :data:`CHECKED`."""
+    out = {k: float(getattr(gpu, attr)) for k, (attr, _) in CHECKED.items() if attr}
+    out["FLOP/byte"] = gpu.peak_gflops / gpu.mem_bw
+    return out
+
+
+def _compute_ranges(data) -> dict:
+    from .data import gpu_splits
+    names = gpu_splits(data)["train_gpus"]
+    gpus = load_gpus(data)
+    sheets = [figures(find_gpu(n, gpus)) for n in names]
+    if not sheets:
+        raise ValueError("the training split names no GPU: the data's training tables are empty")
+    return {"train_gpus": names,
+            "ranges": {k: [min(s[k] for s in sheets), max(s[k] for s in sheets)]
+                       for k in CHECKED}}
+
+
+def training_ranges(data=None) -> dict:
+    """``{"train_gpus": [Device names], "ranges": {figure: [min, max]}}`` of the training GPUs.
+
+    Read from the data once and cached on disk by the data's content hash (and in memory for
+    the process), so a cached prediction pays a file read, not a table scan.
+    """
+    root = str(data_root(data))
+    hit = _MEMO.get(root)
+    if hit is None:
+        from .data import data_hash
+        path = cache_dir("ranges") / f"gpu_range_{data_hash(data)}.json"
+        try:
+            hit = json.loads(path.read_text())
+            if set(hit.get("ranges", {})) != set(CHECKED):
+                raise ValueError("stale")
+        except (OSError, ValueError):
+            hit = _compute_ranges(data)
+            atomic_write_text(path, json.dumps(hit, indent=1))
+        _MEMO[root] = hit
+    return hit
+
+
+def out_of_range(gpu: GPU, data=None, ranges: dict | None = None) -> list[OutOfRange]:
+    """The figures of ``gpu`` outside the training GPUs' range (empty when it is inside).
+
+    ``ranges``: the result of :func:`training_ranges` (default: read from ``data``).
+    """
+    ranges = (ranges or training_ranges(data))["ranges"]
+    out = []
+    for k, v in figures(gpu).items():
+        lo, hi = ranges[k]
+        if math.isfinite(v) and (v < lo * (1 - _TOL) or v > hi * (1 + _TOL)):
+            out.append(OutOfRange(gpu.name, k, v, float(lo), float(hi), CHECKED[k][1]))
+    return out
+
+
+def range_warnings(gpu: GPU, data=None, ranges: dict | None = None) -> list[str]:
+    """:func:`out_of_range` as one line per figure."""
+    return [o.message() for o in out_of_range(gpu, data, ranges)]
+
+
+def warn_out_of_range(gpu: GPU, data=None, ranges: dict | None = None,
+                      stacklevel: int = 3) -> list[str]:
+    """:func:`range_warnings`, each also issued as a :class:`DatasheetRangeWarning`."""
+    lines = range_warnings(gpu, data, ranges)
+    for line in lines:
+        warnings.warn(f"{line}: the forecast extrapolates beyond the training GPUs",
+                      DatasheetRangeWarning, stacklevel=stacklevel)
+    return lines
