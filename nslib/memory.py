@@ -186,12 +186,13 @@ def _saved_bytes(trace: pd.DataFrame, select=None, scale=None) -> float:
 # Fixed costs
 # --------------------------------------------------------------------------------------------
 
-def framework_bytes(gpu, data=None) -> tuple[float, str]:
+def framework_bytes(gpu, data=None, spec_path=None) -> tuple[float, str]:
     """(CUDA context + allocator workspace bytes, where the figure came from) of a GPU
-    (:data:`CONTEXT_RULES`; a ``Ctx_Mem`` key in the device JSON, GB, overrides)."""
+    (:data:`CONTEXT_RULES`; a ``Ctx_Mem`` key in the device JSON, GB, overrides; the JSON is
+    ``spec_path`` when given, else the data's file of the GPU)."""
     from .parallel import _raw_spec
     name = getattr(gpu, "name", str(gpu))
-    raw = _raw_spec(gpu, None, data) if hasattr(gpu, "key") else {}
+    raw = _raw_spec(gpu, spec_path, data) if hasattr(gpu, "key") else {}
     v = raw.get("Ctx_Mem")
     if v is not None:
         if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
@@ -329,10 +330,10 @@ def memory_of(gpu, model, batch: int, seq: int, mode: str = "inf", optimizer: st
     (generation). ``sharded``: see :func:`tp_scales`. ``imbalance``: mixture-of-experts routing
     as :func:`nslib.predict.traced` takes it. Raises ValueError for degrees that do not divide
     the model."""
-    from .predict import resolve_gpu, traced
+    from .predict import resolve_gpu, spec_path, traced
     _check(mode, optimizer)
     spec = resolve_gpu(gpu, data)
-    fw, src = framework_bytes(spec, data)
+    fw, src = framework_bytes(spec, data, spec_path(gpu))
     fixed = {"framework": fw, "capacity": float(spec.mem_gb) * GIB, "context_source": src}
     if dp == tp == pp == microbatches == 1:
         kv = _kv(model, batch, seq, mode, kv_cache, data)
@@ -351,7 +352,7 @@ def memory_of(gpu, model, batch: int, seq: int, mode: str = "inf", optimizer: st
         act, wsc = tp_scales(tr, tp, info, vocab_parallel, sharded)
         kv = _kv(model, batch, seq, mode, kv_cache, data) / tp
         return step_memory(tr, mode, optimizer, scale=act, wscale=wsc, kv_cache=kv, **fixed)
-    stages = pipeline_memory(spec, model, batch, seq, mode, optimizer, pp=pp,
+    stages = pipeline_memory(gpu, model, batch, seq, mode, optimizer, pp=pp,
                              microbatches=microbatches, kv_cache=kv_cache, data=data,
                              imbalance=imbalance)
     return max(stages, key=lambda m: m.total)
@@ -362,12 +363,12 @@ def pipeline_memory(gpu, model, batch: int, seq: int, mode: str = "train",
                     kv_cache: bool = False, data=None, imbalance: float = 1.0) -> list[Memory]:
     """Peak memory of each of the ``pp`` pipeline stages (GPipe, see the module docstring)."""
     from .parallel import check_degrees, model_info, pipeline_stages
-    from .predict import resolve_gpu, traced
+    from .predict import resolve_gpu, spec_path, traced
     _check(mode, optimizer)
     spec = resolve_gpu(gpu, data)
     info = model_info(model, mode, data)
     check_degrees(info, batch, 1, 1, pp, microbatches)
-    fw, src = framework_bytes(spec, data)
+    fw, src = framework_bytes(spec, data, spec_path(gpu))
     mb = batch // microbatches
     tr = traced(model, mb, seq, mode, data, imbalance)
     stage = pipeline_stages(tr, pp, info["layers"])

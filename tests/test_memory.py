@@ -213,3 +213,19 @@ def test_explorer_marks_a_gpu_the_step_does_not_fit_on(data_dir):
     tab = memory_table(specs, ["a", "b"], "gpt2_large", 1, 512, "train")
     assert tab["fits"].tolist() == [False, True]
     assert tab.loc["a", "total"] == pytest.approx(s["memory_gb"].iloc[0])
+
+
+def test_context_constant_from_the_device_json(data_dir, tmp_path):
+    import json
+
+    from nslib.predict import resolve_gpu
+    h100 = resolve_gpu("H100")
+    fw, src = framework_bytes(h100)
+    assert src == "rule: Hopper" and fw > framework_bytes(resolve_gpu("T4"))[0]
+    path = tmp_path / "h100_ctx.json"
+    path.write_text(json.dumps({**h100.to_json(), "Ctx_Mem": 1.5}))
+    m = memory_of(str(path), TINY, 2, 32, "inf")
+    assert m.framework == 1.5 * GIB and m.context_source == "device JSON Ctx_Mem"
+    path.write_text(json.dumps({**h100.to_json(), "Ctx_Mem": "big"}))
+    with pytest.raises(ValueError, match="Ctx_Mem"):
+        memory_of(str(path), TINY, 2, 32, "inf")
