@@ -614,7 +614,7 @@ def plot_scenario(result: dict, title: str | None = None):
     left = np.zeros(n)
     cmap = plt.get_cmap("tab10")
     for i, c in enumerate(pc.columns):
-        vals = pc[c].reindex(summary["gpu"]).fillna(0).to_numpy(float)
+        vals = np.where(fits, pc[c].reindex(summary["gpu"]).fillna(0).to_numpy(float), 0.0)
         ax.barh(y, vals, left=left, color=cmap(i % 10), label=c)
         left += vals
     ax.set_yticks(y, [""] * n)
@@ -674,7 +674,8 @@ def _memory_panel(ax, mem: pd.DataFrame) -> None:
     ax.invert_yaxis()
     ax.set_xlim(0, max(mem["total"].max(), mem["capacity"].max()) * 1.3 if len(mem) else 1)
     ax.set_xlabel("peak memory per GPU (GB)")
-    ax.legend(fontsize=7, loc="lower right", frameon=False)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=4,
+              frameon=False, columnspacing=0.8, handlelength=1.2)
     ax.set_title("will it fit? (tick: the GPU's memory)", fontsize=10)
 
 
