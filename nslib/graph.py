@@ -95,13 +95,23 @@ from nslib import kernels
 from nslib.paths import data_root
 
 __all__ = ["load_model_config", "trace", "summarize", "expert_tokens", "TRACE_COLUMNS",
-           "TRACE_VERSION", "MEASURED_ARCHITECTURE"]
+           "TRACE_VERSION", "MEASURED_ARCHITECTURE", "MEMORY_COLUMNS"]
 
 # Bump when the rows trace() produces change, so caches of traces can key on it.
-TRACE_VERSION = 2
+TRACE_VERSION = 3
 
 TRACE_COLUMNS = ("kid", "phase", "aten", "cls", "op", "B", "M", "N", "K", "H", "flops", "bytes",
                  "inputs", "layer", "module")
+
+# Storage lifetimes, appended to every trace for nslib.memory: ``allocs`` (tuple of the bytes of
+# each storage this kernel is the first to touch: allocated just before it runs), ``frees`` (for
+# each of them the kid of the last kernel launched before PyTorch freed it, as reference
+# counting on the meta device tells; -1 for those alive at the end of the step: inputs,
+# outputs the caller holds), ``params`` (bytes of the
+# parameters and buffers this kernel is the first to read; those no kernel reads go on the
+# first row) and ``trainable`` (the part of ``params`` that gets a gradient). Parameters and
+# pre-set gradients are not in ``allocs``: they live for the whole step.
+MEMORY_COLUMNS = ("allocs", "frees", "params", "trainable")
 
 CONFIG_DIR = Path("data") / "DLmodel_configs"
 
@@ -376,7 +386,10 @@ class _Tracer:
     def __init__(self, model, block_of: dict):
         self.rows: dict[str, list] = {c: [] for c in TRACE_COLUMNS}
         self.writer: dict[int, tuple] = {}   # storage id -> kids that last wrote it
-        self._keep: list = []                # storages kept alive so their ids are not reused
+        self._keep: list = []                # storages of parameters, gradients, inputs
+        self._refs: dict = {}                # storage id -> weakref reporting its death
+        self.dead: list = []                 # [first kid, last kid, bytes] of freed storages
+        self.closed = False                  # set after the step: later deaths are teardown
         self.unknown: Counter = Counter()
         self.phase = "fw"
         self.fw_stack: list[str] = []
@@ -385,6 +398,9 @@ class _Tracer:
         self._layer_cache: dict[str, int] = {}
         self._func_info: dict = {}
         self.n = 0
+        self.life: dict[int, list] = {}      # storage id -> [first kid, last kid, bytes]
+        self.persist: dict[int, str] = {}    # storage id -> "param", "trainable" or "grad"
+        self._storage_bytes: dict[int, int] = {}
 
     # --- module context --------------------------------------------------------------------
     def current_module(self) -> str:
@@ -429,8 +445,8 @@ class _Tracer:
             st = self._storage(t)
             if st is not None:
                 sid = st._cdata
-                if sid not in self.writer:
-                    self._keep.append(st)  # keep it alive so its id is never reused
+                if sid not in self._refs:
+                    self._watch(st)  # forget the id when the storage dies: it may be reused
                 self.writer[sid] = kids
 
     # --- rows --------------------------------------------------------------------------------
@@ -478,7 +494,78 @@ class _Tracer:
             self._func_info[func] = info
         return info
 
+    # --- storage lifetimes (MEMORY_COLUMNS) ----------------------------------------------------
+    def mark(self, tensors, kind: str):
+        """Label the storages of ``tensors`` "param", "trainable" or "grad", or "held" (the
+        caller holds them to the end of the step: inputs, outputs); all stay alive."""
+        for t in tensors:
+            st = self._storage(t)
+            if st is None:
+                continue
+            if kind != "held":
+                self.persist.setdefault(st._cdata, kind)
+                self._storage_bytes[st._cdata] = int(st.nbytes())
+            self._keep.append(st)
+
+    def touch(self, tensors, kid: int):
+        for t in tensors:
+            st = self._storage(t)
+            if st is None:
+                continue
+            if st._cdata not in self.life:
+                self.life[st._cdata] = [kid, -1, int(st.nbytes())]
+                if st._cdata not in self._refs:
+                    self._watch(st)
+
+    # Storages die when PyTorch frees them (the last tensor, view or autograd saved variable
+    # using them is gone): the meta device follows the same reference counting as a GPU, so
+    # the lifetimes are those of the real step, Python locals and saved tensors included.
+    def _watch(self, st):
+        import weakref
+
+        sid = st._cdata
+        self._refs[sid] = weakref.ref(st, lambda _r, sid=sid: self._died(sid))
+
+    def _died(self, sid: int):
+        self._refs.pop(sid, None)
+        self.writer.pop(sid, None)
+        life = self.life.pop(sid, None)
+        if life is not None and not self.closed:
+            life[1] = self.n - 1   # freed after the last kernel launched so far
+            self.dead.append(life)
+
+    def memory_frame(self) -> pd.DataFrame:
+        n = self.n
+        allocs: list[list] = [[] for _ in range(n)]
+        frees: list[list] = [[] for _ in range(n)]
+        params, trainable = np.zeros(n), np.zeros(n)
+        for first, last, nb in self.dead:
+            allocs[first].append(nb)
+            frees[first].append(last)
+        for sid, (first, last, nb) in self.life.items():   # alive at the end of the step
+            kind = self.persist.get(sid)
+            if kind is None:
+                allocs[first].append(nb)
+                frees[first].append(-1)
+            elif kind != "grad":
+                params[first] += nb
+                trainable[first] += nb if kind == "trainable" else 0
+        for sid, kind in self.persist.items():  # parameters no kernel reads
+            if sid not in self.life and kind != "grad" and n:
+                nb = int(self._storage_bytes.get(sid, 0))
+                params[0] += nb
+                trainable[0] += nb if kind == "trainable" else 0
+        return pd.DataFrame({"allocs": [tuple(a) for a in allocs],
+                             "frees": [tuple(f) for f in frees],
+                             "params": params, "trainable": trainable})
+
     def record(self, func, args, kwargs, out):
+        n0 = self.n
+        self._record(func, args, kwargs, out)
+        if self.n > n0:
+            self.touch(_tensors((args, kwargs, out), []), self.n - 1)
+
+    def _record(self, func, args, kwargs, out):
         base, inplace, aten, kind = self._info(func)
         if kind == "none":
             return
@@ -657,7 +744,7 @@ class _Tracer:
         df["layer"] = df["layer"].astype(np.int64)
         for c in ("B", "M", "N", "K", "H", "flops", "bytes"):
             df[c] = df[c].astype(np.float64)
-        return df
+        return pd.concat([df, self.memory_frame()], axis=1)
 
 
 def _same_dense(args, kwargs):
@@ -991,6 +1078,17 @@ def _check_args(batch, seq, mode):
                          f"got {mode!r}")
 
 
+def _mark_storages(tracer: _Tracer, model, inputs: dict) -> None:
+    """Tell the tracer which storages live for the whole step (parameters, buffers, gradients)
+    and which the caller holds (the inputs), for the memory columns."""
+    params = list(model.parameters())
+    tracer.mark([p for p in params if p.requires_grad], "trainable")
+    tracer.mark([p for p in params if not p.requires_grad], "param")
+    tracer.mark(list(model.buffers()), "param")
+    tracer.mark([p.grad for p in params if p.grad is not None], "grad")
+    tracer.mark(list(inputs.values()), "held")
+
+
 def _check_layers(hf, block_of: dict, arch: str) -> None:
     """A model without transformer blocks would trace only embeddings and heads: an error."""
     zero = [k for k in _LAYER_KEYS if getattr(hf, k, None) == 0]
@@ -1137,6 +1235,7 @@ def _trace(config, batch, seq, mode, grad_accumulation, architecture, imbalance)
             for p in model.parameters():
                 if p.requires_grad:
                     p.grad = torch.zeros_like(p)
+    _mark_storages(tracer, model, inputs)
 
     handles = _install_hooks(model, tracer)
     try:
@@ -1146,17 +1245,19 @@ def _trace(config, batch, seq, mode, grad_accumulation, architecture, imbalance)
                 if train:
                     with dropout_mode, recorder:
                         out = model(**inputs)
+                        tracer.mark(_tensors(out, []), "held")
                         loss = _loss(out)
                         tracer.phase = "bw"
                         tracer.fw_stack.clear()
                         loss.backward()
                 else:
                     with torch.no_grad(), recorder:
-                        model(**inputs)
+                        tracer.mark(_tensors(model(**inputs), []), "held")
             except (ValueError, RuntimeError, IndexError, TypeError, NotImplementedError,
                     AttributeError, KeyError) as e:
                 raise _trace_error(e, arch, hf.model_type, model, tracer) from None
     finally:
+        tracer.closed = True
         for h in handles:
             h.remove()
     if tracer.unknown:

@@ -71,6 +71,10 @@ def traced(model, batch: int, seq: int, mode: str, data=None,
                    imbalance).copy()
 
 
+# trace columns holding tuples of ints (parquet stores them as lists)
+_TUPLE_COLUMNS = ("inputs", "allocs", "frees")
+
+
 @lru_cache(maxsize=64)
 def _traced(key: str, config_json: str, batch: int, seq: int, mode: str,
             imbalance: float = 1.0) -> pd.DataFrame:
@@ -81,14 +85,15 @@ def _traced(key: str, config_json: str, batch: int, seq: int, mode: str,
         return df
     df = trace(json.loads(config_json), batch, seq, mode, imbalance=imbalance)
     buf = io.BytesIO()
-    df.assign(inputs=df["inputs"].map(list)).to_parquet(buf, index=False)
+    df.assign(**{c: df[c].map(list) for c in _TUPLE_COLUMNS}).to_parquet(buf, index=False)
     write_cache_entry(path, buf.getvalue())
     return df
 
 
 def _read_trace(path: Path) -> pd.DataFrame:
     df = pd.read_parquet(path)
-    df["inputs"] = df["inputs"].map(lambda v: tuple(int(i) for i in v))
+    for c in _TUPLE_COLUMNS:
+        df[c] = df[c].map(lambda v: tuple(int(i) for i in v))
     return df
 
 

@@ -38,8 +38,10 @@ def _predict(args) -> int:
         warnings.simplefilter("ignore", DatasheetRangeWarning)  # printed below, once
         frame, summary = predict_model(gpu, args.model, args.batch, args.seq, args.mode,
                                        predictor=args.predictor, quick=args.quick, **extra)
+    mem, per_gpu = _memory(args, gpu, extra, frame)
     summary = {"gpu": args.gpu_spec or args.gpu, "model": args.model, "batch": args.batch,
-               "seq": args.seq, "mode": args.mode, "predictor": args.predictor, **summary}
+               "seq": args.seq, "mode": args.mode, "predictor": args.predictor, **summary,
+               "memory_gb": mem, "fits": mem["fits"]}
     if args.json:
         print(json.dumps(summary, indent=1, allow_nan=False))
     else:
@@ -62,9 +64,33 @@ def _predict(args) -> int:
         elif summary.get("fused"):
             print(f"  fused: {summary['n_kernels']} kernels "
                   f"(from {summary['n_kernels_unfused']})")
+        print(_memory_line(mem, per_gpu))
         for w in summary.get("warnings", []):
             print(f"warning: {w} (outside the training GPUs: the forecast extrapolates)")
     return 0
+
+
+def _memory(args, gpu, extra: dict, frame) -> tuple[dict, bool]:
+    """(:func:`nslib.memory.memory_of` of the run as a dict, whether it is per GPU of several)."""
+    from .memory import memory_of
+    par = {k: extra[k] for k in ("dp", "tp", "pp", "microbatches", "imbalance") if k in extra}
+    if par.get("tp", 1) > 1:
+        par["sharded"] = frame   # the sharded trace predict_model made: not sharded twice
+    mem = memory_of(gpu, args.model, args.batch, args.seq, args.mode, args.optimizer,
+                    kv_cache=args.kv_cache, **par).to_dict()
+    return mem, any(par.get(k, 1) > 1 for k in ("dp", "tp", "pp"))
+
+
+def _memory_line(mem: dict, per_gpu: bool) -> str:
+    """'memory: fits (X GB of Y)' or 'memory: does not fit (needs X GB of Y)', with the parts."""
+    parts = ", ".join(f"{k} {mem[k]:.2f}" for k in ("weights", "grads", "optimizer",
+                                                     "activations", "kv_cache", "framework",
+                                                     "comm") if mem[k] > 0)
+    verdict = (f"fits ({mem['total']:.2f} GB of {mem['capacity']:g})" if mem["fits"] else
+               f"does not fit (needs {mem['total']:.2f} GB of {mem['capacity']:g})")
+    where = " per GPU" if per_gpu else ""
+    return (f"  memory{where}: {verdict}; peak in {mem['peak_phase']} at "
+            f"{mem['peak_module'] or 'kernel ' + str(mem['peak_kid'])}: {parts} GB")
 
 
 def add_predict_parser(sub) -> None:
@@ -87,6 +113,12 @@ def add_predict_parser(sub) -> None:
     s.add_argument("--imbalance", type=float, metavar="F",
                    help="mixture-of-experts routing: the busiest expert gets F times its even "
                         "share of tokens (default 1: balanced)")
+    s.add_argument("--optimizer", default="adam",
+                   choices=["adam", "adamw", "sgd", "sgd_plain", "none"],
+                   help="optimizer states counted in the training memory (default adam; sgd "
+                        "keeps a momentum buffer, sgd_plain none)")
+    s.add_argument("--kv-cache", action="store_true",
+                   help="inference keeps every layer's keys and values (generation) in memory")
     s.add_argument("--fused", action="store_true",
                    help="fuse chains of elementwise/memory kernels (nslib.fusion)")
     par = s.add_mutually_exclusive_group()

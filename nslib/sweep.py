@@ -57,14 +57,17 @@ def scenario_kernels(law: dict, batch: int, seq: int) -> pd.DataFrame:
 
 
 def sweep(model, mode: str, scenarios: pd.DataFrame, predictor="neusight", data=None,
-          quick: bool = False, launch_us: float | None = LAUNCH_US) -> pd.DataFrame:
+          quick: bool = False, launch_us: float | None = LAUNCH_US, memory: bool = True,
+          optimizer: str = "adam") -> pd.DataFrame:
     """Predicted ``e2e_ms``, ``fw_ms``, ``bw_ms`` for each row of ``scenarios``.
 
     ``scenarios`` has columns ``gpu`` (name, alias or GPU), ``batch`` and ``seq``. Identical
     kernels across layers and scenarios are predicted once. The ``warnings`` column names the
     GPU's datasheet figures outside the training GPUs' range ("; "-separated, "" when in
     range; :mod:`nslib.gpu_range`); each GPU out of range also gets one Python warning per
-    figure.
+    figure. ``memory``: also the peak memory ``memory_gb``, the GPU's ``capacity_gb`` and
+    ``fits`` (:func:`nslib.memory.sweep_memory`, ``optimizer``'s states counted in training);
+    the times of a scenario that does not fit are still given, as if it had the memory.
     """
     from .gpu_range import warn_out_of_range
     laws = {one: scaling_law(model, mode, data, batch_one=one)
@@ -87,4 +90,7 @@ def sweep(model, mode: str, scenarios: pd.DataFrame, predictor="neusight", data=
     out["bw_ms"] = tot.get("bw", pd.Series(0.0, index=tot.index)).reindex(out.index).fillna(0)
     out["e2e_ms"] = out["fw_ms"] + out["bw_ms"]
     out["warnings"] = [notes[g] for g in out["gpu"]]
+    if memory:
+        from .memory import sweep_memory
+        out = sweep_memory(model, mode, out, optimizer, data)
     return out

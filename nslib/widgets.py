@@ -10,8 +10,10 @@ its controls, calls them and draws the result:
 - :func:`scenario` predicts one model configuration on several GPUs and returns a per-GPU
   summary, a per-class breakdown, the largest kernels with their roofline placement, and
   warnings when the question leaves the range the predictors were trained on.
-- :func:`plot_scenario` draws a scenario: step time per GPU, the per-class breakdown, and the
-  largest kernels under each GPU's roofline.
+- :func:`plot_scenario` draws a scenario: step time per GPU, the per-class breakdown, the
+  largest kernels under each GPU's roofline, and the peak memory per GPU against its capacity
+  (:func:`memory_table`); a GPU the step does not fit on is marked "does not fit" instead of
+  being given a time.
 
 Traces (``nslib.predict``), trained predictors, training ranges and the tile lookup are cached
 in memory, so a second question about the same model and sizes answers in well under a second.
@@ -44,6 +46,8 @@ CLASS_ORDER = ("linear", "bmm", "elementwise", "softmax", "layernorm", "memory")
 PASTED = "(pasted config)"
 # arguments of predict_model being built elsewhere: name -> value meaning "off"
 FUTURE_ARGS = {"parallel": None, "fused": False}
+# parts of the peak memory, in the order the memory bar stacks them
+MEMORY_PARTS = ("weights", "grads", "optimizer", "activations", "kv_cache", "framework", "comm")
 
 
 # --------------------------------------------------------------------------------------------
@@ -449,7 +453,9 @@ def scenario(gpus, model, batch: int, seq: int, mode: str = "inf", predictor="ne
     outside it, :func:`dominance_warnings`, arguments not available yet), ``range_details``
     (one line per datasheet figure out of range, :mod:`nslib.gpu_range`; folded under that
     line in the explorer), ``frames`` (``{gpu: predicted kernel frame}``), ``gpus``
-    (the :class:`GPU` objects), ``params`` and ``seconds``. Raises ValueError, KeyError or
+    (the :class:`GPU` objects), ``memory`` (:func:`memory_table`; the summary also gains
+    ``memory_gb`` and ``fits``, and a GPU the step does not fit on gets a warning),
+    ``params`` and ``seconds``. Raises ValueError, KeyError or
     FileNotFoundError for a bad mode, GPU, model or size (the explorer shows them as messages).
     """
     import warnings as pywarnings
@@ -526,13 +532,18 @@ def scenario(gpus, model, batch: int, seq: int, mode: str = "inf", predictor="ne
     line = range_summary(outside)
     warns = ([line] if line else []) + warns + kernel_warnings(featured, ranges)
     warns += dominance_warnings(specs, labels, [r["e2e_ms"] for r in rows])
+    mem = memory_table(specs, labels, model, batch, seq, mode, data)
+    warns += memory_warnings(mem)
 
     summary = pd.DataFrame(rows)
+    summary["memory_gb"] = mem["total"].reindex(summary["gpu"]).to_numpy()
+    summary["fits"] = mem["fits"].reindex(summary["gpu"]).to_numpy()
     pc = pd.DataFrame(per_class).set_index("gpu").fillna(0.0)
     order = [c for c in CLASS_ORDER if c in pc] + [c for c in pc if c not in CLASS_ORDER]
     return {"summary": summary, "per_class": pc[order], "top_kernels": pd.concat(tops,
             ignore_index=True), "warnings": warns, "frames": frames,
-            "range_details": [o.message() for items in outside.values() for o in items], "gpus": specs,
+            "range_details": [o.message() for items in outside.values() for o in items],
+            "gpus": specs, "memory": mem,
             "params": {"model": model if not isinstance(model, dict) else
                        model.get("model_type", "config"), "batch": int(batch), "seq": int(seq),
                        "mode": mode, "predictor": predictor if isinstance(predictor, str)
@@ -540,29 +551,58 @@ def scenario(gpus, model, batch: int, seq: int, mode: str = "inf", predictor="ne
             "seconds": time.perf_counter() - t0}
 
 
+def memory_table(specs: list[GPU], labels: list[str], model, batch: int, seq: int,
+                 mode: str = "inf", data=None, optimizer: str = "adam") -> pd.DataFrame:
+    """Peak memory of the step on each GPU (:func:`nslib.memory.memory_of`), GB: one row per
+    GPU label with the breakdown, ``total``, ``capacity`` and ``fits``."""
+    from .memory import memory_of
+    rows = []
+    for spec, label in zip(specs, labels):
+        d = memory_of(spec, model, int(batch), int(seq), mode, optimizer, data=data).to_dict()
+        rows.append({"gpu": label, **{k: d[k] for k in MEMORY_PARTS},
+                     "total": d["total"], "capacity": d["capacity"], "fits": d["fits"]})
+    return pd.DataFrame(rows).set_index("gpu")
+
+
+def memory_warnings(mem: pd.DataFrame) -> list[str]:
+    """One 'does not fit (needs X GB of Y)' message per GPU the step does not fit on."""
+    out = []
+    for label, r in mem[~mem["fits"]].iterrows():
+        big = max(MEMORY_PARTS, key=lambda k: r[k])
+        out.append(f"{label}: does not fit (needs {r['total']:.1f} GB of {r['capacity']:g}; "
+                   f"largest part: {big} {r[big]:.1f} GB): its time is what the step would "
+                   f"take with enough memory, and is not shown.")
+    return out
+
+
 # --------------------------------------------------------------------------------------------
 # plotting
 # --------------------------------------------------------------------------------------------
 
 def plot_scenario(result: dict, title: str | None = None):
-    """Three panels: step time per GPU, ms per kernel class, the largest kernels' roofline."""
+    """Four panels: step time per GPU ("does not fit" instead of a time where the step does
+    not fit in memory), ms per kernel class, the largest kernels' roofline, peak memory."""
     import matplotlib.pyplot as plt
 
     summary, pc, top = result["summary"], result["per_class"], result["top_kernels"]
     n = len(summary)
-    fig, axes = plt.subplots(1, 3, figsize=(16, 2.0 + 0.55 * max(n, 3)),
-                             gridspec_kw={"width_ratios": [1, 1.2, 1.3]})
+    fig, axes = plt.subplots(1, 4, figsize=(20, 2.0 + 0.55 * max(n, 3)),
+                             gridspec_kw={"width_ratios": [1, 1.2, 1.3, 1]})
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     gcol = {g: colors[i % len(colors)] for i, g in enumerate(summary["gpu"])}
     y = np.arange(n)
+    fits = summary["fits"].to_numpy(bool) if "fits" in summary else np.ones(n, bool)
 
     ax = axes[0]
-    ax.barh(y, summary["fw_ms"], color=[gcol[g] for g in summary["gpu"]], label="forward")
+    shown = summary.assign(fw_ms=np.where(fits, summary["fw_ms"], 0.0),
+                           bw_ms=np.where(fits, summary["bw_ms"], 0.0))
+    ax.barh(y, shown["fw_ms"], color=[gcol[g] for g in summary["gpu"]], label="forward")
     if (summary["bw_ms"] > 0).any():
-        ax.barh(y, summary["bw_ms"], left=summary["fw_ms"], color=[gcol[g] for g in summary["gpu"]],
+        ax.barh(y, shown["bw_ms"], left=shown["fw_ms"], color=[gcol[g] for g in summary["gpu"]],
                 alpha=0.5, hatch="//", label="backward")
-    for yi, v in zip(y, summary["e2e_ms"]):
-        ax.text(v, yi, f" {v:,.1f}", va="center", fontsize=8)
+    for yi, v, ok in zip(y, summary["e2e_ms"], fits):
+        ax.text(v if ok else 0, yi, f" {v:,.1f}" if ok else " does not fit in memory",
+                va="center", fontsize=8, color="k" if ok else "firebrick")
     ax.set_yticks(y, [_short(g) for g in summary["gpu"]], fontsize=8)
     ax.invert_yaxis()
     ax.set_xlabel("predicted step time (ms)")
@@ -574,7 +614,7 @@ def plot_scenario(result: dict, title: str | None = None):
     left = np.zeros(n)
     cmap = plt.get_cmap("tab10")
     for i, c in enumerate(pc.columns):
-        vals = pc[c].reindex(summary["gpu"]).fillna(0).to_numpy(float)
+        vals = np.where(fits, pc[c].reindex(summary["gpu"]).fillna(0).to_numpy(float), 0.0)
         ax.barh(y, vals, left=left, color=cmap(i % 10), label=c)
         left += vals
     ax.set_yticks(y, [""] * n)
@@ -601,13 +641,42 @@ def plot_scenario(result: dict, title: str | None = None):
     ax.set_xlabel("arithmetic intensity (FLOP/byte)")
     ax.set_ylabel("achieved GFLOP/s (predicted)")
     ax.set_title("largest kernels under each roofline (size: share of step)", fontsize=10)
+    if "memory" in result:
+        _memory_panel(axes[3], result["memory"].reindex(summary["gpu"]))
+    else:
+        axes[3].set_axis_off()
     p = result.get("params", {})
     fig.suptitle(title or f"{p.get('model')} {p.get('mode')} batch {p.get('batch')} seq "
                  f"{p.get('seq')} ({p.get('predictor')})", fontsize=11)
     # fixed margins: tight_layout would draw the figure once more (slow in the explorer)
     h = fig.get_figheight()
-    fig.subplots_adjust(left=0.15, right=0.985, wspace=0.25, bottom=1.1 / h, top=1 - 0.65 / h)
+    fig.subplots_adjust(left=0.12, right=0.985, wspace=0.25, bottom=1.1 / h, top=1 - 0.65 / h)
     return fig
+
+
+def _memory_panel(ax, mem: pd.DataFrame) -> None:
+    """Stacked peak-memory bars per GPU (GB) with each GPU's capacity as a black tick."""
+    import matplotlib.pyplot as plt
+
+    y = np.arange(len(mem))
+    left = np.zeros(len(mem))
+    cmap = plt.get_cmap("Set2")
+    for i, part in enumerate(MEMORY_PARTS):
+        vals = mem[part].to_numpy(float)
+        if (vals > 0).any():
+            ax.barh(y, vals, left=left, color=cmap(i % 8), label=part)
+            left += vals
+    ax.scatter(mem["capacity"], y, marker="|", s=400, color="k", label="GPU memory", zorder=3)
+    for yi, total, ok in zip(y, mem["total"], mem["fits"]):
+        ax.text(total, yi, f" {total:,.1f}" + ("" if ok else " (does not fit)"), va="center",
+                fontsize=8, color="k" if ok else "firebrick")
+    ax.set_yticks(y, [""] * len(y))
+    ax.invert_yaxis()
+    ax.set_xlim(0, max(mem["total"].max(), mem["capacity"].max()) * 1.3 if len(mem) else 1)
+    ax.set_xlabel("peak memory per GPU (GB)")
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=4,
+              frameon=False, columnspacing=0.8, handlelength=1.2)
+    ax.set_title("will it fit? (tick: the GPU's memory)", fontsize=10)
 
 
 def _short(name: str, n: int = 34) -> str:
@@ -805,8 +874,8 @@ class Explorer:
         with self.output:
             clear_output(wait=True)
             display(fig)
-            display(res["summary"][["gpu", "e2e_ms", "fw_ms", "bw_ms", "n_kernels"]]
-                    .round(2).set_index("gpu"))
+            display(res["summary"][["gpu", "e2e_ms", "fw_ms", "bw_ms", "n_kernels",
+                                    "memory_gb", "fits"]].round(2).set_index("gpu"))
         plt.close(fig)
         self._say(res["warnings"], note=f"predicted in {res['seconds']:.2f} s",
                   details=res.get("range_details", ()))

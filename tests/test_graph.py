@@ -47,7 +47,7 @@ def gpt2_train():
 
 def test_columns_and_dtypes(gpt2_inf):
     df = gpt2_inf
-    assert list(df.columns) == list(graph.TRACE_COLUMNS)
+    assert list(df.columns) == list(graph.TRACE_COLUMNS) + list(graph.MEMORY_COLUMNS)
     assert df["kid"].tolist() == list(range(len(df)))
     for c in ("B", "M", "N", "K", "H", "flops", "bytes"):
         assert df[c].dtype == np.float64
