@@ -8,10 +8,44 @@ import pandas as pd
 
 from .evaluate import ape
 from .graph import load_model_config
-from .opgraph import measured_per_class
+from .labels import load_labels
+from .opgraph import host_nodes, layer_span, measured_nodes, measured_per_class
 from .predict import predict_model
 
 CLASSES = ("linear", "bmm", "elementwise", "softmax", "layernorm", "memory")
+
+
+def host_overlap(data=None) -> pd.DataFrame:
+    """Whether the label CSVs' host-only nodes (views, getitems, sizes, timed one by one at
+    7-9 us each) add to the end-to-end time: per single-GPU, unfused label with a CSV, the
+    measured e2e over the sum of every timed node (layer nodes times the layer count) and over
+    the sum of the kernel-launching nodes only (:func:`nslib.opgraph.host_nodes`).
+
+    A ratio near 1 for kernels only, below 1 for all nodes, says the host ops overlap GPU work
+    (the host runs ahead of the GPU) and cost nothing end to end. Columns: gpu_key, tag,
+    e2e_ms, all_nodes_ms, kernel_nodes_ms, host_ms, e2e_over_all, e2e_over_kernels.
+    """
+    labs = load_labels(data)
+    labs = labs[labs["variant"] == ""]
+    rows = []
+    for _, lab in labs.iterrows():
+        df = measured_nodes(lab["gpu_key"], lab["tag"], data)
+        if df is None:
+            continue
+        n_layer = _n_layer(load_model_config(lab["model"], data))
+        span = layer_span(df["Name"].astype(str).tolist())
+        rep = pd.Series(1, index=df.index)
+        if span is not None:
+            rep.iloc[span[0]:span[1]] = n_layer
+        ms, host = df["latency"] * rep, host_nodes(df)
+        rows.append({"gpu_key": lab["gpu_key"], "tag": lab["tag"], "e2e_ms": lab["e2e_ms"],
+                     "all_nodes_ms": ms.sum(), "kernel_nodes_ms": ms[~host].sum(),
+                     "host_ms": ms[host].sum()})
+    out = pd.DataFrame(rows)
+    if len(out):
+        out["e2e_over_all"] = out["e2e_ms"] / out["all_nodes_ms"]
+        out["e2e_over_kernels"] = out["e2e_ms"] / out["kernel_nodes_ms"]
+    return out
 
 
 def _n_layer(config: dict) -> int:

@@ -15,6 +15,9 @@ from .paths import data_root, require
 
 LAYER0 = re.compile(r"(^|_)(h|layer|layers|block)_0_")
 LAYER1 = re.compile(r"(^|_)(h|layer|layers|block)_1_")
+# FX targets that return a view or a Python value: the host runs them, no kernel is launched
+HOST_TARGETS = re.compile(r"getitem|getattr|^(?:size|dim|view|split|chunk|permute|transpose|t|"
+                          r"unsqueeze|squeeze|expand|narrow|select|detach)$")
 MODULE_ROOTS = re.compile(r"^(transformer|bert|model|cls|lm_head|encoder|decoder|shared|"
                           r"final_logits)(_|$)")
 
@@ -63,19 +66,36 @@ def load_opgraph(tag: str, data=None) -> pd.DataFrame:
 def measured_per_class(gpu_key: str, tag: str, n_layer: int, data=None) -> pd.Series | None:
     """Measured ms per kernel class of one configuration, or None when the label has no CSV.
 
-    Node classes come from the original graph's ``OpName`` (``misc`` nodes, which launch no
-    kernel but were timed, go to ``other``); layer nodes count ``n_layer`` times.
+    Node classes come from the original graph's ``OpName``; nodes that launch no kernel but
+    were timed one by one go to ``host`` (:func:`host_nodes`: views, getitems, sizes; the
+    original graph files getitems under memory ops) and the graph's other ``misc`` nodes to
+    ``other``; layer nodes count ``n_layer`` times.
     """
-    path = data_root(data) / "label" / gpu_key / f"{tag}.csv"
-    if not path.exists():
+    df = measured_nodes(gpu_key, tag, data)
+    if df is None:
         return None
-    meas = pd.read_csv(path)[["Name", "latency"]]
-    graph = load_opgraph(tag.removesuffix("-fusion"), data)[["Name", "OpName"]]
-    df = meas.merge(graph, on="Name", how="left")
     span = layer_span(df["Name"].astype(str).tolist())
     rep = pd.Series(1, index=df.index)
     if span is not None:
         rep.iloc[span[0]:span[1]] = n_layer
     op = df["OpName"].fillna("misc").astype(str)
     cls = op.map(lambda k: "other" if k == "misc" else ref_class(k))
+    cls = cls.where(~host_nodes(df), "host")
     return (df["latency"] * rep).groupby(cls).sum()
+
+
+def host_nodes(df: pd.DataFrame) -> pd.Series:
+    """True for the label CSV's nodes that launch no kernel: a non-tensor result (no dtype)
+    or a view-making target (:data:`HOST_TARGETS`)."""
+    return df["dtype"].isna() | df["target"].astype(str).str.contains(HOST_TARGETS)
+
+
+def measured_nodes(gpu_key: str, tag: str, data=None) -> pd.DataFrame | None:
+    """The label CSV's timed nodes (Name, target, dtype, latency ms) with the original graph's
+    ``OpName``; None when the label has no CSV."""
+    path = data_root(data) / "label" / gpu_key / f"{tag}.csv"
+    if not path.exists():
+        return None
+    meas = pd.read_csv(path)[["Name", "target", "dtype", "latency"]]
+    graph = load_opgraph(tag.removesuffix("-fusion"), data)[["Name", "OpName"]]
+    return meas.merge(graph, on="Name", how="left")

@@ -30,3 +30,15 @@ def share_bars(breakdown: pd.DataFrame, xlabel: str):
     ax.set(xlabel=xlabel, ylabel="")
     ax.legend(bbox_to_anchor=(1, 1))
     return ax.figure
+
+
+def logo_heatmap(tab, title: str = "leave-one-GPU-out MAPE (%)"):
+    """Heatmap of a :func:`nslib.kernel_eval.logo_table`: classes x GPUs, summary columns last."""
+    fig, ax = plt.subplots(figsize=(1.1 * tab.shape[1] + 2, 0.5 * tab.shape[0] + 1.5))
+    sns.heatmap(tab.astype(float), annot=True, fmt=".0f", cmap="rocket_r", vmin=0, vmax=60,
+                cbar_kws={"label": "MAPE (%)"}, ax=ax)
+    ax.set(title=title, xlabel="", ylabel="")
+    ax.tick_params(axis="x", rotation=30)
+    for lbl in ax.get_xticklabels():
+        lbl.set_horizontalalignment("right")
+    return fig

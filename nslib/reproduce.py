@@ -101,7 +101,10 @@ def output_paths(quick: bool, out=None, results=None) -> tuple[Path, Path, Path 
 
 
 HEADLINE = {"03_baselines_kernel_error.csv": "Kernel-level MAPE (%) per predictor: class x "
-                                             "(training GPUs, new GPUs)",
+                                             "(training GPUs, new GPUs): the paper's protocol",
+            "03_baselines_logo.csv": "Kernel-level MAPE (%), leave-one-GPU-out: each training "
+                                     "GPU held out in turn (mean over them, worst of them); "
+                                     "design choices are made on this one",
             "04_inf_summary.csv": "Inference: mean end-to-end error (%) per GPU",
             "05_train_summary.csv": "Training: mean end-to-end error (%) per GPU",
             "06_fusion_summary.csv": "Fused kernels: mean error (%)",

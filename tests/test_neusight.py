@@ -45,8 +45,10 @@ def test_hand_checked_units(fitted):
     # tile FLOPs 2*128*1024*128; roofline: compute-bound (intensity 170 FLOP/B > 10)
     wave = roofline_wave_ms(f)[0]
     assert wave == pytest.approx(10 * 2 * 128 * 1024 * 128 / 10e12 * 1e3)
+    # the GEMM law is bounded by the kernel's roofline: u is the share of it reached
     u = fitted.utilisation(f)[0]
-    assert fitted.predict(f)[0] == pytest.approx(7 * wave / u)
+    assert fitted.predict(f)[0] == pytest.approx(kernels.roofline_ms(f)[0] / u)
+    assert kernels.roofline_ms(f)[0] == pytest.approx(2 * 1024**3 / 10e12 * 1e3)
 
 
 def test_save_load_round_trip_and_bad_files(fitted, small, tmp_path):
@@ -92,8 +94,9 @@ def test_traced_style_frame_without_tiles_gets_lookup(fitted):
     assert np.isfinite(pred).all() and (pred >= kernels.roofline_ms(f)).all()
 
 
-def _ctx(base, waves, mem_ms=(0.0, 0.0), sm_ms=(0.0, 0.0), comp_ms=(0.0, 0.0)):
-    return torch.tensor([base, waves, mem_ms, sm_ms, comp_ms], dtype=torch.float64).T
+def _ctx(base, waves, mem_ms=(0.0, 0.0), sm_ms=(0.0, 0.0), comp_ms=(0.0, 0.0),
+         roof_ms=(0.0, 0.0)):
+    return torch.tensor([base, waves, mem_ms, sm_ms, comp_ms, roof_ms], dtype=torch.float64).T
 
 
 def test_wave_laws_by_hand():
@@ -111,22 +114,26 @@ def test_wave_laws_by_hand():
     ctx = _ctx([0.001, 0.001], [1.0, 4.0], mem_ms=[0.1, 0.4], sm_ms=[0.01, 0.04])
     assert wave_ms(raw3, ctx, "stream").tolist() == pytest.approx(
         [ADDITIVE_MS + 0.2 + 0.01 / KAPPA, (ADDITIVE_MS + 0.8 + 0.04 / KAPPA) / 4])
-    # series: launch + max(compute / 0.5, bytes / (0.5 * bandwidth)), per wave
+    # series: launch + max(compute / 0.5, bytes / (0.75 * bandwidth)), per wave
     ctx = _ctx([0.001, 0.001], [1.0, 4.0], mem_ms=[0.1, 0.1], comp_ms=[0.3, 0.01])
     assert wave_ms(raw3, ctx, "series").tolist() == pytest.approx(
-        [ADDITIVE_MS + 0.6, (ADDITIVE_MS + 0.2) / 4])
+        [ADDITIVE_MS + 0.6, (ADDITIVE_MS + 0.1 / 0.75) / 4])
+    # both kernel laws are bounded by the kernel's own roofline (whole kernel, not per wave)
+    ctx = _ctx([0.001, 0.001], [1.0, 4.0], mem_ms=[0.1, 0.1], roof_ms=[5.0, 5.0])
+    for form in ("stream", "series"):
+        assert wave_ms(raw3, ctx, form).tolist() == pytest.approx([5.0, 5.0 / 4])
     with pytest.raises(ValueError, match="form"):
         wave_ms(raw, ctx, "linear")
 
 
 def test_launch_cost_of_vector_ops_does_not_scale_with_bandwidth(fitted):
     # a GPU with 5x less bandwidth (and nothing else changed): a tiny elementwise kernel
-    # costs mostly its fixed launch time on both (plus one wave of tiles at the roofline,
-    # which does scale), a huge memory-bound one 5x more
+    # costs mostly its fixed launch time on both, a huge memory-bound one up to 5x more (its
+    # DRAM term scales, the SMs' own issue term does not)
     f = pd.DataFrame({"cls": ["elementwise"] * 2, "op": ["add"] * 2, "B": [1.0, 65536.0],
                       "M": np.nan, "N": np.nan, "K": np.nan, "H": [64.0, 4096.0]})
     fast = f.assign(num_sm=58.0, peak_gflops=30000.0, mem_bw=1500.0, mem_gb=24.0, l2_mb=48.0)
     slow = fast.assign(mem_bw=300.0)
     ratio = fitted.predict(slow) / fitted.predict(fast)
     assert 1.0 <= ratio[0] < 1.5
-    assert ratio[1] == pytest.approx(5.0, rel=0.05)
+    assert 3.0 <= ratio[1] <= 5.0 * (1 + 1e-9)

@@ -28,6 +28,13 @@ def test_02_kernel_predictors(data_dir, tmp_path):
         assert (tmp_path / f"{name}.png").stat().st_size > 1000
     agree = pd.read_csv(tmp_path / "02_tile_lookup_agreement.csv", index_col=0)
     assert ((agree >= 0) & (agree <= 100) | agree.isna()).all().all()
+    # leave-one-GPU-out beside the paper's protocol, and the property checks
+    logo = pd.read_csv(tmp_path / "02_logo_neusight.csv", index_col=0)
+    assert {"mean (training GPUs held out)", "worst held-out GPU"} <= set(logo.columns)
+    assert (logo["worst held-out GPU"] >= logo["mean (training GPUs held out)"]).all()
+    assert (tmp_path / "02_logo_neusight.png").stat().st_size > 1000
+    props = pd.read_csv(tmp_path / "02_property_checks.csv", index_col=[0, 1])
+    assert (props["kernels checked"] > 0).all()
 
 
 def test_03_baselines(data_dir, tmp_path):
@@ -35,6 +42,8 @@ def test_03_baselines(data_dir, tmp_path):
     tab = pd.read_csv(tmp_path / "03_baselines_kernel_error.csv", index_col=0, header=[0, 1])
     assert {"roofline", "habitat", "li", "linreg", "xgboost", "mlp", "neusight"} <= set(tab.index)
     assert (tmp_path / "03_baselines_error_boxes.png").exists()
+    logo = pd.read_csv(tmp_path / "03_baselines_logo.csv", index_col=0, header=[0, 1])
+    assert {"roofline", "neusight"} <= set(logo.index)
 
 
 @pytest.mark.parametrize("name,mode", [("04_inference", "inf"), ("05_training", "train")])

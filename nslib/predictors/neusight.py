@@ -1,21 +1,22 @@
-"""NeuSight: per-class MLPs predicting the utilisation of one wave, bounded by the roofline.
+"""NeuSight: per-class MLPs predicting how much of the roofline a kernel reaches, bounded by it.
 
-For each kernel class an MLP maps per-SM-normalised log2 tile features to two raw outputs that
-give the utilisation u in (0, 1) of a wave (:func:`wave_ms`), and the latency is
+For each kernel class an MLP maps log2 features of the kernel (and of the GPU) to a few raw
+outputs that a *law* (:func:`wave_ms`) turns into time. The paper's wave laws
+(``paper``: ``u = gamma * (1 - alpha / num_waves)``; ``overhead``; ``additive``) give the
+utilisation u in (0, 1) of one wave of tiles and
 
-    t = num_waves * (num_sm * tile_FLOPs) / (roofline_throughput * u)     (ms)
+    t = num_waves * (num_sm * tile_FLOPs) / (roofline_throughput * u)     (ms).
 
-so a prediction can never beat the roofline. Three laws for u (:func:`wave_ms`): ``paper``,
-``u = gamma * (1 - alpha / num_waves)`` (method.md's ``gamma - alpha' / num_waves`` with
-``alpha' = alpha * gamma``, in (0, 1) for every wave count), ``overhead``,
-``u = gamma * num_waves / (num_waves + a)``: a per-wave cost plus a fixed cost of ``a`` waves,
-which fits small, launch-bound kernels without wave-dependent features and tends to gamma for
-kernels far larger than any trained on, and ``additive``: the fixed cost is a time instead
-(used by the memory-bound classes, whose wave time scales with 1 / bandwidth). Training minimises the symmetric percentage error of
-the per-wave latency. Kernels without a parsed tile (unprofiled GPUs, traced models) take the
-tile of the nearest measured training kernel (:mod:`nslib.tiles`); softmax kernels pack several
-rows per block (:class:`RowPacking`). A class may train an :class:`Ensemble` of MLPs from
-different seeds; its u is the mean of the members' u, still in (0, 1).
+The kernel laws build the time from physical terms of the datasheet, each divided by a learned
+efficiency in (0, 1): ``series`` (GEMMs) ``c + max(compute / gamma, bytes / (delta * bandwidth))``
+and ``stream`` (memory-bound classes) ``c + bytes / (gamma * bandwidth) + bytes / (kappa *
+SM peak)``, never below the kernel's roofline. The defaults (:data:`CLASS_DEFAULTS`) are the
+kernel laws, chosen on leave-one-GPU-out error (DECISIONS.md). Training minimises the
+symmetric percentage error of the per-wave latency. Kernels without a parsed tile (unprofiled
+GPUs, traced models) take the tile of the nearest measured training kernel
+(:mod:`nslib.tiles`); softmax kernels pack several rows per block (:class:`RowPacking`). A
+class may train an :class:`Ensemble` of MLPs from different seeds; their utilisations are
+averaged.
 """
 from __future__ import annotations
 
@@ -36,37 +37,17 @@ from .base import Predictor, by_class
 
 
 FEATURES = ("compute", "load", "dram_footprint", "l2_footprint")  # the paper's four
-# Defaults: the per-tile features only (they do not grow with the kernel, so kernels far larger
-# than any trained on are not extrapolated in feature space: the wave count enters through u
-# alone). dram_footprint keyed on memory size (A100-40GB vs 80GB differ only there and in
-# bandwidth) and the footprints froze u at the edge of the training range; elementwise kernels
-# keep l2_footprint, which they need and which did not hurt them (kernel MAPE 1.4/3.5% vs 9.6/11%).
 DEFAULT_FEATURES = ("compute", "load")
-# GEMMs add the tile's aspect ratio tm/tk (GPU-independent; compute and load alone cannot tell a
-# 128x32 tile from a 64x64 one) and are not clipped to the training range: the A100-80GB's
-# higher bandwidth puts its load feature past the training edge, where clipping froze u (bmm
-# A100-80GB 7.2% clipped vs 2.3% unclipped; linear unchanged). Full tile_m/tile_k/N features fit
-# better (linear validation SMAPE 0.20 vs 0.22) but fail on the P4's test kernels, whose 128x128
-# tiles the P4 never ran in training (P4 linear 128-172% vs 62%). bmm uses the paper's law (new
-# GPUs 10.7% vs 12.1%, H100 18.4 vs 21.9%), linear the overhead law (seed-to-seed spread of
-# the two overlapped).
-GEMM_DEFAULTS = {"features": ("compute", "load", "aspect"), "clip": False}
-# Vector ops (memory-bound): features that see the GPU only through its SM count and L2, not
-# its bandwidth or peak. Then u does not move with bandwidth, the latency scales exactly as
-# 1 / bandwidth through the roofline, and a GPU with more bandwidth or FP32 peak can never be
-# predicted slower (with `compute`/`load` inputs the MLP keyed on peak, which rises with
-# bandwidth across the training GPUs, and doubled-peak GPUs got ~2x slower elementwise ops).
-# Held-out error, train/new GPUs (%): elementwise 2.9/7.6 (was 3.7/4.8), softmax 18.0/14.1
-# (19.3/13.3), layernorm 10.0/11.5 (14.7/18.3).
-# The additive law: their fixed cost is a time (a launch), not a number of waves; with the
-# overhead law it scaled with 1 / bandwidth, and a GPU with L4-like slow memory and many SMs
-# (unlike any training GPU) got 1-2 ms per tiny kernel; with additive ~50 us and big kernels
-# at 1.3-2.5x the roofline, as on the T4. Held-out error and end-to-end errors unchanged
-# (train/new GPUs %: elementwise 2.2/6.1, softmax 18.0/14.6, layernorm 10.1/12.3).
-VECTOR_DEFAULTS = {"features": ("waves", "num_sm", "l2_footprint"), "form": "additive"}
+# Class defaults, chosen on leave-one-GPU-out error over the training GPUs among designs that
+# keep the physical properties of nslib.extrapolation (evidence: DECISIONS.md beside this file).
+# The MLP sees the kernel's shape and the GPU's SM count only (clipped to the training range);
+# peak, bandwidth and their ratio enter through the law's physical terms, so a datasheet
+# outside the training range moves time the way the hardware would, not an MLP input.
+GEMM_DEFAULTS = {"features": ("tile_m", "tile_k", "reduction", "num_sm"), "form": "series",
+                 "clip": True}
+VECTOR_DEFAULTS = {"features": ("tile_kb", "blocks", "num_sm"), "form": "stream"}
 CLASS_DEFAULTS = {"elementwise": dict(VECTOR_DEFAULTS), "softmax": dict(VECTOR_DEFAULTS),
-                  "layernorm": dict(VECTOR_DEFAULTS),
-                  "bmm": {**GEMM_DEFAULTS, "form": "paper"},
+                  "layernorm": dict(VECTOR_DEFAULTS), "bmm": dict(GEMM_DEFAULTS),
                   "linear": dict(GEMM_DEFAULTS)}
 
 
@@ -78,12 +59,10 @@ class TrainConfig:
     :func:`wave_ms`; ``pack_rows``: pack softmax rows into blocks (:class:`RowPacking`).
     ``lr`` per step, cosine-annealed to 0 over ``epochs``; ``batch`` in kernels.
     ``val``: how the epoch to keep is chosen: ``random`` (a random ``val_frac`` of the kernels)
-    or ``gpu`` (the training GPU with the highest FP32 peak held out whole, to mimic
-    extrapolating to a newer GPU). ``random`` is the default: holding out the A100 removes the
-    GPU nearest to the new ones from training (linear new GPUs 16.9% vs 13.2%, train GPUs 34 vs
-    21%). ``ensemble``: MLPs trained from different seeds (and validation splits) whose
-    utilisations are averaged, which damps the seed-to-seed spread (linear new GPUs 13.2-18.2%
-    single, 11.4-14.7% with 3). ``clip``: clip the standardised inputs to the training range.
+    or ``gpu`` (the training GPU with the highest FP32 peak held out whole). ``ensemble``:
+    MLPs trained from different seeds (and validation splits) whose utilisations are averaged
+    (damps the seed-to-seed spread). ``clip``: clip the standardised inputs to the training
+    range (a GPU with more SMs than any trained on is treated as the largest one seen).
     ``tiles``: ``parsed`` (each training kernel's own tile; looked up on a new GPU) or
     ``nominal`` (trained and predicted with the tile most training GPUs ran for the dims,
     :class:`nslib.tiles.TileLookup` with ``gpu_free``).
@@ -238,7 +217,9 @@ ADDITIVE_MS = 0.01
 # Scale of the stream form's SM-side rate: bytes an SM moves per FLOP of its FP32 peak
 # (exp(raw) times this; 0.1 is ~20 GB/s per SM on an A100).
 KAPPA = 0.1
-CONTEXT = ("base", "waves", "mem_ms", "sm_ms", "comp_ms")
+CONTEXT = ("base", "waves", "mem_ms", "sm_ms", "comp_ms", "roof_ms")
+# laws whose time is built from whole-kernel terms and bounded by the kernel's own roofline
+KERNEL_LAWS = ("stream", "series")
 
 
 def wave_context(frame: pd.DataFrame) -> torch.Tensor:
@@ -248,7 +229,8 @@ def wave_context(frame: pd.DataFrame) -> torch.Tensor:
     ``mem_ms``: the kernel's bytes at the memory bandwidth, ms; ``sm_ms``: its bytes at one
     byte per FLOP of the FP32 peak of the SMs it occupies (``min(blocks, num_sm)``), ms: the
     time scale of how fast the SMs themselves can issue memory traffic; ``comp_ms``: the
-    waves of tiles at the FP32 peak, ms (wave-quantised compute time).
+    waves of tiles at the FP32 peak, ms (wave-quantised compute time); ``roof_ms``: the
+    kernel's roofline, ``max(FLOPs / peak, bytes / bandwidth)``, ms.
     """
     sm = frame["num_sm"].to_numpy(float)
     nbytes = frame["bytes"].to_numpy(float)
@@ -258,7 +240,8 @@ def wave_context(frame: pd.DataFrame) -> torch.Tensor:
     cols = [roofline_wave_ms(frame), waves,
             nbytes / (frame["mem_bw"].to_numpy(float) * 1e9) * 1e3,
             nbytes / (active * per_sm) * 1e3,
-            waves * frame["tile_flops"].to_numpy(float) / per_sm * 1e3]
+            waves * frame["tile_flops"].to_numpy(float) / per_sm * 1e3,
+            kernels.roofline_ms(frame)]
     return torch.from_numpy(np.column_stack(cols).astype(float))
 
 
@@ -276,12 +259,14 @@ def _one_wave_ms(raw: torch.Tensor, ctx: torch.Tensor, form: str) -> torch.Tenso
         kappa = KAPPA * torch.exp(raw[:, 2].clamp(-20, 20))
         total = ADDITIVE_MS * torch.exp(raw[:, 0].clamp(-20, 20)) + ctx[:, 2] / gamma + \
             ctx[:, 3] / kappa
-        return torch.maximum(total / waves, base)
+        return torch.maximum(total, ctx[:, 5]) / waves
     if form == "series":
-        delta = torch.sigmoid(raw[:, 2].clamp(-30, 30))
+        # a GEMM streams its minimal traffic at no less than half the bandwidth (big
+        # elementwise kernels, the simplest streams, reach 65-90% on every training GPU)
+        delta = 0.5 + 0.5 * torch.sigmoid(raw[:, 2].clamp(-30, 30))
         total = ADDITIVE_MS * torch.exp(raw[:, 0].clamp(-20, 20)) + \
             torch.maximum(ctx[:, 4] / gamma, ctx[:, 2] / delta)
-        return torch.maximum(total / waves, base)
+        return torch.maximum(total, ctx[:, 5]) / waves
     raise ValueError(f"unknown NeuSight form {form!r}; known: {FORMS}")
 
 
@@ -289,8 +274,10 @@ def wave_ms(raw: torch.Tensor, ctx: torch.Tensor, form: str) -> torch.Tensor:
     """Predicted ms of one wave (float64) from the MLP's raw outputs; ``ctx``: the kernels'
     :func:`wave_context`. The kernel takes ``waves`` times this.
 
-    The utilisation ``u = base / wave_ms`` is in (0, 1] under every law, so no prediction
-    beats the roofline. ``paper``: ``u = gamma * (1 - alpha / waves)``, alpha and gamma
+    The utilisation ``u = base / wave_ms`` is in (0, 1) under the wave laws (``paper``,
+    ``overhead``, ``additive``), and the kernel laws (``stream``, ``series``) are bounded by
+    the kernel's own roofline (``roof_ms``; a partial last wave does not move a full wave's
+    bytes), so no prediction beats the roofline. ``paper``: ``u = gamma * (1 - alpha / waves)``, alpha and gamma
     sigmoids. ``overhead``: ``u = gamma * waves / (waves + a)``, gamma a sigmoid and
     ``a = exp(raw)`` a fixed cost in units of waves (latency = (waves + a) * wave_time /
     gamma). ``additive``: latency = waves * wave_time / gamma + c with ``c = exp(raw) * 10 us``
@@ -304,7 +291,8 @@ def wave_ms(raw: torch.Tensor, ctx: torch.Tensor, form: str) -> torch.Tensor:
     memory is fast next to few or slow SMs is SM-bound. gamma, kappa and c depend only on the
     kernel, so the GPU enters through its datasheet alone and more bandwidth, SMs or peak can
     never make a kernel slower. ``series`` (GEMMs): latency = c + max(compute / gamma,
-    bytes / (delta * bandwidth)), compute the waves of tiles at the FP32 peak: the tile
+    bytes / (delta * bandwidth)), delta in (0.5, 1), compute the waves of tiles at the FP32
+    peak: the tile
     pipeline overlaps loads with math, so the slower of the two sets the pace, and a GPU
     with slow memory next to its peak turns GEMMs of low intensity memory-bound instead of
     extrapolating an MLP input. An ensemble averages its members' u.
@@ -411,7 +399,10 @@ class NeuSight(Predictor):
             with torch.no_grad():
                 raw = self._outputs(cls, sub).double()
             ctx = wave_context(sub)
-            out[idx] = (ctx[:, 0] / wave_ms(raw, ctx, self.configs[cls]["form"])).numpy()
+            form = self.configs[cls]["form"]
+            # wave laws: of one wave's roofline; kernel laws: of the kernel's roofline
+            ref = ctx[:, 5] / ctx[:, 1] if form in KERNEL_LAWS else ctx[:, 0]
+            out[idx] = (ref / wave_ms(raw, ctx, form)).numpy()
         return out
 
     # ----- training
