@@ -5,6 +5,8 @@
 #     text_representation:
 #       extension: .py
 #       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -58,7 +60,7 @@ import numpy as np
 import pandas as pd
 
 from nslib.figures import save_figure, save_table
-from nslib.graph import trace
+from nslib.graph import max_seq, trace
 from nslib.memcheck import compare
 from nslib.memory import (GIB, korthikanti_bytes, largest_batch, layer_saved_bytes, memory_of,
                           pipeline_memory)
@@ -79,11 +81,17 @@ if quick:
 # eager attention); inference keeps only a few layers' tensors at a time.
 
 # %%
+def seq_of(model):
+    """``seq``, or the model's own limit where that is shorter (BERT-Large: 512 tokens)."""
+    limit = max_seq(model, data)
+    return seq if limit is None else min(seq, limit)
+
+
 rows = []
 for m in models:
     for mode in ("inf", "train"):
-        d = memory_of(gpus[-1], m, batch, seq, mode, optimizer, data=data).to_dict()
-        rows.append({"model": m, "mode": mode, **{k: d[k] for k in parts},
+        d = memory_of(gpus[-1], m, batch, seq_of(m), mode, optimizer, data=data).to_dict()
+        rows.append({"model": m, "mode": mode, "seq": seq_of(m), **{k: d[k] for k in parts},
                      "total": d["total"], "peak in": d["peak_phase"], "fits": d["fits"]})
 breakdown = pd.DataFrame(rows).set_index(["model", "mode"])
 save_table(breakdown, f"{prefix}_breakdown", out, digits=2)
@@ -99,7 +107,7 @@ for i, p in enumerate(parts):
         ax.barh(labels, vals, left=left, label=p, color=plt.get_cmap("Set2")(i))
         left += vals
 ax.invert_yaxis()
-ax.set(xscale="symlog", xlabel=f"peak memory (GB), batch {batch}, seq {seq}")
+ax.set(xscale="symlog", xlabel=f"peak memory (GB), batch {batch}, seq {seq} or the model's limit")
 ax.legend(fontsize=8, frameon=False, loc="lower right")
 save_figure(fig, f"{prefix}_breakdown", out)
 
@@ -113,7 +121,7 @@ save_figure(fig, f"{prefix}_breakdown", out)
 rows = []
 for m in models:
     for mode in ("inf", "train"):
-        lb = largest_batch(m, mode, seq, gpus, optimizer, data=data)
+        lb = largest_batch(m, mode, seq_of(m), gpus, optimizer, data=data)
         rows += [{"model": m, "mode": mode, "gpu": g, "largest batch": b}
                  for g, b in zip(lb["gpu"], lb["largest_batch"])]
 biggest = pd.DataFrame(rows).pivot_table(index=["model", "mode"], columns="gpu",

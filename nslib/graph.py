@@ -1064,6 +1064,13 @@ def _patch_moe(model, imbalance: float = 1.0, arch: str = "model") -> int:
 # --------------------------------------------------------------------------------------------
 
 _MAX_POS = ("n_positions", "max_position_embeddings", "max_target_positions")
+
+
+def max_seq(model, data=None) -> int | None:
+    """The longest sequence a model's config allows (tokens), or None when it sets no limit."""
+    config = load_model_config(model, data)
+    limits = [config[k] for k in _MAX_POS if isinstance(config.get(k), int) and config[k] > 0]
+    return min(limits) if limits else None
 # config fields that count transformer blocks (a zero in any of them is an error)
 _LAYER_KEYS = ("num_hidden_layers", "n_layer", "n_layers", "num_layers", "num_decoder_layers",
                "encoder_layers", "decoder_layers")

@@ -138,6 +138,9 @@ def test_damaged_trace_is_rebuilt_with_a_note(monkeypatch, tmp_path, capsys):
     from nslib import graph, predict
     monkeypatch.setenv("NSLIB_CACHE", str(tmp_path))
     frame = pd.DataFrame({"op": ["addu"], "inputs": [(1, 2)], "B": [1.0]})
+    for c in predict._TUPLE_COLUMNS:  # a trace's tuple columns (inputs, memory events)
+        if c != "inputs":
+            frame[c] = [(3,)]
     monkeypatch.setattr(graph, "trace", lambda config, batch, seq, mode, **kw: frame.copy())
     predict._traced.cache_clear()
     first = predict._traced("k", "{}", 1, 8, "inf")
