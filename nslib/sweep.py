@@ -45,15 +45,53 @@ def scaling_law(model, mode: str, data=None, batch_one: bool = False) -> dict:
 
 def scenario_kernels(law: dict, batch: int, seq: int) -> pd.DataFrame:
     """The kernel frame of one (batch, seq) from a scaling law (same columns as a trace)."""
-    df = law["base"].copy()
+    return _scaled(law, np.array([batch]), np.array([seq])).drop(columns="pair")
+
+
+def _scaled(law: dict, batch: np.ndarray, seq: np.ndarray) -> pd.DataFrame:
+    """The kernels of every (``batch[p]``, ``seq[p]``) pair at once, one trace after another;
+    column ``pair`` holds p (one array computation instead of a frame per pair)."""
+    n, m = len(law["base"]), len(batch)
+    df = law["base"].iloc[np.tile(np.arange(n), m)].reset_index(drop=True)
+    df["pair"] = np.repeat(np.arange(m), n)
+    b, s = np.repeat(np.asarray(batch, float), n), np.repeat(np.asarray(seq, float), n)
     for col in DIMS + ["bytes"]:
-        c, i, j = law[col]
-        df[col] = np.round(c * float(batch) ** i * float(seq) ** j)
+        c, i, j = (np.tile(a, m) for a in law[col])
+        df[col] = np.round(c * b ** i * s ** j)
     meas = df["cls"].isin(kernels.CLASSES).to_numpy()
     if meas.any():
-        f, b = kernels.flops_bytes(df[meas])
-        df.loc[meas, "flops"], df.loc[meas, "bytes"] = f, b
+        f, by = kernels.flops_bytes(df[meas])
+        df.loc[meas, "flops"], df.loc[meas, "bytes"] = f, by
     return df
+
+
+def _distinct(law: dict) -> tuple[dict, np.ndarray]:
+    """The law of the distinct kernels only (same phase, class, op and scaling of every dim,
+    e.g. one per layer stack) and how many times each occurs."""
+    cols = DIMS + ["bytes"]
+    base = law["base"][["phase", "cls", "op"] + cols + ["flops"]]
+    key = base[["phase", "cls", "op"]].assign(**{f"{c}{k}": law[c][k] for c in cols
+                                                 for k in range(3)})
+    group = key.groupby(list(key.columns), dropna=False, sort=False).ngroup().to_numpy()
+    first = np.unique(group, return_index=True)[1]
+    small = {"base": base.iloc[first].reset_index(drop=True),
+             **{c: tuple(a[first] for a in law[c]) for c in cols}}
+    return small, np.bincount(group)
+
+
+def _pair_kernels(laws: dict, pairs: np.ndarray) -> pd.DataFrame:
+    """Distinct kernels of each (batch, seq) row of ``pairs`` with their ``count``, sorted by
+    ``pair`` (the row of ``pairs``)."""
+    parts = []
+    for one, law in laws.items():
+        sel = np.flatnonzero((pairs[:, 0] == 1) == one)
+        if len(sel):
+            small, count = _distinct(law)
+            k = _scaled(small, pairs[sel, 0], pairs[sel, 1])
+            parts.append(k.assign(pair=sel[k["pair"].to_numpy()], count=np.tile(count, len(sel))))
+    key = ["pair", "phase", "cls", "op"] + DIMS + ["bytes"]
+    uniq = pd.concat(parts, ignore_index=True).groupby(key, dropna=False, sort=False)["count"]
+    return uniq.sum().reset_index().sort_values("pair", kind="stable", ignore_index=True)
 
 
 def sweep(model, mode: str, scenarios: pd.DataFrame, predictor="neusight", data=None,
@@ -75,19 +113,29 @@ def sweep(model, mode: str, scenarios: pd.DataFrame, predictor="neusight", data=
     pred = _predictor(predictor, data, quick)
     gpus = {g: resolve_gpu(g, data) for g in pd.unique(scenarios["gpu"])}
     notes = {g: "; ".join(warn_out_of_range(spec, data)) for g, spec in gpus.items()}
-    parts = []
-    for (batch, seq), grp in scenarios.groupby(["batch", "seq"], sort=False):
-        k = scenario_kernels(laws[batch == 1], int(batch), int(seq))
-        key = ["phase", "cls", "op"] + DIMS + ["bytes"]
-        uniq = k.groupby(key, dropna=False, sort=False).size().rename("count").reset_index()
-        for idx, g in grp["gpu"].items():
-            parts.append(kernel_frame(uniq, gpus[g]).assign(scenario=idx))
-    big = pd.concat(parts, ignore_index=True)
-    big["pred_ms"] = stream_ms(pred, big, launch_us, data) * big["count"].to_numpy(float)
-    tot = big.pivot_table(index="scenario", columns="phase", values="pred_ms", aggfunc="sum")
+    # each distinct (GPU, batch, seq) is predicted once: its kernels are its pair's, with
+    # the GPU's columns
+    pairs, pair_of = np.unique(scenarios[["batch", "seq"]].to_numpy(int), axis=0,
+                               return_inverse=True)
+    combos = pd.DataFrame({"gpu": scenarios["gpu"].to_numpy(), "pair": pair_of.ravel()})
+    combo_of = combos.groupby(["gpu", "pair"], sort=False).ngroup().to_numpy()
+    combos = combos.drop_duplicates(ignore_index=True)
+    uniq = kernel_frame(_pair_kernels(laws, pairs), next(iter(gpus.values())))
+    sizes = np.bincount(uniq["pair"].to_numpy(), minlength=len(pairs))
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    c_pair = combos["pair"].to_numpy()
+    rows = np.concatenate([np.arange(starts[p], starts[p] + sizes[p]) for p in c_pair])
+    big = uniq.iloc[rows].reset_index(drop=True)
+    combo_row = np.repeat(np.arange(len(combos)), sizes[c_pair])
+    sheet = pd.DataFrame([gpus[g].columns() for g in combos["gpu"]])
+    for col in sheet.columns:
+        big[col] = sheet[col].to_numpy()[combo_row]
+    pred_ms = stream_ms(pred, big, launch_us, data) * big["count"].to_numpy(float)
     out = scenarios.copy()
-    out["fw_ms"] = tot.get("fw", pd.Series(0.0, index=tot.index)).reindex(out.index).fillna(0)
-    out["bw_ms"] = tot.get("bw", pd.Series(0.0, index=tot.index)).reindex(out.index).fillna(0)
+    for phase in ("fw", "bw"):
+        mask = (big["phase"] == phase).to_numpy()
+        per_combo = np.bincount(combo_row[mask], pred_ms[mask], minlength=len(combos))
+        out[f"{phase}_ms"] = per_combo[combo_of]
     out["e2e_ms"] = out["fw_ms"] + out["bw_ms"]
     out["warnings"] = [notes[g] for g in out["gpu"]]
     if memory:

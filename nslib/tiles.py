@@ -171,9 +171,8 @@ class TileLookup:
         return kernels.add_features(out)
 
     def get_state(self) -> dict:
-        import torch
-        state = {c: {"keys": torch.from_numpy(t["keys"]), "tiles": torch.from_numpy(t["tiles"]),
-                     "cols": t["cols"]} for c, t in self.tables.items()}
+        state = {c: {"keys": t["keys"], "tiles": t["tiles"], "cols": t["cols"]}
+                 for c, t in self.tables.items()}
         if self.gpu_free:
             state["_gpu_free"] = True
         return state
@@ -181,7 +180,7 @@ class TileLookup:
     @classmethod
     def from_state(cls, state: dict) -> "TileLookup":
         obj = cls(gpu_free=bool(state.get("_gpu_free", False)))
-        obj.tables = {c: {"keys": t["keys"].numpy(), "tiles": t["tiles"].numpy(),
+        obj.tables = {c: {"keys": _array(t["keys"]), "tiles": _array(t["tiles"]),
                           "cols": list(t["cols"])} for c, t in state.items() if c != "_gpu_free"}
         return obj
 
@@ -200,3 +199,8 @@ def agreement(true: pd.DataFrame, looked_up: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame(columns=["cls", "gpu", "match", "n"])
     df = pd.concat(rows)
     return df.groupby(["cls", "gpu"]).agg(match=("same", "mean"), n=("same", "size")).reset_index()
+
+
+def _array(a) -> np.ndarray:
+    """A float64 array from a state value (an array, or a tensor of older states)."""
+    return np.asarray(a.numpy() if hasattr(a, "numpy") else a, float)

@@ -113,7 +113,7 @@ def trained(name: str, data=None, quick: bool = False, seed: int = 0, out=None,
     exclude = sorted(exclude_gpus)
     key = cache_key(name, {**params, "exclude_gpus": exclude} if exclude else params, data)
     folder = Path(out) if out is not None else cache_dir("predictors")
-    path = folder / f"{name}-{key}.pt"
+    path = folder / f"{name}-{key}.npz"
     if not retrain:
         pred = read_cache_entry(path, cls.load, f"{name} predictor")
         if pred is not None:

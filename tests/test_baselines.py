@@ -99,7 +99,7 @@ def test_regressors_use_parsed_tiles_and_lookup(name, fitted, frames):
 def test_save_load_round_trip(name, fitted, frames, tmp_path):
     _, test = frames
     pred = fitted[name]
-    path = pred.save(tmp_path / f"{name}.pt")
+    path = pred.save(tmp_path / f"{name}.npz")
     back = predictor_class(name).load(path)
     np.testing.assert_array_equal(_predict(back, test[BARE]), _predict(pred, test[BARE]))
 

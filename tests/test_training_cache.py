@@ -56,7 +56,7 @@ def test_training_is_announced_and_cached(tiny_training, capsys):
     err = capsys.readouterr().err
     assert "training the linreg predictor (full profile, key k1)" in err
     assert "no cached weights for this training data" in err and "Roughly" in err
-    assert (tiny_training / "linreg-k1.pt").is_file()
+    assert (tiny_training / "linreg-k1.npz").is_file()
     meta = json.loads((tiny_training / "linreg-k1.json").read_text())
     assert meta["profile"] == "full" and meta["train_hash"] == "h1"
     training.trained("linreg", out=tiny_training, progress=False)
@@ -66,12 +66,12 @@ def test_training_is_announced_and_cached(tiny_training, capsys):
 
 def test_damaged_weights_are_retrained_with_a_note(tiny_training, capsys):
     training.trained("linreg", out=tiny_training, progress=False)
-    path = tiny_training / "linreg-k1.pt"
+    path = tiny_training / "linreg-k1.npz"
     path.write_bytes(path.read_bytes()[:40])
     capsys.readouterr()
     pred = training.trained("linreg", out=tiny_training, progress=False)
     err = capsys.readouterr().err
-    assert "cached linreg predictor linreg-k1.pt is damaged" in err and "training" in err
+    assert "cached linreg predictor linreg-k1.npz is damaged" in err and "training" in err
     assert pred.predict(nsdata.kernel_table("layernorm", "test")).shape[0] > 0
     assert path.stat().st_size > 40
 

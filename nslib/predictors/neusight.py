@@ -23,11 +23,10 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 
+import sys
+
 import numpy as np
 import pandas as pd
-import torch
-from torch import nn
-from tqdm.auto import tqdm
 
 from .. import kernels
 from ..paths import data_root
@@ -199,13 +198,13 @@ class RowPacking:
         return out
 
     def get_state(self) -> dict:
-        return {"log2_h": torch.tensor(self.log2_h), "rows": torch.tensor(self.rows)}
+        return {"log2_h": self.log2_h, "rows": self.rows}
 
     @classmethod
     def from_state(cls, state: dict | None) -> "RowPacking":
         if not state:
             return cls()
-        return cls(state["log2_h"].numpy(), state["rows"].numpy())
+        return cls(np.asarray(state["log2_h"], float), np.asarray(state["rows"], float))
 
 
 FORMS = ("paper", "overhead", "additive", "stream", "series")
@@ -222,8 +221,8 @@ CONTEXT = ("base", "waves", "mem_ms", "sm_ms", "comp_ms", "roof_ms")
 KERNEL_LAWS = ("stream", "series")
 
 
-def wave_context(frame: pd.DataFrame) -> torch.Tensor:
-    """Per kernel, the (n, 4) float64 quantities the laws of :func:`wave_ms` combine.
+def wave_context(frame: pd.DataFrame) -> np.ndarray:
+    """Per kernel, the (n, 6) float64 quantities the laws of :func:`wave_ms` combine.
 
     ``base``: one wave at the roofline, ms (:func:`roofline_wave_ms`); ``waves``;
     ``mem_ms``: the kernel's bytes at the memory bandwidth, ms; ``sm_ms``: its bytes at one
@@ -242,37 +241,56 @@ def wave_context(frame: pd.DataFrame) -> torch.Tensor:
             nbytes / (active * per_sm) * 1e3,
             waves * frame["tile_flops"].to_numpy(float) / per_sm * 1e3,
             kernels.roofline_ms(frame)]
-    return torch.from_numpy(np.column_stack(cols).astype(float))
+    return np.column_stack(cols).astype(float)
 
 
-def _one_wave_ms(raw: torch.Tensor, ctx: torch.Tensor, form: str) -> torch.Tensor:
+class _NumpyOps:
+    """The few array functions the laws use, for numpy arrays (torch has them by name)."""
+
+    exp, maximum, stack = staticmethod(np.exp), staticmethod(np.maximum), staticmethod(np.stack)
+
+    @staticmethod
+    def sigmoid(x: np.ndarray) -> np.ndarray:
+        return 1.0 / (1.0 + np.exp(-x))
+
+
+def _ops(raw):
+    """``torch`` for a tensor (training needs its gradients), else numpy: the laws are
+    written once over either, so prediction never needs torch."""
+    torch = sys.modules.get("torch")  # a tensor means torch is imported already
+    return torch if torch is not None and isinstance(raw, torch.Tensor) else _NumpyOps
+
+
+def _one_wave_ms(raw, ctx, form: str):
     """Per-wave ms of one member from its raw outputs (see :func:`wave_ms`)."""
+    xp = _ops(raw)
     base, waves = ctx[:, 0], ctx[:, 1]
-    gamma = torch.sigmoid(raw[:, 1].clamp(-30, 30))  # < 1 in float64 even for unclipped inputs
+    gamma = xp.sigmoid(raw[:, 1].clip(-30, 30))  # < 1 in float64 even for unclipped inputs
     if form == "paper":
-        return base / (gamma * (1 - torch.sigmoid(raw[:, 0].clamp(-30, 30)) / waves))
+        return base / (gamma * (1 - xp.sigmoid(raw[:, 0].clip(-30, 30)) / waves))
     if form == "overhead":
-        return base * (waves + torch.exp(raw[:, 0].clamp(-20, 20))) / (gamma * waves)
+        return base * (waves + xp.exp(raw[:, 0].clip(-20, 20))) / (gamma * waves)
     if form == "additive":
-        return base / gamma + ADDITIVE_MS * torch.exp(raw[:, 0].clamp(-20, 20)) / waves
+        return base / gamma + ADDITIVE_MS * xp.exp(raw[:, 0].clip(-20, 20)) / waves
     if form == "stream":
-        kappa = KAPPA * torch.exp(raw[:, 2].clamp(-20, 20))
-        total = ADDITIVE_MS * torch.exp(raw[:, 0].clamp(-20, 20)) + ctx[:, 2] / gamma + \
+        kappa = KAPPA * xp.exp(raw[:, 2].clip(-20, 20))
+        total = ADDITIVE_MS * xp.exp(raw[:, 0].clip(-20, 20)) + ctx[:, 2] / gamma + \
             ctx[:, 3] / kappa
-        return torch.maximum(total, ctx[:, 5]) / waves
+        return xp.maximum(total, ctx[:, 5]) / waves
     if form == "series":
         # a GEMM streams its minimal traffic at no less than half the bandwidth (big
         # elementwise kernels, the simplest streams, reach 65-90% on every training GPU)
-        delta = 0.5 + 0.5 * torch.sigmoid(raw[:, 2].clamp(-30, 30))
-        total = ADDITIVE_MS * torch.exp(raw[:, 0].clamp(-20, 20)) + \
-            torch.maximum(ctx[:, 4] / gamma, ctx[:, 2] / delta)
-        return torch.maximum(total, ctx[:, 5]) / waves
+        delta = 0.5 + 0.5 * xp.sigmoid(raw[:, 2].clip(-30, 30))
+        total = ADDITIVE_MS * xp.exp(raw[:, 0].clip(-20, 20)) + \
+            xp.maximum(ctx[:, 4] / gamma, ctx[:, 2] / delta)
+        return xp.maximum(total, ctx[:, 5]) / waves
     raise ValueError(f"unknown NeuSight form {form!r}; known: {FORMS}")
 
 
-def wave_ms(raw: torch.Tensor, ctx: torch.Tensor, form: str) -> torch.Tensor:
+def wave_ms(raw, ctx, form: str):
     """Predicted ms of one wave (float64) from the MLP's raw outputs; ``ctx``: the kernels'
-    :func:`wave_context`. The kernel takes ``waves`` times this.
+    :func:`wave_context`. The kernel takes ``waves`` times this. ``raw`` and ``ctx`` are both
+    numpy arrays (prediction) or both torch tensors (training).
 
     The utilisation ``u = base / wave_ms`` is in (0, 1) under the wave laws (``paper``,
     ``overhead``, ``additive``), and the kernel laws (``stream``, ``series``) are bounded by
@@ -297,36 +315,18 @@ def wave_ms(raw: torch.Tensor, ctx: torch.Tensor, form: str) -> torch.Tensor:
     with slow memory next to its peak turns GEMMs of low intensity memory-bound instead of
     extrapolating an MLP input. An ensemble averages its members' u.
     """
-    raw = raw.double()
     k = OUTPUTS[form] if form in OUTPUTS else 2
     if raw.shape[1] > k:
         base = ctx[:, 0]
-        u = torch.stack([base / _one_wave_ms(raw[:, j:j + k], ctx, form)
-                         for j in range(0, raw.shape[1], k)]).mean(dim=0)
+        u = _ops(raw).stack([base / _one_wave_ms(raw[:, j:j + k], ctx, form)
+                             for j in range(0, raw.shape[1], k)]).mean(0)
         return base / u
     return _one_wave_ms(raw, ctx, form)
 
 
-class Ensemble(nn.Module):
-    """Several MLPs side by side: raw outputs concatenated, (n, 2 * members)."""
-
-    def __init__(self, members):
-        super().__init__()
-        self.members = nn.ModuleList(members)
-
-    def forward(self, x):
-        return torch.cat([m(x) for m in self.members], dim=1)
-
-
-def make_model(n_in: int, cfg: dict) -> nn.Module:
-    """The (untrained) network of a class's config: one MLP, or an :class:`Ensemble`."""
-    k = int(cfg.get("ensemble", 1))
-    n_out = OUTPUTS.get(cfg.get("form", "paper"), 2)
-    mlps = [make_mlp(n_in, cfg["layers"], cfg["hidden"], n_out) for _ in range(k)]
-    return mlps[0] if k == 1 else Ensemble(mlps)
-
-
-def make_mlp(n_in: int, layers: int, hidden: int, n_out: int) -> nn.Sequential:
+def make_mlp(n_in: int, layers: int, hidden: int, n_out: int):
+    """A torch MLP (for training): ``layers`` x (Linear(hidden), ReLU), then Linear(n_out)."""
+    from torch import nn
     mods, d = [], n_in
     for _ in range(layers):
         mods += [nn.Linear(d, hidden), nn.ReLU()]
@@ -335,7 +335,23 @@ def make_mlp(n_in: int, layers: int, hidden: int, n_out: int) -> nn.Sequential:
     return nn.Sequential(*mods)
 
 
-def smape(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+def mlp_weights(model) -> list[np.ndarray]:
+    """A trained :func:`make_mlp`'s ``[W0, b0, W1, b1, ...]`` as float32 numpy arrays."""
+    return [p.detach().cpu().numpy().copy() for p in model.parameters()]
+
+
+def mlp_forward(weights: list[np.ndarray], x: np.ndarray) -> np.ndarray:
+    """The MLP of ``weights`` (:func:`mlp_weights`) on inputs ``x`` (n, d), in float64 numpy:
+    ReLU between the linear layers, none after the last."""
+    h = np.asarray(x, float)
+    for i in range(0, len(weights), 2):
+        h = h @ weights[i].T.astype(float) + weights[i + 1].astype(float)
+        if i + 2 < len(weights):
+            h = np.maximum(h, 0.0)
+    return h
+
+
+def smape(pred, target):
     """Symmetric absolute percentage error (a fraction, mean over the batch)."""
     return (2 * (pred - target).abs() / (pred.abs() + target.abs())).mean()
 
@@ -359,7 +375,9 @@ class NeuSight(Predictor):
         self.configs = {c: asdict(TrainConfig(**{**base.get(c, {}), **common,
                                                   **(configs or {}).get(c, {})}))
                         for c in kernels.CLASSES}
-        self.models: dict[str, nn.Module] = {}
+        # per class, each ensemble member's [W0, b0, W1, b1, ...] (float32 numpy): the
+        # forward pass is numpy, so a cached prediction never imports torch
+        self.models: dict[str, list[list[np.ndarray]]] = {}
         self.norm: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         self.tiles = TileLookup()
         self.nominal = TileLookup(gpu_free=True)
@@ -367,45 +385,43 @@ class NeuSight(Predictor):
         self.history: dict[str, list] = {}
 
     # ----- the model of one class
-    def _outputs(self, cls: str, frame: pd.DataFrame) -> torch.Tensor:
-        feats = tile_features(frame, self.configs[cls]["features"])
-        return self.models[cls](self._inputs(cls, feats))
+    def _outputs(self, cls: str, frame: pd.DataFrame) -> np.ndarray:
+        """Raw MLP outputs (n, outputs x members), float64: the members side by side."""
+        z = self._inputs(cls, tile_features(frame, self.configs[cls]["features"]))
+        return np.concatenate([mlp_forward(w, z) for w in self.models[cls]], axis=1)
 
-    def _inputs(self, cls: str, feats: np.ndarray) -> torch.Tensor:
-        """Standardised MLP inputs, clipped to the training range.
+    def _inputs(self, cls: str, feats: np.ndarray) -> np.ndarray:
+        """Standardised MLP inputs (float64), clipped to the training range.
 
         Clipping makes a kernel larger than any trained on (more waves, a bigger footprint)
         saturate at the edge of what was learned instead of extrapolating the MLP freely;
         the wave count still enters through ``u`` and the roofline through the bound.
         """
         mean, std, lo, hi = self.norm[cls]
-        z = np.clip((feats - mean) / std, lo, hi)
-        return torch.from_numpy(z.astype(np.float32))
+        return np.clip((feats - mean) / std, lo, hi)
 
     def _scale(self, frame: pd.DataFrame) -> np.ndarray:
         """What the MLP's time is multiplied by: the waves (bounded) or 1 (plain latency)."""
         return frame["waves"].to_numpy(float) if self.bounded else np.ones(len(frame))
 
-    def _latency(self, cls: str, raw: torch.Tensor, frame: pd.DataFrame) -> np.ndarray:
+    def _latency(self, cls: str, raw: np.ndarray, frame: pd.DataFrame) -> np.ndarray:
         """Latency in ms (float64) of each kernel from the MLP's raw outputs."""
         wave_ms = self._wave_ms(raw, wave_context(frame), self.configs[cls]["form"])
-        return wave_ms.numpy() * self._scale(frame)
+        return wave_ms * self._scale(frame)
 
     def utilisation(self, frame: pd.DataFrame) -> np.ndarray:
         """The predicted utilisation u in (0, 1) of each kernel (bounded model only)."""
         frame = self._pack(self._nominal(self.tiles.fill(frame)))
         out = np.empty(len(frame))
         for cls, idx, sub in by_class(frame):
-            with torch.no_grad():
-                raw = self._outputs(cls, sub).double()
-            ctx = wave_context(sub)
+            raw, ctx = self._outputs(cls, sub), wave_context(sub)
             form = self.configs[cls]["form"]
             # wave laws: of one wave's roofline; kernel laws: of the kernel's roofline
             ref = ctx[:, 5] / ctx[:, 1] if form in KERNEL_LAWS else ctx[:, 0]
-            out[idx] = (ref / wave_ms(raw, ctx, form)).numpy()
+            out[idx] = ref / wave_ms(raw, ctx, form)
         return out
 
-    # ----- training
+    # ----- training (torch)
     def fit(self, frame: pd.DataFrame, progress: bool = True) -> "NeuSight":
         self.tiles.fit(frame)
         self.nominal.fit(frame)
@@ -416,6 +432,7 @@ class NeuSight(Predictor):
         return self
 
     def _fit_class(self, cls: str, df: pd.DataFrame, seed: int, progress: bool) -> None:
+        import torch
         cfg = TrainConfig(**self.configs[cls])
         feats = tile_features(df, cfg.features)
         mean, std = feats.mean(axis=0), feats.std(axis=0)
@@ -424,17 +441,16 @@ class NeuSight(Predictor):
         lo, hi = (z.min(axis=0), z.max(axis=0)) if cfg.clip else \
             (np.full(len(mean), -np.inf), np.full(len(mean), np.inf))
         self.norm[cls] = (mean, std, lo, hi)
-        x = self._inputs(cls, feats)
+        x = torch.from_numpy(self._inputs(cls, feats).astype(np.float32))
         target = torch.from_numpy(df["latency_ms"].to_numpy(float) / self._scale(df))
-        ctx = wave_context(df)
+        ctx = torch.from_numpy(wave_context(df))
         members, hists = [], []
         for k in range(cfg.ensemble):
             s = seed + 1000 * k
             model, hist = self._fit_member(cls, cfg, df, x, target, ctx, s, progress)
-            members.append(model)
+            members.append(mlp_weights(model))
             hists.append(hist)
-        self.models[cls] = members[0] if cfg.ensemble == 1 else Ensemble(members)
-        self.models[cls].eval()
+        self.models[cls] = members
         # per-epoch validation SMAPE (the members' mean for an ensemble)
         self.history[cls] = hists[0] if cfg.ensemble == 1 else [float(v) for v in np.mean(hists, axis=0)]
 
@@ -452,6 +468,8 @@ class NeuSight(Predictor):
 
     def _fit_member(self, cls, cfg, df, x, target, ctx, seed, progress):
         """One MLP trained from ``seed``: the epoch with the best validation SMAPE is kept."""
+        import torch
+        from tqdm.auto import tqdm
         rng = np.random.default_rng(seed)
         torch.manual_seed(seed)
         model = make_mlp(len(cfg.features), cfg.layers, cfg.hidden, OUTPUTS.get(cfg.form, 2))
@@ -485,10 +503,11 @@ class NeuSight(Predictor):
         return model, hist
 
     def _wave_ms(self, raw, ctx, form="paper"):
-        """Per-wave ms (bounded) or whole-kernel ms (unbounded) from raw MLP outputs."""
-        raw = raw.double()
+        """Per-wave ms (bounded) or whole-kernel ms (unbounded) from raw MLP outputs (numpy
+        arrays, or torch tensors in training)."""
+        raw = raw.double() if hasattr(raw, "double") else raw
         if not self.bounded:
-            return torch.exp(raw[:, 0::2]).mean(dim=1)
+            return _ops(raw).exp(raw[:, 0::2]).mean(1)
         return wave_ms(raw, ctx, form)
 
     # ----- prediction
@@ -511,33 +530,42 @@ class NeuSight(Predictor):
         for cls, idx, sub in by_class(frame):
             if cls not in self.models:
                 raise ValueError(f"{self.name} has no trained {cls} model; train it first")
-            with torch.no_grad():
-                out[idx] = self._latency(cls, self._outputs(cls, sub), sub)
+            out[idx] = self._latency(cls, self._outputs(cls, sub), sub)
         return out
 
     # ----- persistence
     def get_state(self) -> dict:
         return {"seed": self.seed, "configs": self.configs, "bounded": self.bounded,
-                "models": {c: m.state_dict() for c, m in self.models.items()},
-                "norm": {c: tuple(torch.from_numpy(a) for a in arrs)
-                         for c, arrs in self.norm.items()},
+                "models": self.models, "norm": self.norm,
                 "tiles": self.tiles.get_state(), "nominal": self.nominal.get_state(),
-                "packing": self.packing.get_state(),
-                "history": self.history}
+                "packing": self.packing.get_state(), "history": self.history}
 
     def set_state(self, state: dict) -> None:
         if bool(state["bounded"]) != self.bounded:
             raise ValueError("bounded/unbounded mismatch")
         self.seed, self.configs, self.history = state["seed"], state["configs"], state["history"]
         self.models = {}
-        for c, sd in state["models"].items():
+        for c, members in state["models"].items():
             cfg = TrainConfig(**self.configs[c])
             self.configs[c] = {**asdict(cfg), "features": tuple(cfg.features)}
-            m = make_model(len(cfg.features), asdict(cfg))
-            m.load_state_dict(sd)
-            m.eval()
-            self.models[c] = m
-        self.norm = {c: tuple(a.numpy() for a in arrs) for c, arrs in state["norm"].items()}
+            self.models[c] = [[np.asarray(a, np.float32) for a in w] for w in members]
+            _check_weights(c, cfg, self.models[c])
+        self.norm = {c: tuple(np.asarray(a, float) for a in arrs)
+                     for c, arrs in state["norm"].items()}
         self.tiles = TileLookup.from_state(state["tiles"])
         self.nominal = TileLookup.from_state(state.get("nominal", {"_gpu_free": True}))
         self.packing = RowPacking.from_state(state.get("packing"))
+
+
+def _check_weights(cls: str, cfg: TrainConfig, members: list) -> None:
+    """ValueError unless ``members`` are the weights :func:`make_mlp` has for ``cfg``."""
+    n_out = OUTPUTS.get(cfg.form, 2)
+    dims = [len(cfg.features)] + [cfg.hidden] * cfg.layers + [n_out]
+    want = [s for a, b in zip(dims, dims[1:]) for s in ((b, a), (b,))]
+    if len(members) != cfg.ensemble:
+        raise ValueError(f"{cls}: {len(members)} ensemble members, the config has "
+                         f"{cfg.ensemble}")
+    for w in members:
+        got = [a.shape for a in w]
+        if got != want:
+            raise ValueError(f"{cls}: weight shapes {got} are not the config's {want}")
