@@ -61,7 +61,7 @@ import pandas as pd
 
 from nslib.figures import save_figure, save_table
 from nslib.graph import max_seq, trace
-from nslib.memcheck import compare
+from nslib.memcheck import SMALL_CONFIGS, compare
 from nslib.memory import (GIB, korthikanti_bytes, largest_batch, layer_saved_bytes, memory_of,
                           pipeline_memory)
 
@@ -186,19 +186,7 @@ save_figure(fig, f"{prefix}_per_gpu", out)
 # backward's per-row counts.
 
 # %%
-small = {
-    "gpt2": {"model_type": "gpt2", "n_embd": 128, "n_head": 4, "n_layer": 2,
-             "n_positions": 128, "vocab_size": 1000},
-    "bert": {"model_type": "bert", "hidden_size": 128, "num_attention_heads": 4,
-             "num_hidden_layers": 2, "intermediate_size": 512, "vocab_size": 1000,
-             "max_position_embeddings": 128},
-    "opt": {"model_type": "opt", "hidden_size": 128, "num_attention_heads": 4,
-            "num_hidden_layers": 3, "ffn_dim": 512, "vocab_size": 1000,
-            "max_position_embeddings": 128, "word_embed_proj_dim": 128},
-    "llama": {"model_type": "llama", "hidden_size": 128, "num_attention_heads": 4,
-              "num_key_value_heads": 2, "num_hidden_layers": 4, "intermediate_size": 344,
-              "vocab_size": 1000, "max_position_embeddings": 128},
-}
+small = SMALL_CONFIGS   # 2-4 layers of GPT-2, BERT, OPT and a Llama-style model
 check = compare(small, check_batch, check_seq).set_index(["model", "mode"])
 save_table(check, f"{prefix}_check_vs_real", out, digits=2)
 check.round(2)

@@ -6,7 +6,24 @@ from __future__ import annotations
 
 import pandas as pd
 
-__all__ = ["real_peak", "compare"]
+__all__ = ["SMALL_CONFIGS", "real_peak", "compare"]
+
+
+# Small configurations of four families (2-4 layers) that a CPU runs in seconds: the check
+# of the trace-based peak against real allocations (tests and notebook 10).
+SMALL_CONFIGS = {
+    "gpt2": {"model_type": "gpt2", "n_embd": 128, "n_head": 4, "n_layer": 2,
+             "n_positions": 128, "vocab_size": 1000},
+    "bert": {"model_type": "bert", "hidden_size": 128, "num_attention_heads": 4,
+             "num_hidden_layers": 2, "intermediate_size": 512, "vocab_size": 1000,
+             "max_position_embeddings": 128},
+    "opt": {"model_type": "opt", "hidden_size": 128, "num_attention_heads": 4,
+            "num_hidden_layers": 3, "ffn_dim": 512, "vocab_size": 1000,
+            "max_position_embeddings": 128, "word_embed_proj_dim": 128},
+    "llama": {"model_type": "llama", "hidden_size": 128, "num_attention_heads": 4,
+              "num_key_value_heads": 2, "num_hidden_layers": 4, "intermediate_size": 344,
+              "vocab_size": 1000, "max_position_embeddings": 128},
+}
 
 
 def _max_allocated(fn) -> float:

@@ -7,24 +7,12 @@ import pytest
 
 from nslib.gpus import GPU
 from nslib.graph import trace
-from nslib.memcheck import compare, real_peak
+from nslib.memcheck import SMALL_CONFIGS, compare, real_peak
 from nslib.memory import (GIB, OPTIMIZERS, framework_bytes, korthikanti_bytes,
                           layer_saved_bytes, live_bytes, memory_of, pipeline_memory,
                           step_memory)
 
-CONFIGS = {
-    "gpt2": {"model_type": "gpt2", "n_embd": 128, "n_head": 4, "n_layer": 2,
-             "n_positions": 128, "vocab_size": 1000},
-    "bert": {"model_type": "bert", "hidden_size": 128, "num_attention_heads": 4,
-             "num_hidden_layers": 2, "intermediate_size": 512, "vocab_size": 1000,
-             "max_position_embeddings": 128},
-    "opt": {"model_type": "opt", "hidden_size": 128, "num_attention_heads": 4,
-            "num_hidden_layers": 3, "ffn_dim": 512, "vocab_size": 1000,
-            "max_position_embeddings": 128, "word_embed_proj_dim": 128},
-    "llama": {"model_type": "llama", "hidden_size": 128, "num_attention_heads": 4,
-              "num_key_value_heads": 2, "num_hidden_layers": 4, "intermediate_size": 344,
-              "vocab_size": 1000, "max_position_embeddings": 128},
-}
+CONFIGS = SMALL_CONFIGS
 TINY = {"model_type": "gpt2", "n_embd": 64, "n_head": 4, "n_layer": 4, "n_positions": 64,
         "vocab_size": 500}
 # a made-up 1 GB GPU (not a datasheet): its context rule is the fallback
