@@ -176,7 +176,8 @@ def main(argv=None) -> int:
     except Exception as e:
         from .reproduce import NotebookFailed
         if not isinstance(e, (NotebookFailed, DataNotFoundError, FileNotFoundError,
-                              FileExistsError, ValueError, KeyError, CacheError)):
+                              FileExistsError, ValueError, KeyError, CacheError,
+                              ConnectionError)):
             raise
         msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
         print(f"nslib: error: {msg}", file=sys.stderr)

@@ -15,6 +15,7 @@ import shutil
 import tarfile
 import tempfile
 import zipfile
+import zlib
 from datetime import datetime, timezone
 from pathlib import Path, PurePosixPath
 from urllib.parse import urlparse
@@ -84,6 +85,11 @@ def _download(url: str, expected: str | None, progress: bool) -> Path:
                                  progressbar=progress)
         except ValueError as exc:  # pooch's message names both hashes
             raise ValueError(f"Download from {url} refused: {exc}") from exc
+        except OSError as exc:  # no network, refused connection, HTTP error (requests' errors)
+            raise ConnectionError(f"Could not download {url} ({type(exc).__name__}: "
+                                  f"{str(exc)[:160]}). Without a network, pass --source with a "
+                                  "local archive or folder of the repository, or point "
+                                  "NSLIB_DATA (--data) at a copy.") from None
     return Path(got)
 
 
@@ -122,6 +128,15 @@ def _unpack(archive: Path, into: Path) -> None:
     device files, before anything is written.
     """
     into.mkdir()
+    try:
+        _extract(archive, into)
+    except (tarfile.ReadError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
+        raise ValueError(f"{archive} is damaged ({type(exc).__name__}: {exc}); it was probably "
+                         "cut off while downloading: delete it and fetch again. Nothing was "
+                         "installed.") from None
+
+
+def _extract(archive: Path, into: Path) -> None:
     if zipfile.is_zipfile(archive):
         with zipfile.ZipFile(archive) as zf:
             bad = [n for n in zf.namelist() if not _safe_name(n)]

@@ -180,3 +180,23 @@ def test_registry():
     assert entry["repository"] == "sitar-lab/NeuSight" and entry["url"].endswith(".tar.gz")
     with pytest.raises(ValueError, match="Unknown dataset"):
         nsfetch.load_registry("nope")
+
+
+@pytest.mark.parametrize("kind", ["tar", "zip"])
+def test_truncated_archive_is_a_clear_error(tmp_path, dest, kind):
+    archive = (_tar(tmp_path / "a.tar.gz", _files()) if kind == "tar"
+               else _zip(tmp_path / "a.zip", _files()))
+    archive.write_bytes(archive.read_bytes()[: archive.stat().st_size // 2])
+    with pytest.raises(ValueError, match="damaged|neither a tar nor a zip"):
+        nsfetch.fetch(dest, source=archive, progress=False)
+    _clean(dest)
+
+
+def test_no_network_is_a_clear_error(tmp_path, dest, monkeypatch):
+    def offline(url, **kw):
+        raise OSError("Failed to establish a new connection: Network is unreachable")
+
+    monkeypatch.setattr(nsfetch.pooch, "retrieve", offline)
+    with pytest.raises(ConnectionError, match="--source"):
+        nsfetch.fetch(dest, progress=False)
+    _clean(dest)
