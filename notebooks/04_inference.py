@@ -68,6 +68,9 @@ tables["summary"]
 # Operators that launch no kernel (views, getitems of sizes and of split outputs, Python
 # scalars: timed one by one at 7-9 us each, 4-28 ms per model) form their own `host` class and
 # are not compared: the next table shows from the data that they cost nothing end to end.
+# `elementwise + memory` sums the two streaming classes: the original graphs mask attention
+# with a per-layer `where` (a memory op), transformers today with an `add` (elementwise), so
+# the label and the trace file the same milliseconds under different classes.
 
 # %%
 tables["per_class"]

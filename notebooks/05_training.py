@@ -64,8 +64,11 @@ tables["summary"]
 # %% [markdown]
 # ## Per kernel class: in and out of distribution
 # The label CSVs hold measured per-operator latencies of a one-layer graph; repeated over the
-# layers and grouped by the class of each operator, they give the measured time per class
-# (`other`: timed Python-level operators that launch no kernel, which no predictor models).
+# layers and grouped by the class of each operator, they give the measured time per class.
+# Operators that launch no kernel (views, getitems, Python scalars) form their own `host`
+# class and are not compared (notebook 04 shows from the data that they overlap GPU work).
+# `elementwise + memory` sums the two streaming classes: the original graphs mask attention
+# with a per-layer `where` (a memory op), transformers today with an `add` (elementwise).
 
 # %%
 tables["per_class"]
