@@ -27,8 +27,9 @@
 #   multi-tensor step's temporary; SGD: a momentum buffer);
 # - **activations**: everything else alive at the peak (saved activations, temporaries,
 #   activation gradients, the outputs the caller holds);
-# - **framework**: the CUDA context and cuBLAS workspace, a documented constant per GPU
-#   generation (`nslib.memory.CONTEXT_RULES`), not fitted;
+# - **framework**: the CUDA context and cuBLAS workspace from the datasheet's SM count (the
+#   stack the context reserves for every resident thread, `nslib.memory.framework_bytes`),
+#   not fitted;
 # - per GPU under DP (plus DDP's gradient buckets), TP (shards of the sharded trace) and PP
 #   (each stage's parameters and activations, GPipe micro-batches in flight).
 #

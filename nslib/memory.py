@@ -18,8 +18,8 @@ bytes alive while each kernel runs are a cumulative sum over the launch order
   the step returns (held by the caller to the end), temporaries, activation gradients;
 - **kv_cache**: the keys and values a generating inference keeps for every layer (off by
   default: the traced step, like the measured runs, keeps none);
-- **framework**: the CUDA context and the allocator workspace (:data:`CONTEXT_RULES`): a
-  fixed cost per GPU generation, not fitted per model;
+- **framework**: the CUDA context and the allocator workspace (:func:`framework_bytes`): a
+  fixed cost from the datasheet's SM count, not fitted per model;
 - **comm**: data parallel only: DDP's gradient buckets, a flat copy of the gradients
   (``gradient_as_bucket_view=False``, PyTorch's default).
 
@@ -47,14 +47,13 @@ temporaries are not tensors the trace sees).
 """
 from __future__ import annotations
 
-import re
 from dataclasses import asdict, dataclass
 from itertools import chain
 
 import numpy as np
 import pandas as pd
 
-__all__ = ["OPTIMIZERS", "CONTEXT_RULES", "GIB", "Memory", "live_bytes", "framework_bytes",
+__all__ = ["OPTIMIZERS", "CONTEXT_BASE_GB", "GIB", "Memory", "live_bytes", "framework_bytes",
            "step_memory", "memory_of", "kv_cache_bytes"]
 
 GIB = float(2 ** 30)
@@ -66,23 +65,19 @@ GIB = float(2 ** 30)
 OPTIMIZERS = {"adam": (2.0, 1.0), "adamw": (2.0, 1.0), "sgd": (1.0, 0.0),
               "sgd_plain": (0.0, 0.0), "none": (0.0, 0.0)}
 
-# (regex on the lower-cased device name, GB (2**30 bytes), generation and reasoning). First
-# match wins; a device JSON key ``Ctx_Mem`` (GB) overrides. The CUDA context holds the
-# driver's per-context state, the loaded device code and per-SM stack memory; with lazy module
-# loading (CUDA >= 11.7, PyTorch >= 2.0 wheels) a PyTorch process that has run its first
-# kernels and cuBLAS GEMMs shows about 0.4-0.6 GB in nvidia-smi before any tensor, more on
-# larger, newer chips (more SMs, larger code for more architectures). The cuBLAS workspace
-# PyTorch allocates per handle is added: 32 MiB on Hopper, 8 MiB before
-# (CUBLAS_WORKSPACE_CONFIG defaults ":4096:8" and ":4096:2:16:8"). Order-of-magnitude
-# constants from these published behaviours, not measured on each GPU, not fitted per model.
-CONTEXT_RULES = (
-    (r"\b(h100|h200|h800|gh200)\b", 0.60 + 32 / 1024, "Hopper"),
-    (r"\b(a100|a800|a10|a30|a40|a16|a2|l4|l40s?|rtx a\d+|a\d{4})\b", 0.50 + 8 / 1024,
-     "Ampere/Ada"),
-    (r"\b(v100|t4|titan v|quadro rtx \d+)\b", 0.40 + 8 / 1024, "Volta/Turing"),
-    (r"\b(p100|p40|p4|p6|gtx 10\d0)\b", 0.35 + 8 / 1024, "Pascal"),
-    (r".*", 0.50 + 8 / 1024, "unknown generation (fallback)"),
-)
+# The framework's fixed bytes on a GPU, from its datasheet alone (a device JSON key ``Ctx_Mem``,
+# GB, overrides). The CUDA context reserves local (stack) memory for every thread the GPU can
+# hold resident: SMs x resident threads per SM (2,048 on every NVIDIA data-centre part since
+# Pascal) x the default 1 KiB stack (cudaLimitStackSize). On top: the driver's per-context
+# state and the device code a PyTorch process loads lazily (CUDA >= 11.7) for its first
+# kernels and cuBLAS GEMMs, about 0.3 GB; and the cuBLAS workspace PyTorch allocates per
+# handle, 32 MiB (CUBLAS_WORKSPACE_CONFIG ":4096:8" on Hopper; less before, so an upper
+# bound). Published behaviour, order of magnitude: 0.41 GB on a 40-SM GPU, 0.59 GB on a
+# 132-SM one, as nvidia-smi shows 0.4-0.6 GB for such processes; not fitted per model.
+CONTEXT_BASE_GB = 0.30            # driver state + lazily loaded device code, GB
+CONTEXT_THREADS_PER_SM = 2048     # resident threads per SM the stack reservation covers
+CONTEXT_STACK_BYTES = 1024        # default per-thread stack, bytes
+CUBLAS_WORKSPACE_BYTES = 32 * 2**20
 
 
 @dataclass(frozen=True)
@@ -193,8 +188,9 @@ def _saved_bytes(trace: pd.DataFrame, select=None, scale=None) -> float:
 
 def framework_bytes(gpu, data=None, spec_path=None) -> tuple[float, str]:
     """(CUDA context + allocator workspace bytes, where the figure came from) of a GPU
-    (:data:`CONTEXT_RULES`; a ``Ctx_Mem`` key in the device JSON, GB, overrides; the JSON is
-    ``spec_path`` when given, else the data's file of the GPU)."""
+    (:data:`CONTEXT_BASE_GB` and the per-SM stack reservation; a ``Ctx_Mem`` key in the device
+    JSON, GB, overrides; the JSON is ``spec_path`` when given, else the data's file of the
+    GPU)."""
     from .parallel import _raw_spec
     name = getattr(gpu, "name", str(gpu))
     raw = _raw_spec(gpu, spec_path, data) if hasattr(gpu, "key") else {}
@@ -204,11 +200,10 @@ def framework_bytes(gpu, data=None, spec_path=None) -> tuple[float, str]:
             raise ValueError(f"{name}: device JSON field 'Ctx_Mem' (CUDA context and allocator "
                              f"workspace, GB) must be a number >= 0, got {v!r}")
         return float(v) * GIB, "device JSON Ctx_Mem"
-    low = name.lower()
-    for pattern, gb, what in CONTEXT_RULES:
-        if re.search(pattern, low):
-            return gb * GIB, f"rule: {what}"
-    raise AssertionError("CONTEXT_RULES ends with a catch-all")
+    sm = float(getattr(gpu, "num_sm", 0) or 0)
+    stack = sm * CONTEXT_THREADS_PER_SM * CONTEXT_STACK_BYTES
+    return CONTEXT_BASE_GB * GIB + stack + CUBLAS_WORKSPACE_BYTES, \
+        f"datasheet: {sm:.0f} SMs' stack reservation + context + cuBLAS workspace"
 
 
 def kv_cache_bytes(config: dict, batch: int, seq: int, elem_bytes: int = 4) -> float:

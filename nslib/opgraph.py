@@ -86,7 +86,7 @@ def measured_per_class(gpu_key: str, tag: str, n_layer: int, data=None) -> pd.Se
 
 def host_nodes(df: pd.DataFrame) -> pd.Series:
     """True for the label CSV's nodes that launch no kernel: a non-tensor result (no dtype)
-    or a view-making target (:data:`HOST_TARGETS`)."""
+    or one of the view targets of :data:`HOST_TARGETS`."""
     return df["dtype"].isna() | df["target"].astype(str).str.contains(HOST_TARGETS)
 
 
@@ -96,6 +96,11 @@ def measured_nodes(gpu_key: str, tag: str, data=None) -> pd.DataFrame | None:
     path = data_root(data) / "label" / gpu_key / f"{tag}.csv"
     if not path.exists():
         return None
-    meas = pd.read_csv(path)[["Name", "target", "dtype", "latency"]]
+    meas = pd.read_csv(path)
+    missing = [c for c in ("Name", "target", "dtype", "latency") if c not in meas.columns]
+    if missing:
+        raise ValueError(f"{path}: per-operator label CSV without columns {missing}; is this "
+                         "a NeuSight label CSV?")
+    meas = meas[["Name", "target", "dtype", "latency"]]
     graph = load_opgraph(tag.removesuffix("-fusion"), data)[["Name", "OpName"]]
     return meas.merge(graph, on="Name", how="left")

@@ -21,11 +21,8 @@ from .predictors import get, predictor_class
 
 # Per-predictor default parameters, and the quick profile used by tests and --quick runs.
 DEFAULTS: dict[str, dict] = {
-    # NeuSight: ensembles of 3 (utilisations averaged) for bmm, linear and softmax. Linear stops
-    # at 15 epochs: new-GPU MAPE 12.0-12.2% over 3 seeds vs 11.4-14.7% at 30 (the longer fit
-    # helps the training GPUs, 23 vs 26%, and hurts the H100). Layernorm: 60 epochs (new GPUs
-    # 11.5% vs 12.5% at 30, with the bandwidth-independent vector features); softmax: 30
-    # (14.1%, the same as 100).
+    # NeuSight: ensembles of 3 (utilisations averaged) for bmm, linear and softmax; epochs per
+    # class. Set before the leave-one-GPU-out protocol and kept (nslib/predictors/DECISIONS.md).
     "neusight": {"epochs": 30, "configs": {"bmm": {"ensemble": 3},
                                            "linear": {"epochs": 15, "ensemble": 3},
                                            "softmax": {"ensemble": 3},
@@ -111,6 +108,12 @@ def trained(name: str, data=None, quick: bool = False, seed: int = 0, out=None,
     if name == "roofline":
         return get(name)
     exclude = sorted(exclude_gpus)
+    if exclude:
+        known = nsdata.gpu_splits(data)["train_gpus"]
+        unknown = [g for g in exclude if g not in known]
+        if unknown:
+            raise ValueError(f"cannot leave out {unknown}: not training GPUs (Device names "
+                             f"{known})")
     key = cache_key(name, {**params, "exclude_gpus": exclude} if exclude else params, data)
     folder = Path(out) if out is not None else cache_dir("predictors")
     path = folder / f"{name}-{key}.npz"

@@ -26,23 +26,44 @@ def test_roofline_logo_covers_every_gpu_and_matches_by_hand(data_dir):
     assert set(out) == set(tab.index) and set(out["softmax"]) >= set(held)
 
 
-def test_each_fold_trains_without_its_gpu(data_dir, monkeypatch):
-    seen = []
+def test_each_fold_trains_without_its_gpu_and_looks_its_tiles_up(data_dir, monkeypatch):
+    seen, calls = [], []
 
     class Spy:
         tiles = None
 
+        def __init__(self, held):
+            self.held = held
+
         def predict(self, frame, lookup=False):
+            calls.append((self.held, tuple(sorted(frame["gpu"].unique())), lookup))
             return np.ones(len(frame))
 
     def fake_trained(name, data=None, exclude_gpus=(), **kw):
         seen.append(tuple(exclude_gpus))
-        return Spy()
+        return Spy(tuple(exclude_gpus))
 
     monkeypatch.setattr("nslib.kernel_eval.trained", fake_trained)
     predict_logo("linreg", progress=False)
     splits = nsdata.gpu_splits()
     assert sorted(seen) == sorted([(g,) for g in splits["train_gpus"]] + [()])
+    for held, gpus, lookup in calls:
+        # a fold predicts only its held-out GPU (the all-GPU model: the new GPUs), never
+        # with the GPU's own parsed tiles
+        assert gpus == (held if held else tuple(splits["new_gpus"])) and lookup
+
+
+def test_folds_have_their_own_cache_key_and_unknown_gpus_are_refused(data_dir, monkeypatch):
+    keys = []
+    monkeypatch.setattr(training, "cache_key",
+                        lambda name, params, data=None: keys.append(params) or "k")
+    monkeypatch.setattr(training, "read_cache_entry", lambda *a, **k: object())
+    gpu = nsdata.gpu_splits()["train_gpus"][0]
+    training.trained("linreg", exclude_gpus=[gpu])
+    training.trained("linreg")
+    assert keys[0]["exclude_gpus"] == [gpu] and "exclude_gpus" not in keys[1]
+    with pytest.raises(ValueError, match="not training GPUs"):
+        training.trained("linreg", exclude_gpus=["No Such GPU"])
 
 
 def test_train_frame_excludes_a_gpu(data_dir):

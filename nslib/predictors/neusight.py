@@ -93,6 +93,17 @@ def paper_config(cls: str, data=None) -> dict:
             "batch": raw["train_batch"]}
 
 
+def _check_config(cls: str, cfg: dict, bounded: bool) -> None:
+    """Clear errors for a class config the predictor cannot train."""
+    if cfg["form"] not in FORMS:
+        raise ValueError(f"{cls}: unknown NeuSight form {cfg['form']!r}; known: {FORMS}")
+    if cfg["tiles"] not in ("parsed", "nominal"):
+        raise ValueError(f"{cls}: tiles must be 'parsed' or 'nominal', got {cfg['tiles']!r}")
+    if not bounded and cfg["form"] in KERNEL_LAWS:
+        raise ValueError(f"{cls}: the unbounded MLP predicts whole-kernel latency; the kernel "
+                         f"laws {KERNEL_LAWS} are for the bounded NeuSight")
+
+
 def tile_features(frame: pd.DataFrame, features=FEATURES) -> np.ndarray:
     """The (n, len(features)) log2 per-SM-normalised features of method.md section 4.
 
@@ -214,7 +225,7 @@ OUTPUTS = {"paper": 2, "overhead": 2, "additive": 2, "stream": 3, "series": 3}
 # typical launch.
 ADDITIVE_MS = 0.01
 # Scale of the stream form's SM-side rate: bytes an SM moves per FLOP of its FP32 peak
-# (exp(raw) times this; 0.1 is ~20 GB/s per SM on an A100).
+# (exp(raw) times this; 0.1 is ~18 GB/s for an SM of 180 GFLOP/s).
 KAPPA = 0.1
 CONTEXT = ("base", "waves", "mem_ms", "sm_ms", "comp_ms", "roof_ms")
 # laws whose time is built from whole-kernel terms and bounded by the kernel's own roofline
@@ -278,8 +289,7 @@ def _one_wave_ms(raw, ctx, form: str):
             ctx[:, 3] / kappa
         return xp.maximum(total, ctx[:, 5]) / waves
     if form == "series":
-        # a GEMM streams its minimal traffic at no less than half the bandwidth (big
-        # elementwise kernels, the simplest streams, reach 65-90% on every training GPU)
+        # a GEMM streams its minimal traffic at no less than half the bandwidth (why: DECISIONS.md)
         delta = 0.5 + 0.5 * xp.sigmoid(raw[:, 2].clip(-30, 30))
         total = ADDITIVE_MS * xp.exp(raw[:, 0].clip(-20, 20)) + \
             xp.maximum(ctx[:, 4] / gamma, ctx[:, 2] / delta)
@@ -306,9 +316,11 @@ def wave_ms(raw, ctx, form: str):
     + bytes / (kappa * FP32 peak of the occupied SMs): the memory system and the SMs' own
     issue rate (Little's law: an SM keeps a bounded number of bytes in flight) are two
     ceilings in series; a GPU whose memory is slow next to its SMs is DRAM-bound, one whose
-    memory is fast next to few or slow SMs is SM-bound. gamma, kappa and c depend only on the
-    kernel, so the GPU enters through its datasheet alone and more bandwidth, SMs or peak can
-    never make a kernel slower. ``series`` (GEMMs): latency = c + max(compute / gamma,
+    memory is fast next to few or slow SMs is SM-bound. gamma, kappa and c depend on the
+    kernel's shape and the SM count (an MLP input, clipped to the training range), so for a
+    given tile, bandwidth and peak enter only through these terms and more of either never
+    makes a kernel slower (SM count and L2: checked, :mod:`nslib.extrapolation`; a
+    never-profiled GPU's looked-up tile can change with its datasheet). ``series`` (GEMMs): latency = c + max(compute / gamma,
     bytes / (delta * bandwidth)), delta in (0.5, 1), compute the waves of tiles at the FP32
     peak: the tile
     pipeline overlaps loads with math, so the slower of the two sets the pace, and a GPU
@@ -375,10 +387,12 @@ class NeuSight(Predictor):
         self.configs = {c: asdict(TrainConfig(**{**base.get(c, {}), **common,
                                                   **(configs or {}).get(c, {})}))
                         for c in kernels.CLASSES}
+        for c, cfg in self.configs.items():
+            _check_config(c, cfg, self.bounded)
         # per class, each ensemble member's [W0, b0, W1, b1, ...] (float32 numpy): the
         # forward pass is numpy, so a cached prediction never imports torch
         self.models: dict[str, list[list[np.ndarray]]] = {}
-        self.norm: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        self.norm: dict[str, tuple[np.ndarray, ...]] = {}  # mean, std, clip lo, clip hi
         self.tiles = TileLookup()
         self.nominal = TileLookup(gpu_free=True)
         self.packing = RowPacking()
@@ -410,7 +424,8 @@ class NeuSight(Predictor):
         return wave_ms * self._scale(frame)
 
     def utilisation(self, frame: pd.DataFrame) -> np.ndarray:
-        """The predicted utilisation u in (0, 1) of each kernel (bounded model only)."""
+        """The predicted utilisation u in (0, 1] of each kernel (bounded model only): of one
+        wave's roofline under the wave laws, of the kernel's roofline under the kernel laws."""
         frame = self._pack(self._nominal(self.tiles.fill(frame)))
         out = np.empty(len(frame))
         for cls, idx, sub in by_class(frame):
