@@ -9,7 +9,7 @@ import pandas as pd
 from .evaluate import ape
 from .graph import load_model_config
 from .labels import load_labels
-from .opgraph import host_nodes, layer_span, measured_nodes, measured_per_class
+from .opgraph import host_nodes, layer_repeats, measured_nodes, measured_per_class
 from .predict import predict_model
 
 CLASSES = ("linear", "bmm", "elementwise", "softmax", "layernorm", "memory")
@@ -37,11 +37,7 @@ def host_overlap(data=None) -> pd.DataFrame:
         df = measured_nodes(lab["gpu_key"], lab["tag"], data)
         if df is None:
             continue
-        n_layer = _n_layer(load_model_config(lab["model"], data))
-        span = layer_span(df["Name"].astype(str).tolist())
-        rep = pd.Series(1, index=df.index)
-        if span is not None:
-            rep.iloc[span[0]:span[1]] = n_layer
+        rep = layer_repeats(df, _n_layer(load_model_config(lab["model"], data)))
         ms, host = df["latency"] * rep, host_nodes(df)
         rows.append({"gpu_key": lab["gpu_key"], "tag": lab["tag"], "e2e_ms": lab["e2e_ms"],
                      "all_nodes_ms": ms.sum(), "kernel_nodes_ms": ms[~host].sum(),

@@ -74,14 +74,21 @@ def measured_per_class(gpu_key: str, tag: str, n_layer: int, data=None) -> pd.Se
     df = measured_nodes(gpu_key, tag, data)
     if df is None:
         return None
-    span = layer_span(df["Name"].astype(str).tolist())
-    rep = pd.Series(1, index=df.index)
-    if span is not None:
-        rep.iloc[span[0]:span[1]] = n_layer
+    rep = layer_repeats(df, n_layer)
     op = df["OpName"].fillna("misc").astype(str)
     cls = op.map(lambda k: "other" if k == "misc" else ref_class(k))
     cls = cls.where(~host_nodes(df), "host")
     return (df["latency"] * rep).groupby(cls).sum()
+
+
+def layer_repeats(df: pd.DataFrame, n_layer: int) -> pd.Series:
+    """How many times each node of a one-layer graph runs: ``n_layer`` for the layer's nodes
+    (:func:`layer_span`), 1 for the others."""
+    span = layer_span(df["Name"].astype(str).tolist())
+    rep = pd.Series(1, index=df.index)
+    if span is not None:
+        rep.iloc[span[0]:span[1]] = n_layer
+    return rep
 
 
 def host_nodes(df: pd.DataFrame) -> pd.Series:
