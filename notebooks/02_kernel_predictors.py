@@ -103,9 +103,10 @@ logo_table
 # and GEMMs near their roofline (`nslib.extrapolation`; the same checks are tests).
 
 # %%
-from nslib.extrapolation import property_checks, training_balance
+from nslib.extrapolation import property_checks
+from nslib.gpu_range import training_ranges
 
-balance = training_balance(nsdata.kernel_table("linear", "train", data))
+balance = training_ranges(data)["ranges"]["FLOP/byte"][1]   # FLOP/byte, training GPUs
 props = pd.concat({n: property_checks(trained(n, **train_kw), train_balance=balance)
                    for n in ["neusight", "mlp"]}, names=["predictor"]).reset_index(0)
 prop_table = props.groupby(["predictor", "check"])["ok"].agg(["sum", "size"])

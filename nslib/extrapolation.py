@@ -68,8 +68,9 @@ def _more(field: str, factor: float) -> dict:
 def property_checks(pred, classes=None, train_balance: float | None = None) -> pd.DataFrame:
     """Rows ``check, kernel, cls, value, limit, ok`` for a fitted predictor ``pred``.
 
-    ``train_balance``: the largest FP32 FLOP per byte of the training GPUs (peak / bandwidth);
-    the balance check uses a GPU with 5x it.
+    ``train_balance``: the largest FP32 FLOP per byte of the training GPUs (peak / bandwidth,
+    ``nslib.gpu_range.training_ranges()["ranges"]["FLOP/byte"][1]``); the balance check uses
+    a GPU with 5x it.
     """
     base = kernel_frame(classes)
     t0 = pred.predict(base)
@@ -111,7 +112,3 @@ def _balance_rows(pred, classes, train_balance: float) -> list:
                          GEMM_FACTOR, t[i] <= GEMM_FACTOR * roof[i]))
     return rows
 
-
-def training_balance(frame: pd.DataFrame) -> float:
-    """The largest FP32 FLOP per byte (peak / bandwidth) among a frame's GPUs."""
-    return float((frame["peak_gflops"] / frame["mem_bw"]).max())

@@ -7,14 +7,15 @@ L2 and memory hold by construction of the laws, monotonicity in the SM count (an
 only as trained, and the quick profile's 8 epochs do not always reach it."""
 import pytest
 
-from nslib.extrapolation import kernel_frame, property_checks, training_balance
-from nslib.training import train_frame, trained
+from nslib.extrapolation import kernel_frame, property_checks
+from nslib.gpu_range import training_ranges
+from nslib.training import trained
 
 
 @pytest.fixture(scope="module")
 def checks(data_dir):
     pred = trained("neusight", progress=False)
-    return property_checks(pred, train_balance=training_balance(train_frame()))
+    return property_checks(pred, train_balance=training_ranges()["ranges"]["FLOP/byte"][1])
 
 
 def test_check_kernels_are_built_by_hand():
