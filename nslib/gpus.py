@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from .checks import check_float, check_int
-from .paths import data_root, require
+from .paths import data_root, mixed_root, require
 
 # NeuSight JSON key -> (dataclass field, description with unit)
 FIELDS = {
@@ -20,6 +20,9 @@ FIELDS = {
     "SingleFLOPs": ("peak_gflops", "FP32 peak, GFLOP/s"),
     "L2Cache": ("l2_mb", "L2 cache, MB"),
 }
+# Optional: dense tensor-core BF16 peak (FP16 runs at the same rate on the GPUs in the data).
+# Datasheets without it load; a 16-bit prediction asks for it by name (GPU.bf16_peak).
+OPTIONAL_FIELDS = {"Bf16FLOPs": ("bf16_gflops", "dense tensor-core BF16 peak, GFLOP/s")}
 INT_FIELDS = ("Num_Sm", "Core_Per_SM")  # counts: 0.5 SMs is a typo, not a GPU
 
 
@@ -36,6 +39,15 @@ class GPU:
     peak_gflops: float  # FP32 GFLOP/s
     l2_mb: float        # MB
     key: str = ""       # file stem, e.g. NVIDIA_H100_80GB_HBM3 (also the label folder name)
+    bf16_gflops: float | None = None  # dense tensor-core BF16 GFLOP/s; None if not given
+
+    def bf16_peak(self) -> float:
+        """Dense tensor-core BF16/FP16 peak, GFLOP/s; a clear error when the datasheet lacks it."""
+        if self.bf16_gflops is None:
+            raise ValueError(f"GPU {self.name!r} has no 'Bf16FLOPs' (dense tensor-core BF16 "
+                             "peak, GFLOP/s) in its datasheet; a 16-bit prediction needs it: "
+                             "add it to the JSON file, or predict in fp32")
+        return self.bf16_gflops
 
     def columns(self) -> dict:
         """The datasheet as the kernel-frame GPU columns (see nslib.kernels.GPU_COLS)."""
@@ -45,7 +57,9 @@ class GPU:
     def to_json(self) -> dict:
         """The datasheet in NeuSight's JSON format (round-trips through :func:`gpu_from_dict`)."""
         d = asdict(self)
-        return {"Device": self.name, **{k: d[f] for k, (f, _) in FIELDS.items()}}
+        out = {"Device": self.name, **{k: d[f] for k, (f, _) in FIELDS.items()}}
+        out.update({k: d[f] for k, (f, _) in OPTIONAL_FIELDS.items() if d[f] is not None})
+        return out
 
 
 def gpu_from_dict(raw: dict, source: str = "<dict>", key: str = "") -> GPU:
@@ -72,6 +86,12 @@ def gpu_from_dict(raw: dict, source: str = "<dict>", key: str = "") -> GPU:
                 vals[field] = check_float(f"field '{k}' ({desc})", raw[k], positive=True)
         except ValueError as e:
             raise ValueError(f"{source}: {e}") from None
+    for k, (field, desc) in OPTIONAL_FIELDS.items():
+        if raw.get(k) is not None:
+            try:
+                vals[field] = check_float(f"field '{k}' ({desc})", raw[k], positive=True)
+            except ValueError as e:
+                raise ValueError(f"{source}: {e}") from None
     return GPU(name=name.strip(), key=key or _stem(name), **vals)
 
 
@@ -102,7 +122,15 @@ def load_gpus(data: str | os.PathLike | None = None) -> dict[str, GPU]:
     return {p.stem: load_gpu_file(p) for p in sorted(folder.glob("*.json"))}
 
 
-def _norm(s: str) -> str:
+def load_mixed_gpus(mixed: str | os.PathLike | None = None) -> dict[str, GPU]:
+    """Every datasheet in the 16-bit data's ``device_configs`` (see :func:`paths.mixed_root`),
+    keyed by file stem, in sorted order; measured or not (a datasheet alone can be predicted)."""
+    folder = mixed_root(mixed) / "device_configs"
+    return {p.stem: load_gpu_file(p) for p in sorted(folder.glob("*.json"))}
+
+
+def norm_name(s: str) -> str:
+    """A GPU name folded for matching: lower case, runs of spaces, underscores, dashes -> one space."""
     return re.sub(r"[\s_\-]+", " ", s.strip().lower())
 
 
@@ -115,12 +143,12 @@ def find_gpu(query: str, gpus: dict[str, GPU]) -> GPU:
     """
     if query in gpus:
         return gpus[query]
-    q = _norm(query)
-    exact = [g for g in gpus.values() if _norm(g.name) == q or _norm(g.key) == q]
+    q = norm_name(query)
+    exact = [g for g in gpus.values() if norm_name(g.name) == q or norm_name(g.key) == q]
     if not exact:
         words = q.split()
         exact = [g for g in gpus.values()
-                 if all(re.search(rf"(^| ){re.escape(w)}( |$)", _norm(g.name)) for w in words)]
+                 if all(re.search(rf"(^| ){re.escape(w)}( |$)", norm_name(g.name)) for w in words)]
     canon = [g for g in exact if g.key == _stem(g.name)]
     hits = canon or exact
     if len({g.key for g in hits}) == 1:

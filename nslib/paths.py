@@ -4,6 +4,8 @@ Settings (environment variables, each overridable by a CLI option):
 
 - ``NSLIB_DATA``: root of the NeuSight data, either the repository root (it holds
   ``scripts/asplos``) or the ``scripts/asplos`` folder itself. Default ``datasets/neusight``.
+- ``NSLIB_MIXED``: root of the 16-bit measurements (aiconfigurator and vidur tables plus
+  ``device_configs/`` datasheets with ``Bf16FLOPs``). Default ``datasets/mixed``.
 - ``NSLIB_CACHE``: the user cache folder for built tables, traces and trained weights.
   Default ``~/.cache/nslib``. The data folder may be read-only, so nothing is written beside it.
 """
@@ -20,6 +22,7 @@ from pathlib import Path
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_DATA = PROJECT_ROOT / "datasets" / "neusight"
 ASPLOS = Path("scripts") / "asplos"
+DEFAULT_MIXED = PROJECT_ROOT / "datasets" / "mixed"
 
 
 class DataNotFoundError(FileNotFoundError):
@@ -47,6 +50,22 @@ def data_root(data: str | os.PathLike | None = None) -> Path:
             return cand.resolve()
     raise DataNotFoundError(f"No NeuSight data at {root} (looked for data/device_configs there "
                             f"and under {ASPLOS}). {_how_to_get()}")
+
+
+def mixed_root(mixed: str | os.PathLike | None = None) -> Path:
+    """The folder of 16-bit measurements (``mixed``, else ``NSLIB_MIXED``, else the default).
+
+    It holds ``device_configs/`` (datasheets with ``Bf16FLOPs``) and the ``aiconfigurator/``
+    and ``vidur/`` tables. Raises :class:`DataNotFoundError` saying how to get it.
+    """
+    raw = mixed if mixed is not None else os.environ.get("NSLIB_MIXED") or DEFAULT_MIXED
+    root = Path(raw).expanduser()
+    if (root / "device_configs").is_dir():
+        return root.resolve()
+    raise DataNotFoundError(
+        f"No 16-bit measurements at {root} (looked for device_configs/ there). Get them with "
+        f"`nslib fetch --mixed` (into {DEFAULT_MIXED}), or point NSLIB_MIXED (or --mixed) at "
+        "an existing copy, e.g. NSLIB_MIXED=../shared/mixed.")
 
 
 def require(path: Path, what: str) -> Path:

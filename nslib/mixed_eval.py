@@ -1,0 +1,70 @@
+"""Kernel-level evaluation of the 16-bit predictors: leave-one-GPU-out and named test GPUs.
+
+A predictor here is any object with ``fit(frame)`` and ``predict(frame) -> ms`` (see
+:class:`nslib.predictors.base.Predictor`); a *factory* makes a fresh, untrained one. The
+training GPUs are the GPUs with rows in the table, never a list in code.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+import pandas as pd
+from tqdm.auto import tqdm
+
+from .gpus import norm_name
+from .mixed_data import measured_gpus
+
+
+def ape(pred: np.ndarray, measured: np.ndarray) -> np.ndarray:
+    """Absolute percentage error of each prediction, %."""
+    measured = np.asarray(measured, float)
+    return 100.0 * np.abs(np.asarray(pred, float) - measured) / measured
+
+
+def resolve_gpus(table: pd.DataFrame, names) -> list[str]:
+    """Device names of ``names`` (Device names, file stems with underscores, or unambiguous
+    whole-word aliases) among the GPUs measured in ``table``; ValueError listing them if not."""
+    known = measured_gpus(table)
+    out = []
+    for q in names:
+        hits = [g for g in known if norm_name(g) == norm_name(q)] or [
+            g for g in known if all(w in norm_name(g).split() for w in norm_name(q).split())]
+        if len(hits) != 1:
+            why = "ambiguous" if hits else "not measured in this table"
+            raise ValueError(f"GPU {q!r} is {why}; measured GPUs: {', '.join(known)}")
+        out.append(hits[0])
+    return out
+
+
+def predict_held_out(table: pd.DataFrame, factory: Callable, held_out: list[str],
+                     progress: bool = True) -> np.ndarray:
+    """Predictions (ms) for the rows of the ``held_out`` GPUs by a predictor trained on every
+    other GPU of ``table`` (NaN on the training rows)."""
+    test = table["gpu"].isin(held_out).to_numpy()
+    if not test.any() or test.all():
+        raise ValueError(f"held-out GPUs {held_out} leave no test or no training rows")
+    pred = np.full(len(table), np.nan)
+    model = factory()
+    model.fit(table[~test].reset_index(drop=True), progress=progress)
+    pred[test] = model.predict(table[test].reset_index(drop=True))
+    return pred
+
+
+def logo_predictions(table: pd.DataFrame, factory: Callable, progress: bool = True) -> np.ndarray:
+    """Leave-one-GPU-out predictions (ms): each GPU's rows predicted by a predictor trained on
+    all the other GPUs of ``table``."""
+    pred = np.full(len(table), np.nan)
+    for gpu in tqdm(measured_gpus(table), desc="leave-one-GPU-out", disable=not progress):
+        part = predict_held_out(table, factory, [gpu], progress=False)
+        mask = ~np.isnan(part)
+        pred[mask] = part[mask]
+    return pred
+
+
+def per_gpu_mape(table: pd.DataFrame, pred: np.ndarray) -> pd.Series:
+    """MAPE (%) per GPU over the rows with a prediction (the held-out GPUs)."""
+    ok = ~np.isnan(pred)
+    err = pd.Series(ape(pred[ok], table["latency_ms"].to_numpy()[ok]),
+                    index=table.index[ok])
+    return err.groupby(table.loc[ok, "gpu"], sort=False).mean().rename("mape")
