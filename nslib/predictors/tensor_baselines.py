@@ -107,6 +107,16 @@ class XGBoostBaseline(_KindPredictor):
         import xgboost as xgb
         return np.exp(self.booster.predict(xgb.DMatrix(learned_inputs(self.kind, frame))))
 
+    def get_state(self) -> dict:
+        raw = np.frombuffer(bytes(self.booster.save_raw("json")), np.uint8).copy()
+        return {"rounds": self.rounds, "max_depth": self.max_depth, "booster": raw}
+
+    def set_state(self, state: dict) -> None:
+        import xgboost as xgb
+        self.rounds, self.max_depth = int(state["rounds"]), int(state["max_depth"])
+        self.booster = xgb.Booster(params={"nthread": 2})
+        self.booster.load_model(bytearray(np.asarray(state["booster"]).tobytes()))
+
 
 class MLPBaseline(_KindPredictor):
     name = "mlp"
