@@ -53,8 +53,10 @@ def kind_table(kind: str, quick: bool = False, mixed=None) -> pd.DataFrame:
     with a fixed seed (so the quick profile is the same everywhere)."""
     table = KINDS[check_kind(kind)][2](mixed)
     if quick:
-        table = (table.groupby("gpu", group_keys=False, sort=False)
-                 .apply(lambda g: g.sample(min(len(g), QUICK_ROWS), random_state=0)))
+        # one sample per GPU (a handful of groups); groupby.apply drops the grouping column
+        # under pandas 3, so the groups are concatenated by hand
+        table = pd.concat([g.sample(min(len(g), QUICK_ROWS), random_state=0)
+                           for _, g in table.groupby("gpu", sort=False)])
     return table.reset_index(drop=True)
 
 
