@@ -92,10 +92,12 @@ import numpy as np
 import pandas as pd
 
 from nslib import kernels
+from nslib.dtypes import TORCH_NAMES, check_dtype
 from nslib.paths import data_root
+from nslib.sdpa_trace import ATTENTION_COLUMNS, sdpa_mode
 
 __all__ = ["load_model_config", "trace", "summarize", "expert_tokens", "TRACE_COLUMNS",
-           "TRACE_VERSION", "MEASURED_ARCHITECTURE", "MEMORY_COLUMNS"]
+           "TRACE_VERSION", "MEASURED_ARCHITECTURE", "MEMORY_COLUMNS", "ATTENTION_COLUMNS"]
 
 # Bump when the rows trace() produces change, so caches of traces can key on it.
 TRACE_VERSION = 3
@@ -219,9 +221,13 @@ def _model_classes(hf_config, architecture: str | None):
             AutoModel]
 
 
-def _build(config: dict, architecture: str | None):
+def _build(config: dict, architecture: str | None, dtype: str = "fp32"):
+    """(HF config, model on meta): FP32 with eager attention, or a 16-bit ``dtype`` with
+    PyTorch's scaled-dot-product attention (FlashAttention on a GPU)."""
     import torch
 
+    torch_dtype = getattr(torch, TORCH_NAMES[dtype])
+    attn = "eager" if dtype == "fp32" else "sdpa"
     hf = _hf_config(config)
     model_type = hf.model_type
     errors = []
@@ -229,10 +235,9 @@ def _build(config: dict, architecture: str | None):
         try:
             with torch.device("meta"):
                 if hasattr(auto, "from_config"):
-                    model = auto.from_config(hf, attn_implementation="eager", dtype=torch.float32)
+                    model = auto.from_config(hf, attn_implementation=attn, dtype=torch_dtype)
                 else:  # a concrete class
-                    model = auto._from_config(hf, attn_implementation="eager",
-                                              dtype=torch.float32)
+                    model = auto._from_config(hf, attn_implementation=attn, dtype=torch_dtype)
             break
         except ValueError as e:
             msg = str(e)
@@ -249,8 +254,8 @@ def _build(config: dict, architecture: str | None):
     else:
         raise ValueError(f"no model class for model_type {model_type!r} ({'; '.join(errors)}): "
                          f"pass architecture= with a transformers class name")
-    if any(p.dtype != torch.float32 for p in model.parameters()):
-        model = model.to(torch.float32)
+    if any(p.dtype != torch_dtype for p in model.parameters()):
+        model = model.to(torch_dtype)
     return hf, model
 
 
@@ -383,8 +388,11 @@ def _nbytes(t) -> int:
 # --------------------------------------------------------------------------------------------
 
 class _Tracer:
-    def __init__(self, model, block_of: dict):
-        self.rows: dict[str, list] = {c: [] for c in TRACE_COLUMNS}
+    def __init__(self, model, block_of: dict, half: bool = False):
+        # 16-bit traces: real element sizes, and the attention rows' extra columns
+        self.half = half
+        self.extra_cols = ATTENTION_COLUMNS if half else ()
+        self.rows: dict[str, list] = {c: [] for c in TRACE_COLUMNS + self.extra_cols}
         self.writer: dict[int, tuple] = {}   # storage id -> kids that last wrote it
         self._keep: list = []                # storages of parameters, gradients, inputs
         self._refs: dict = {}                # storage id -> weakref reporting its death
@@ -450,7 +458,15 @@ class _Tracer:
                 self.writer[sid] = kids
 
     # --- rows --------------------------------------------------------------------------------
-    def add_row(self, aten, cls, op, dims, flops, nbytes, inputs) -> int:
+    def elem(self, t) -> int:
+        """Bytes per element a kernel on ``t`` is counted with: the FP32 constant of the
+        measurements in an FP32 trace (today's rows, unchanged), ``t``'s own size in a 16-bit
+        trace (FP32 islands such as the upcast inside RMSNorm stay 4 bytes)."""
+        if not self.half or t is None or not t.is_floating_point():
+            return kernels.BYTES_PER_ELEM
+        return int(t.element_size())
+
+    def add_row(self, aten, cls, op, dims, flops, nbytes, inputs, extra=None) -> int:
         kid = self.n
         self.n += 1
         mod = self.current_module()
@@ -467,6 +483,8 @@ class _Tracer:
         r["inputs"].append(tuple(k for k in inputs if k != kid))
         r["layer"].append(self.layer_of(mod) if mod else -1)
         r["module"].append(mod)
+        for c in self.extra_cols:
+            r[c].append(float((extra or {}).get(c, np.nan)))
         return kid
 
     def _info(self, func) -> tuple:
@@ -618,7 +636,7 @@ class _Tracer:
     def _vector(self, aten, cls, op, B, H, ins, outs):
         n_in, ops_per_o = kernels.OPS[op][1], kernels.OPS[op][2]
         flops = B * H * ops_per_o
-        nbytes = B * H * kernels.BYTES_PER_ELEM * (n_in + 1)
+        nbytes = B * H * self.elem(outs[0] if outs else None) * (n_in + 1)
         kid = self.add_row(aten, cls, op, (B, None, None, None, H), float(flops), float(nbytes),
                            self.producers(ins))
         self.set_writer(outs, (kid,))
@@ -641,7 +659,7 @@ class _Tracer:
         if min(B, M, N, K) <= 0:
             return
         flops = 2.0 * B * M * N * K
-        nbytes = float(kernels.BYTES_PER_ELEM * B * (M * N + N * K + M * K))
+        nbytes = float(self.elem(a) * B * (M * N + N * K + M * K))
         kid = self.add_row(aten, cls, cls, (B, M, N, K, None), flops, nbytes, self.producers(ins))
         self.set_writer(outs, (kid,))
 
@@ -665,7 +683,7 @@ class _Tracer:
             if min(m, n, k) > 0:
                 kids.append(self.add_row(aten, cls, cls, (groups, m, n, k, None),
                                          2.0 * groups * m * n * k, float(
-                                             kernels.BYTES_PER_ELEM * groups * (m * n + n * k + m * k)),
+                                             self.elem(x) * groups * (m * n + n * k + m * k)),
                                          inputs))
         if not fw and len(mask) > 2 and mask[2]:
             written = int(w.shape[0])
@@ -691,13 +709,13 @@ class _Tracer:
         if mask[0]:
             kid = self.add_row(aten, "layernorm", "ln", (B, None, None, None, H),
                                float(B * H * kernels.OPS["ln"][2]),
-                               float(B * H * kernels.BYTES_PER_ELEM * 2), inputs)
+                               float(B * H * self.elem(x) * 2), inputs)
             if res:
                 self.set_writer(res[:1], (kid,))
         n_param = int(bool(mask[1])) + int(len(mask) > 2 and bool(mask[2]))
         if n_param:
             written = n_param * H
-            nbytes = float(kernels.BYTES_PER_ELEM * (2 * B * H + written))
+            nbytes = float(self.elem(x) * (2 * B * H + written))
             kid = self.add_row(aten, "memory", "mem", (1, None, None, None, written), 0.0,
                                nbytes, inputs)
             self.set_writer(res[1:] if mask[0] else res, (kid,))
@@ -739,12 +757,14 @@ class _Tracer:
         self.set_writer(outs, (kid,))
 
     def frame(self) -> pd.DataFrame:
-        df = pd.DataFrame(self.rows, columns=list(TRACE_COLUMNS))
+        df = pd.DataFrame(self.rows, columns=list(TRACE_COLUMNS + self.extra_cols))
         df["kid"] = df["kid"].astype(np.int64)
         df["layer"] = df["layer"].astype(np.int64)
-        for c in ("B", "M", "N", "K", "H", "flops", "bytes"):
+        for c in ("B", "M", "N", "K", "H", "flops", "bytes") + self.extra_cols:
             df[c] = df[c].astype(np.float64)
-        return pd.concat([df, self.memory_frame()], axis=1)
+        extra = df[list(self.extra_cols)]
+        return pd.concat([df.drop(columns=list(self.extra_cols)), self.memory_frame(), extra],
+                         axis=1)
 
 
 def _same_dense(args, kwargs):
@@ -1175,7 +1195,8 @@ def _loss(output):
 
 
 def trace(config: dict, batch: int, seq: int, mode: str, *, grad_accumulation: bool = True,
-          architecture: str | None = None, imbalance: float = 1.0) -> pd.DataFrame:
+          architecture: str | None = None, imbalance: float = 1.0,
+          dtype: str = "fp32") -> pd.DataFrame:
     """The kernels one forward (``mode="inf"``) or forward + backward (``"train"``) launches.
 
     ``config``: a HuggingFace config dict (or a name/path for :func:`load_model_config`).
@@ -1199,13 +1220,20 @@ def trace(config: dict, batch: int, seq: int, mode: str, *, grad_accumulation: b
     tensor inputs, followed through views; () for model inputs and parameters), ``layer``
     (transformer block index, encoder blocks then decoder blocks, or -1 outside the blocks)
     and ``module`` (qualified name of the innermost module running it, or ""). Unknown aten ops give no row and one
-    warning listing them. Raises ValueError for bad arguments or a config transformers cannot
+    warning listing them.
+
+    ``dtype``: ``"fp32"`` (default: the paper's traces, eager attention) or ``"bf16"``/``"fp16"``:
+    the model is built in that format with PyTorch's scaled-dot-product attention, each call of
+    which is one row of class ``"attention"`` (:mod:`nslib.sdpa_trace`; the frame then ends with
+    its :data:`ATTENTION_COLUMNS`, NaN on other rows), and ``bytes`` count every kernel's real
+    element size (2 bytes, 4 for what the model keeps in FP32). Raises ValueError for bad arguments or a config transformers cannot
     build, with zero layers, or of an architecture the tracer does not support (naming it and
     what is missing).
     """
     from transformers.utils import logging as hf_logging
 
     _check_args(batch, seq, mode)
+    dtype = check_dtype(dtype)
     if not isinstance(config, dict):
         config = load_model_config(config)
     if architecture is None:
@@ -1213,16 +1241,20 @@ def trace(config: dict, batch: int, seq: int, mode: str, *, grad_accumulation: b
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # transformers' notes about meta tensors, token ids...
     try:
-        return _trace(config, batch, seq, mode, grad_accumulation, architecture, imbalance)
+        return _trace(config, batch, seq, mode, grad_accumulation, architecture, imbalance,
+                      dtype)
     finally:
         hf_logging.set_verbosity(verbosity)
 
 
-def _trace(config, batch, seq, mode, grad_accumulation, architecture, imbalance) -> pd.DataFrame:
+def _trace(config, batch, seq, mode, grad_accumulation, architecture, imbalance,
+           dtype="fp32") -> pd.DataFrame:
+    import contextlib
+
     import torch
 
     expert_tokens(1, 1, 1, imbalance)  # validates imbalance before the (slower) build
-    hf, model = _build(config, architecture)
+    hf, model = _build(config, architecture, dtype)
     arch = type(model).__name__
     for attr in _MAX_POS:
         limit = getattr(hf, attr, None)
@@ -1234,8 +1266,9 @@ def _trace(config, batch, seq, mode, grad_accumulation, architecture, imbalance)
     block_of = _block_index(model)
     _check_layers(hf, block_of, arch)
     _patch_moe(model, imbalance, arch)
-    tracer = _Tracer(model, block_of)
+    tracer = _Tracer(model, block_of, half=dtype != "fp32")
     recorder, dropout_mode = _make_modes(tracer, redirect_dropout=train)
+    attention = sdpa_mode(tracer) if tracer.half else contextlib.nullcontext()
     inputs = _model_inputs(hf, model, batch, seq)
     if train and grad_accumulation:
         with torch.no_grad():
@@ -1250,7 +1283,7 @@ def _trace(config, batch, seq, mode, grad_accumulation, architecture, imbalance)
             warnings.simplefilter("ignore")  # transformers' own chatter about meta/eager/etc.
             try:
                 if train:
-                    with dropout_mode, recorder:
+                    with dropout_mode, attention, recorder:
                         out = model(**inputs)
                         tracer.mark(_tensors(out, []), "held")
                         loss = _loss(out)
@@ -1258,7 +1291,7 @@ def _trace(config, batch, seq, mode, grad_accumulation, architecture, imbalance)
                         tracer.fw_stack.clear()
                         loss.backward()
                 else:
-                    with torch.no_grad(), recorder:
+                    with torch.no_grad(), attention, recorder:
                         tracer.mark(_tensors(model(**inputs), []), "held")
             except (ValueError, RuntimeError, IndexError, TypeError, NotImplementedError,
                     AttributeError, KeyError) as e:

@@ -23,7 +23,7 @@ GEMM_CLASSES = ("bmm", "linear")
 VECTOR_CLASSES = ("elementwise", "softmax", "layernorm")
 DIM_COLS = ("B", "M", "N", "K", "H")
 GPU_COLS = ("num_sm", "peak_gflops", "mem_bw", "mem_gb", "l2_mb")
-BYTES_PER_ELEM = 4  # FP32 throughout the measurements
+BYTES_PER_ELEM = 4  # FP32: the NeuSight measurements (16-bit traces: see elem_bytes)
 
 # op -> (class, number of tensor inputs, FLOPs per output element)
 OPS = {
@@ -71,6 +71,18 @@ def flops_bytes(frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     flops = np.where(gemm, 2 * B * M * N * K, B * H * ops_per_o)
     nbytes = np.where(gemm, BYTES_PER_ELEM * B * (M * N + N * K + M * K), B * H * mem_per_o)
     return flops, nbytes
+
+
+def elem_bytes(frame: pd.DataFrame) -> np.ndarray:
+    """Bytes per element each GEMM or vector row of a trace was counted with: its ``bytes``
+    over the FP32 bytes of its dims, times :data:`BYTES_PER_ELEM` (4 in an FP32 trace; 2 for
+    the 16-bit kernels of a 16-bit trace). NaN for rows of other classes."""
+    known = frame["cls"].isin(CLASSES).to_numpy()
+    out = np.full(len(frame), np.nan)
+    if known.any():
+        _, fp32 = flops_bytes(frame[known])
+        out[known] = BYTES_PER_ELEM * frame.loc[known, "bytes"].to_numpy(float) / fp32
+    return out
 
 
 def vector_tile(n_out: np.ndarray, grid_blocks: np.ndarray) -> np.ndarray:

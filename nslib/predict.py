@@ -20,6 +20,7 @@ import pandas as pd
 
 from . import __version__
 from .checks import check_float, check_int
+from .dtypes import check_dtype
 from .gpus import GPU, find_gpu, load_gpu_file, load_gpus
 from .launch import LAUNCH_US, stream_ms
 from .paths import cache_dir, hash_files, read_cache_entry, write_cache_entry
@@ -54,21 +55,25 @@ def spec_path(gpu) -> Path | None:
 
 
 def traced(model, batch: int, seq: int, mode: str, data=None,
-           imbalance: float = 1.0) -> pd.DataFrame:
+           imbalance: float = 1.0, dtype: str = "fp32") -> pd.DataFrame:
     """The kernel trace of a model (name, path or config dict), cached by config content.
 
-    ``imbalance``: the mixture-of-experts routing (:func:`nslib.graph.expert_tokens`).
+    ``imbalance``: the mixture-of-experts routing (:func:`nslib.graph.expert_tokens`);
+    ``dtype``: ``fp32`` (default) or a 16-bit format (:func:`nslib.graph.trace`).
     """
     from .graph import TRACE_VERSION, expert_tokens, load_model_config
     batch, seq = check_int("batch", batch), check_int("seq", seq)
     expert_tokens(1, 1, 1, imbalance)  # validates it
+    dtype = check_dtype(dtype)
     config = load_model_config(model, data)
     extra = [config, int(batch), int(seq), mode, __version__, TRACE_VERSION]
     if imbalance != 1.0:
         extra.append(float(imbalance))
+    if dtype != "fp32":  # FP32 keys stay those of the traces cached before the dtype existed
+        extra.append(dtype)
     key = hash_files([], extra=extra)
     return _traced(key, json.dumps(config, sort_keys=True), int(batch), int(seq), mode,
-                   imbalance).copy()
+                   imbalance, dtype).copy()
 
 
 # trace columns holding tuples of ints (parquet stores them as lists)
@@ -77,13 +82,13 @@ _TUPLE_COLUMNS = ("inputs", "allocs", "frees")
 
 @lru_cache(maxsize=64)
 def _traced(key: str, config_json: str, batch: int, seq: int, mode: str,
-            imbalance: float = 1.0) -> pd.DataFrame:
+            imbalance: float = 1.0, dtype: str = "fp32") -> pd.DataFrame:
     from .graph import trace
     path = cache_dir("traces") / f"{key}.parquet"
     df = read_cache_entry(path, _read_trace, "model trace")
     if df is not None:
         return df
-    df = trace(json.loads(config_json), batch, seq, mode, imbalance=imbalance)
+    df = trace(json.loads(config_json), batch, seq, mode, imbalance=imbalance, dtype=dtype)
     buf = io.BytesIO()
     df.assign(**{c: df[c].map(list) for c in _TUPLE_COLUMNS}).to_parquet(buf, index=False)
     write_cache_entry(path, buf.getvalue())
@@ -136,7 +141,8 @@ def predict_model(gpu, model, batch: int, seq: int, mode: str = "inf",
                   predictor="neusight", data=None, quick: bool = False, *,
                   fused: bool = False, dp: int = 1, tp: int = 1, pp: int = 1,
                   microbatches: int = 1, link=None, launch_us: float | None = LAUNCH_US,
-                  imbalance: float = 1.0):
+                  imbalance: float = 1.0, dtype: str = "fp32",
+                  tensor_predictor="neusight"):
     """Predict one inference (``mode="inf"``) or training step (``"train"``) of ``model``.
 
     ``gpu``: name/alias, spec file or :class:`GPU`; ``model``: a config name in the data
@@ -158,6 +164,13 @@ def predict_model(gpu, model, batch: int, seq: int, mode: str = "inf",
     ``imbalance``: routing of top-k mixture-of-experts layers (1 = tokens spread evenly over
     the experts; see :func:`nslib.graph.expert_tokens`); single-GPU steps only.
 
+    ``dtype``: ``fp32`` (default, the paper's setting) or ``bf16``/``fp16``: the model is traced
+    in that format with fused attention and its tensor-core GEMMs and attention are priced by
+    the 16-bit predictors named ``tensor_predictor`` (a name of
+    :func:`nslib.mixed_training.predictors`, or a ``(gemm, attention)`` pair of fitted ones),
+    the rest by ``predictor`` at the kernels' real bytes (:mod:`nslib.predict16`). 16-bit needs
+    the datasheet's ``Bf16FLOPs`` and a single GPU without fusion.
+
     The summary's ``warnings`` lists the datasheet figures of the GPU outside the training
     GPUs' range (:mod:`nslib.gpu_range`); each is also issued as a
     :class:`nslib.gpu_range.DatasheetRangeWarning`.
@@ -171,8 +184,13 @@ def predict_model(gpu, model, batch: int, seq: int, mode: str = "inf",
         launch_us = check_float("launch_us (microseconds)", launch_us, minimum=0)
     if isinstance(link, (int, float)) and not isinstance(link, bool):
         link = check_float("link bandwidth (GB/s)", link, positive=True)
+    dtype = check_dtype(dtype)
     from .gpu_range import warn_out_of_range
     spec = resolve_gpu(gpu, data)
+    if dtype != "fp32":
+        return _predict_half(spec, model, batch, seq, mode, predictor, data, quick,
+                             fused or dp != 1 or tp != 1 or pp != 1 or microbatches != 1,
+                             launch_us, imbalance, dtype, tensor_predictor)
     notes = warn_out_of_range(spec, data)
     if dp != 1 or tp != 1 or pp != 1 or microbatches != 1:
         if imbalance != 1.0:
@@ -196,3 +214,23 @@ def predict_model(gpu, model, batch: int, seq: int, mode: str = "inf",
     pred = _predictor(predictor, data, quick)
     frame["pred_ms"] = stream_ms(pred, frame, launch_us, data)
     return frame, {**summarize(frame), "launch_us": launch_us, "warnings": notes}
+
+
+def _predict_half(spec: GPU, model, batch, seq, mode, predictor, data, quick, multi: bool,
+                  launch_us, imbalance, dtype, tensor_predictor):
+    """:func:`predict_model` in a 16-bit ``dtype`` (single GPU, unfused)."""
+    from . import predict16
+    from .gpu_range import warn_out_of_range
+    if multi:
+        raise ValueError(f"--dtype {dtype} predicts one GPU without fusion for now: drop "
+                         f"--fused / --dp / --tp / --pp / --microbatches, or use --dtype fp32")
+    predict16.datasheet_columns(spec)  # a datasheet without Bf16FLOPs fails before the trace
+    notes = warn_out_of_range(spec, data)
+    frame = kernel_frame(traced(model, batch, seq, mode, data, imbalance, dtype), spec)
+    tensor = (predict16.tensor_predictors(tensor_predictor, quick)
+              if isinstance(tensor_predictor, str) else tuple(tensor_predictor))
+    pred = _predictor(predictor, data, quick)
+    frame["pred_ms"] = predict16.stream_ms_half(pred, frame, spec, tensor, launch_us, data)
+    return frame, {**summarize(frame), "launch_us": launch_us, "dtype": dtype,
+                   "tensor_predictor": tensor_predictor if isinstance(tensor_predictor, str)
+                   else type(tensor[0]).__name__, "warnings": notes}

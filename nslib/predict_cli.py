@@ -29,6 +29,10 @@ def _predict(args) -> int:
         extra["link"] = args.link_bw
     if getattr(args, "imbalance", None) is not None:
         extra["imbalance"] = args.imbalance
+    dtype = getattr(args, "dtype", "fp32") or "fp32"
+    if dtype != "fp32":
+        extra["dtype"] = dtype
+        extra["tensor_predictor"] = args.tensor_predictor
     if getattr(args, "plain_sum", False):
         extra["launch_us"] = None
     elif getattr(args, "launch_us", None) is not None:
@@ -38,15 +42,18 @@ def _predict(args) -> int:
         warnings.simplefilter("ignore", DatasheetRangeWarning)  # printed below, once
         frame, summary = predict_model(gpu, args.model, args.batch, args.seq, args.mode,
                                        predictor=args.predictor, quick=args.quick, **extra)
-    mem, per_gpu = _memory(args, gpu, extra, frame)
+    mem, per_gpu = (_memory_half(args, gpu, frame, dtype) if dtype != "fp32" else
+                    _memory(args, gpu, extra, frame))
     summary = {"gpu": args.gpu_spec or args.gpu, "model": args.model, "batch": args.batch,
                "seq": args.seq, "mode": args.mode, "predictor": args.predictor, **summary,
                "memory_gb": mem, "fits": mem["fits"]}
     if args.json:
         print(json.dumps(summary, indent=1, allow_nan=False))
     else:
+        what = (args.predictor if dtype == "fp32" else
+                f"{dtype}: {args.tensor_predictor} tensor cores, {args.predictor} vector")
         print(f"{args.model} {args.mode} batch {args.batch} seq {args.seq} on {summary['gpu']} "
-              f"({args.predictor}): {summary['e2e_ms']:.2f} ms "
+              f"({what}): {summary['e2e_ms']:.2f} ms "
               f"(forward {summary['fw_ms']:.2f}, backward {summary['bw_ms']:.2f})")
         for k, v in sorted(summary["per_class_ms"].items(), key=lambda kv: -kv[1]):
             print(f"  {k:12s} {v:10.2f} ms")
@@ -81,6 +88,23 @@ def _memory(args, gpu, extra: dict, frame) -> tuple[dict, bool]:
     return mem, any(par.get(k, 1) > 1 for k in ("dp", "tp", "pp"))
 
 
+def _memory_half(args, gpu, frame, dtype: str) -> tuple[dict, bool]:
+    """Memory of a 16-bit step from its own trace (weights and activations at their real
+    sizes; training counts the optimizer states at the parameters' 16-bit size, a pure 16-bit
+    step, not mixed precision with FP32 master weights)."""
+    from .dtypes import bytes_per_elem
+    from .graph import load_model_config
+    from .memory import GIB, framework_bytes, kv_cache_bytes, step_memory
+    from .predict import resolve_gpu, spec_path
+    spec = resolve_gpu(gpu)
+    fw, src = framework_bytes(spec, None, spec_path(gpu))
+    kv = (kv_cache_bytes(load_model_config(args.model), args.batch, args.seq,
+                         bytes_per_elem(dtype)) if args.kv_cache else 0.0)
+    mem = step_memory(frame, args.mode, args.optimizer, framework=fw, kv_cache=kv,
+                      capacity=float(spec.mem_gb) * GIB, context_source=src)
+    return mem.to_dict(), False
+
+
 def _memory_line(mem: dict, per_gpu: bool) -> str:
     """'memory: fits (X GB of Y)' or 'memory: does not fit (needs X GB of Y)', with the parts."""
     parts = ", ".join(f"{k} {mem[k]:.2f}" for k in ("weights", "grads", "optimizer",
@@ -101,7 +125,15 @@ def add_predict_parser(sub) -> None:
     s.add_argument("--batch", type=arg_int(), required=True)
     s.add_argument("--seq", type=arg_int(), required=True)
     s.add_argument("--mode", choices=["inf", "train"], default="inf")
-    s.add_argument("--predictor", default="neusight")
+    s.add_argument("--predictor", default="neusight",
+                   help="kernel predictor (in 16 bits: of the vector and memory kernels)")
+    s.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], default="fp32",
+                   help="number format of the model (default fp32, the paper's setting); "
+                        "bf16/fp16 trace it with fused attention, priced by the 16-bit GEMM "
+                        "and attention predictors (needs the datasheet's Bf16FLOPs)")
+    s.add_argument("--tensor-predictor", default="neusight", metavar="NAME",
+                   help="16-bit GEMM and attention predictor (default neusight; or a baseline: "
+                        "roofline, roofline_eff, xgboost, mlp)")
     s.add_argument("--quick", action="store_true", help="use the quick-trained predictor")
     s.add_argument("--json", action="store_true")
     s.add_argument("--launch-us", type=arg_float(minimum=0), metavar="US",
