@@ -56,7 +56,35 @@ def _train(args) -> int:
     return 0
 
 
+def _eval_kernels_16bit(args) -> int:
+    from .mixed_eval import evaluate_16bit
+    if args.lookup:
+        raise ValueError("--lookup applies to the FP32 kernels only (16-bit kernels have no "
+                         "kernel names to take tiles from): drop it")
+    if args.logo and args.test_gpus:
+        raise ValueError("--logo and --test-gpus are two protocols: give one of them")
+    if args.epochs is not None:
+        raise ValueError("--epochs applies to the FP32 predictors; the 16-bit ones train "
+                         "with their own settings: drop it")
+    res = evaluate_16bit(args.predictor, args.test_gpus, args.seed, args.quick)
+    if args.json:
+        print(json.dumps(res, indent=1))
+        return 0
+    how = (f"trained on every other measured GPU, predicting {', '.join(args.test_gpus)}"
+           if args.test_gpus else "leave-one-GPU-out over the measured GPUs")
+    print(f"MAPE (%) of the {args.dtype} {args.predictor} predictor, {how}")
+    print(pd.DataFrame(res).round(1).to_string())
+    return 0
+
+
 def _eval_kernels(args) -> int:
+    from .dtypes import check_dtype
+    args.dtype = check_dtype(args.dtype)
+    if args.dtype != "fp32":
+        return _eval_kernels_16bit(args)
+    if args.test_gpus:
+        raise ValueError("--test-gpus applies to the 16-bit kernels (--dtype bf16); the FP32 "
+                         "test GPUs are the data's own split")
     from .evaluate import table_json
     from .kernel_eval import evaluate_logo, evaluate_predictor, logo_json
     if args.logo:
@@ -131,7 +159,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "the GPU was never trained on)")
     s.add_argument("--logo", action="store_true",
                    help="leave-one-GPU-out: hold each training GPU out in turn (JSON: "
-                        "{class: {GPU: mape}})")
+                        "{class: {GPU: mape}}); the default protocol in 16 bits")
+    s.add_argument("--dtype", default="fp32",
+                   help="fp32 (the paper's kernels, default), or bf16/fp16: the 16-bit GEMM "
+                        "and attention kernels of the mixed data (classes gemm, attention)")
+    s.add_argument("--test-gpus", nargs="+", metavar="GPU",
+                   help="16-bit only: train on every other measured GPU and report these "
+                        "(Device names or file stems)")
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=_eval_kernels)
 
