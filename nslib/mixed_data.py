@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 
 from .gpus import GPU, find_gpu, load_mixed_gpus
-from .paths import DataNotFoundError, mixed_root
+from .paths import DataNotFoundError, hash_files, mixed_root
 
 AIC_SYSTEMS = Path("aiconfigurator") / "aic-core" / "src" / "aiconfigurator_core" / "systems"
 VIDUR = Path("vidur") / "data" / "profiling" / "compute"
@@ -201,3 +201,22 @@ def layer_table(mixed: str | os.PathLike | None = None) -> pd.DataFrame:
 def measured_gpus(table: pd.DataFrame) -> list[str]:
     """The GPUs (Device names) with rows in ``table``, in order of first appearance."""
     return list(dict.fromkeys(table["gpu"]))
+
+
+def mixed_files(mixed: str | os.PathLike | None = None) -> list[Path]:
+    """Every file the tables above read: datasheets, the newest GEMM and attention tables per
+    GPU, and the vidur layer tables, in a fixed order."""
+    root = mixed_root(mixed)
+    files = sorted((root / "device_configs").glob("*.json"))
+    for kind, name in (("gemm", "gemm_perf.parquet"),
+                       ("attention", "context_attention_perf.parquet"),
+                       ("attention", "generation_attention_perf.parquet")):
+        files += _newest_tables(root, kind, name)
+    return files + sorted((root / VIDUR).glob("*/*/*/mlp.csv"))
+
+
+def mixed_hash(mixed: str | os.PathLike | None = None) -> str:
+    """Content hash of the 16-bit data (names the data a 16-bit result came from)."""
+    root = mixed_root(mixed)
+    return hash_files(mixed_files(root), extra=[str(p.relative_to(root)) for p in
+                                                 mixed_files(root)])
