@@ -24,6 +24,14 @@ def _gpus(args) -> int:
 
 def _fetch(args) -> int:
     from .fetch import fetch, read_lock
+    if args.fetch_mixed is not None:
+        from .fetch_mixed import fetch_mixed
+        if args.sha256:
+            raise ValueError("--sha256 pins the NeuSight archive; the 16-bit data is checked "
+                             "file by file against datasets/mixed_registry.json: drop --sha256")
+        dest = fetch_mixed(dest=args.fetch_mixed or None, source=args.source, force=args.force)
+        print(f"16-bit data ready at {dest} (every pinned file checked)")
+        return 0
     dest = fetch(dest=args.data, source=args.source, sha256=args.sha256, force=args.force)
     lock = read_lock(dest) or {}
     print(f"NeuSight data ready at {dest} (sha256 {lock.get('sha256')})")
@@ -121,6 +129,8 @@ def _reproduce(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="nslib", description=__doc__)
     p.add_argument("--data", help="NeuSight data root (default: $NSLIB_DATA or datasets/neusight)")
+    p.add_argument("--mixed", help="16-bit measurements root (default: $NSLIB_MIXED or "
+                   "datasets/mixed)")
     p.add_argument("--cache", help="cache folder (default: $NSLIB_CACHE or ~/.cache/nslib)")
     sub = p.add_subparsers(dest="cmd", required=True)
 
@@ -128,8 +138,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=_gpus)
 
-    s = sub.add_parser("fetch", help="download the pinned NeuSight data (or copy a mirror)")
-    s.add_argument("--source", help="mirror URL, local archive or folder")
+    s = sub.add_parser("fetch", help="download the pinned NeuSight data (or copy a mirror); "
+                       "--mixed: the 16-bit data")
+    s.add_argument("--mixed", dest="fetch_mixed", nargs="?", const="", metavar="PATH",
+                   help="fetch the 16-bit data instead, into PATH (default: $NSLIB_MIXED, "
+                   "or the global --mixed, or datasets/mixed)")
+    s.add_argument("--source", help="mirror URL, local archive or folder (with --mixed: a "
+                   "folder holding each repository as a folder or .tar.gz/.zip)")
     s.add_argument("--sha256", help="expected SHA-256 of the archive")
     s.add_argument("--force", action="store_true", help="replace existing data")
     s.set_defaults(func=_fetch)
@@ -188,12 +203,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _global_options_anywhere(p, sub) -> None:
-    """Accept --data and --cache after the sub-command too (``nslib predict --data X``).
+    """Accept --data, --mixed and --cache after the sub-command too (``nslib predict --data X``;
+    ``fetch`` has its own ``--mixed [PATH]``).
 
     SUPPRESS keeps a sub-command that was not given them from resetting the value given
     before it."""
     for s in sub.choices.values():
-        for opt in ("--data", "--cache"):
+        for opt in ("--data", "--mixed", "--cache"):
+            if opt in s._option_string_actions:
+                continue
             s.add_argument(opt, default=argparse.SUPPRESS,
                            help=next(a.help for a in p._actions if opt in a.option_strings))
 
@@ -202,6 +220,8 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     if args.data:
         os.environ["NSLIB_DATA"] = args.data
+    if args.mixed:
+        os.environ["NSLIB_MIXED"] = args.mixed
     if args.cache:
         os.environ["NSLIB_CACHE"] = args.cache
     from .paths import CacheError, DataNotFoundError
