@@ -45,8 +45,8 @@ def attention_inputs(frame: pd.DataFrame, features=FEATURES) -> np.ndarray:
     """(n, len(features)) log2 MLP inputs: the shape columns, ``group`` (query heads per KV
     head), ``ctas_per_sm`` (CTAs FlashAttention launches per SM), ``splits`` (key splits),
     ``waves``, ``num_sm``, ``sm_cycles_per_byte`` (SMs x clock over DRAM bandwidth: how fast
-    on-chip traffic is next to DRAM's), ``l2_fit`` (DRAM bytes over the L2 size: a working set the L2 holds
-    stays there between the benchmark's repetitions)."""
+    on-chip traffic is next to DRAM's), ``l2_fit`` (DRAM bytes over the L2 size: a working
+    set the L2 holds stays there between the benchmark's repetitions)."""
     geo = launch_geometry(frame)
     sm = frame["num_sm"].to_numpy(float)
     cols = {c: frame[c].to_numpy(float) for c in ("batch", "q_len", "kv_len", "heads",
@@ -80,7 +80,8 @@ def physical_terms(frame: pd.DataFrame, overhead: str = "fixed") -> np.ndarray:
 def _law(raw, terms, lib, law="max"):
     """Latency (ms) from raw MLP outputs (gamma, delta, c before their squashing); ``terms``
     column 3 is the overhead's scale (ms)."""
-    sig = lib.sigmoid if hasattr(lib, "sigmoid") else (lambda v: 1 / (1 + np.exp(-np.clip(v, -60, 60))))
+    sig = lib.sigmoid if hasattr(lib, "sigmoid") else \
+        (lambda v: 1 / (1 + np.exp(-np.clip(v, -60, 60))))
     gamma, delta, c = sig(raw[:, 0]), sig(raw[:, 1]), terms[:, 3] * sig(raw[:, 2])
     if law == "sum":
         return c + terms[:, 0] / gamma + terms[:, 1] / delta
@@ -189,7 +190,8 @@ class TensorAttention(Predictor):
             mean, std, lo, hi = self.norm[grp]
             z = np.clip((self._x(sub) - mean) / std, lo, hi)
             terms = physical_terms(sub, self.overhead)
-            out[idx] = np.maximum(_law(_forward(self.models[grp], z), terms, np, self.law), terms[:, 2])
+            ms = _law(_forward(self.models[grp], z), terms, np, self.law)
+            out[idx] = np.maximum(ms, terms[:, 2])  # the roofline bounds it
         return out
 
     def get_state(self) -> dict:
@@ -200,7 +202,8 @@ class TensorAttention(Predictor):
                 "models": self.models, "norm": self.norm, "train_seconds": self.train_seconds}
 
     def set_state(self, state: dict) -> None:
-        for k in ("seed", "hidden", "layers", "lr", "max_rows", "epochs", "shared", "overhead", "law",
+        for k in ("seed", "hidden", "layers", "lr", "max_rows", "epochs", "shared", "overhead",
+                  "law",
                   "train_seconds"):
             setattr(self, k, state[k])
         self.features = tuple(state["features"])

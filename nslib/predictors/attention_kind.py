@@ -125,7 +125,8 @@ def num_splits(base: np.ndarray, sm: np.ndarray, n_blocks: np.ndarray) -> np.nda
     effs = np.zeros((len(todo), MAX_SPLITS))
     for s in range(1, MAX_SPLITS + 1):  # a loop over split counts, vectorised over rows
         waves = base * s / sm
-        ok = (s <= limit) & ((s == 1) | (np.ceil(n_blocks / s) != np.ceil(n_blocks / max(s - 1, 1))))
+        same = np.ceil(n_blocks / s) == np.ceil(n_blocks / max(s - 1, 1))
+        ok = (s <= limit) & ((s == 1) | ~same)
         effs[:, s - 1] = np.where(ok, waves / np.ceil(waves), 0.0)
     good = (effs >= 0.85 * effs.max(axis=1, keepdims=True)) & (effs > 0)
     out[todo] = np.argmax(good, axis=1) + 1.0
