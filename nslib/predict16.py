@@ -36,9 +36,12 @@ TENSOR_KINDS = ("gemm", "attention")
 
 
 def datasheet_columns(gpu) -> dict:
-    """The 16-bit predictors' datasheet columns of ``gpu`` (a clear ValueError naming
-    ``Bf16FLOPs`` when its datasheet lacks the tensor-core peak)."""
-    return {**gpu.columns(), "bf16_gflops": float(gpu.bf16_peak())}
+    """The 16-bit predictors' datasheet columns of ``gpu``, those every 16-bit table carries
+    (:func:`nslib.mixed_data.gpu_frame`); a clear ValueError naming ``Bf16FLOPs`` when its
+    datasheet lacks the tensor-core peak."""
+    from .mixed_data import gpu_frame
+    gpu.bf16_peak()
+    return gpu_frame([gpu]).iloc[0].to_dict()
 
 
 def gemm_inputs(frame: pd.DataFrame) -> pd.DataFrame:
