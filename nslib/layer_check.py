@@ -97,12 +97,14 @@ def layer_kernels(table: pd.DataFrame) -> pd.DataFrame:
 
 def layer_predictions(table: pd.DataFrame | None = None, predictor="neusight",
                       tensor_predictor="neusight", quick: bool = False,
-                      launch_us: float | None = LAUNCH_US, mixed=None, data=None):
+                      launch_us: float | None = LAUNCH_US, mixed=None, data=None,
+                      leave_out: bool = False):
     """Per op row: :func:`layer_kernels` plus ``pred_ms`` (see the module doc).
 
     ``table``: rows of the layer table (default: all of it); ``predictor``: the FP32 kernel
     predictor (name or fitted); ``tensor_predictor``: the 16-bit GEMM predictor's name in
-    :func:`nslib.mixed_training.trained_tensor`, or a fitted one.
+    :func:`nslib.mixed_training.trained_tensor`, or a fitted one; ``leave_out``: train it
+    without the GPU being checked (leave-one-GPU-out, when that GPU has GEMM tables).
     """
     from . import mixed_data, predict16
     from .gpus import load_mixed_gpus
@@ -110,16 +112,18 @@ def layer_predictions(table: pd.DataFrame | None = None, predictor="neusight",
     if table is None:
         table = mixed_data.layer_table(mixed)
     frame = layer_kernels(table)
-    gemm = tensor_predictor
-    if isinstance(gemm, str):
-        from .mixed_training import trained_tensor
-        gemm = trained_tensor("gemm", tensor_predictor, quick=quick, mixed=mixed)
+    from .mixed_training import kind_table, trained_tensor
+    measured = set(kind_table("gemm", quick, mixed)["gpu"]) if leave_out else set()
     pred = (trained(predictor, data=data, quick=quick, progress=True)
             if isinstance(predictor, str) else predictor)
     gpus = {g.name: g for g in load_mixed_gpus(mixed).values()}
     frame["pred_ms"] = np.nan
     for name, rows in frame.groupby("gpu", sort=False).groups.items():
         gpu = gpus[name]
+        gemm = tensor_predictor
+        if isinstance(gemm, str):
+            gemm = trained_tensor("gemm", gemm, quick=quick, mixed=mixed,
+                                  exclude_gpus=[name] if name in measured else [])
         sub = frame.loc[rows].assign(**gpu.columns())
         frame.loc[rows, "pred_ms"] = predict16.stream_ms_half(pred, sub, gpu, (gemm, None),
                                                               launch_us, data)
