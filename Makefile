@@ -38,10 +38,13 @@ lock:
 	} > $(LOCK).tmp && mv $(LOCK).tmp $(LOCK)
 	rm -rf $(LOCK_VENV)
 
-# Find the data (NSLIB_DATA, or datasets/neusight), fetching the pinned copy when absent.
+# Find the data (NSLIB_DATA, or datasets/neusight; NSLIB_MIXED, or datasets/mixed), fetching
+# the pinned copies when absent.
 data: setup
 	@$(BIN)/python -c "from nslib.paths import data_root; data_root()" 2>/dev/null \
 		|| $(BIN)/nslib fetch
+	@$(BIN)/python -c "from nslib.paths import mixed_root; mixed_root()" 2>/dev/null \
+		|| $(BIN)/nslib fetch --mixed
 
 test: setup
 	MPLBACKEND=Agg $(BIN)/pytest -q

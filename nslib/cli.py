@@ -24,6 +24,14 @@ def _gpus(args) -> int:
 
 def _fetch(args) -> int:
     from .fetch import fetch, read_lock
+    if args.fetch_mixed is not None:
+        from .fetch_mixed import fetch_mixed
+        if args.sha256:
+            raise ValueError("--sha256 pins the NeuSight archive; the 16-bit data is checked "
+                             "file by file against datasets/mixed_registry.json: drop --sha256")
+        dest = fetch_mixed(dest=args.fetch_mixed or None, source=args.source, force=args.force)
+        print(f"16-bit data ready at {dest} (every pinned file checked)")
+        return 0
     dest = fetch(dest=args.data, source=args.source, sha256=args.sha256, force=args.force)
     lock = read_lock(dest) or {}
     print(f"NeuSight data ready at {dest} (sha256 {lock.get('sha256')})")
@@ -56,7 +64,35 @@ def _train(args) -> int:
     return 0
 
 
+def _eval_kernels_16bit(args) -> int:
+    from .mixed_eval import evaluate_16bit
+    if args.lookup:
+        raise ValueError("--lookup applies to the FP32 kernels only (16-bit kernels have no "
+                         "kernel names to take tiles from): drop it")
+    if args.logo and args.test_gpus:
+        raise ValueError("--logo and --test-gpus are two protocols: give one of them")
+    if args.epochs is not None:
+        raise ValueError("--epochs applies to the FP32 predictors; the 16-bit ones train "
+                         "with their own settings: drop it")
+    res = evaluate_16bit(args.predictor, args.test_gpus, args.seed, args.quick)
+    if args.json:
+        print(json.dumps(res, indent=1))
+        return 0
+    how = (f"trained on every other measured GPU, predicting {', '.join(args.test_gpus)}"
+           if args.test_gpus else "leave-one-GPU-out over the measured GPUs")
+    print(f"MAPE (%) of the {args.dtype} {args.predictor} predictor, {how}")
+    print(pd.DataFrame(res).round(1).to_string())
+    return 0
+
+
 def _eval_kernels(args) -> int:
+    from .dtypes import check_dtype
+    args.dtype = check_dtype(args.dtype)
+    if args.dtype != "fp32":
+        return _eval_kernels_16bit(args)
+    if args.test_gpus:
+        raise ValueError("--test-gpus applies to the 16-bit kernels (--dtype bf16); the FP32 "
+                         "test GPUs are the data's own split")
     from .evaluate import table_json
     from .kernel_eval import evaluate_logo, evaluate_predictor, logo_json
     if args.logo:
@@ -93,6 +129,8 @@ def _reproduce(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="nslib", description=__doc__)
     p.add_argument("--data", help="NeuSight data root (default: $NSLIB_DATA or datasets/neusight)")
+    p.add_argument("--mixed", help="16-bit measurements root (default: $NSLIB_MIXED or "
+                   "datasets/mixed)")
     p.add_argument("--cache", help="cache folder (default: $NSLIB_CACHE or ~/.cache/nslib)")
     sub = p.add_subparsers(dest="cmd", required=True)
 
@@ -100,8 +138,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=_gpus)
 
-    s = sub.add_parser("fetch", help="download the pinned NeuSight data (or copy a mirror)")
-    s.add_argument("--source", help="mirror URL, local archive or folder")
+    s = sub.add_parser("fetch", help="download the pinned NeuSight data (or copy a mirror); "
+                       "--mixed: the 16-bit data")
+    s.add_argument("--mixed", dest="fetch_mixed", nargs="?", const="", metavar="PATH",
+                   help="fetch the 16-bit data instead, into PATH (default: $NSLIB_MIXED, "
+                   "or the global --mixed, or datasets/mixed)")
+    s.add_argument("--source", help="mirror URL, local archive or folder (with --mixed: a "
+                   "folder holding each repository as a folder or .tar.gz/.zip)")
     s.add_argument("--sha256", help="expected SHA-256 of the archive")
     s.add_argument("--force", action="store_true", help="replace existing data")
     s.set_defaults(func=_fetch)
@@ -131,7 +174,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "the GPU was never trained on)")
     s.add_argument("--logo", action="store_true",
                    help="leave-one-GPU-out: hold each training GPU out in turn (JSON: "
-                        "{class: {GPU: mape}})")
+                        "{class: {GPU: mape}}); the default protocol in 16 bits")
+    s.add_argument("--dtype", default="fp32",
+                   help="fp32 (the paper's kernels, default), or bf16/fp16: the 16-bit GEMM "
+                        "and attention kernels of the mixed data (classes gemm, attention)")
+    s.add_argument("--test-gpus", nargs="+", metavar="GPU",
+                   help="16-bit only: train on every other measured GPU and report these "
+                        "(Device names or file stems)")
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=_eval_kernels)
 
@@ -154,12 +203,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _global_options_anywhere(p, sub) -> None:
-    """Accept --data and --cache after the sub-command too (``nslib predict --data X``).
+    """Accept --data, --mixed and --cache after the sub-command too (``nslib predict --data X``;
+    ``fetch`` has its own ``--mixed [PATH]``).
 
     SUPPRESS keeps a sub-command that was not given them from resetting the value given
     before it."""
     for s in sub.choices.values():
-        for opt in ("--data", "--cache"):
+        for opt in ("--data", "--mixed", "--cache"):
+            if opt in s._option_string_actions:
+                continue
             s.add_argument(opt, default=argparse.SUPPRESS,
                            help=next(a.help for a in p._actions if opt in a.option_strings))
 
@@ -168,6 +220,8 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     if args.data:
         os.environ["NSLIB_DATA"] = args.data
+    if args.mixed:
+        os.environ["NSLIB_MIXED"] = args.mixed
     if args.cache:
         os.environ["NSLIB_CACHE"] = args.cache
     from .paths import CacheError, DataNotFoundError

@@ -25,6 +25,10 @@ import pooch
 from nslib import paths
 
 URL_SCHEMES = ("http", "https", "ftp", "sftp")
+NO_NETWORK_HINT = ("Without a network, pass --source with a local archive or folder of the "
+                   "repository, or point NSLIB_DATA (--data) at a copy.")
+# what a cut-off or damaged archive raises while it is read
+ARCHIVE_ERRORS = (tarfile.ReadError, EOFError, zipfile.BadZipFile, zlib.error)
 REPO_MARKER = paths.ASPLOS / "data" / "device_configs"
 
 
@@ -47,7 +51,7 @@ def load_registry(name: str = "neusight") -> dict:
 
 def lock_path(dest: str | os.PathLike | None = None) -> Path:
     """The lock file of data folder ``dest``: ``dest.parent / (dest.name + '.lock.json')``."""
-    dest = _abs(dest if dest is not None else paths.DEFAULT_DATA)
+    dest = abs_path(dest if dest is not None else paths.DEFAULT_DATA)
     return dest.parent / (dest.name + ".lock.json")
 
 
@@ -57,7 +61,8 @@ def read_lock(dest: str | os.PathLike | None = None) -> dict | None:
     return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
 
 
-def _abs(path: str | os.PathLike) -> Path:
+def abs_path(path: str | os.PathLike) -> Path:
+    """``path`` made absolute (``~`` expanded), without resolving links."""
     return Path(os.path.abspath(Path(path).expanduser()))
 
 
@@ -77,8 +82,10 @@ def _quiet_pooch():
         logger.setLevel(level)
 
 
-def _download(url: str, expected: str | None, progress: bool) -> Path:
-    """Download ``url`` into the cache (``downloads/``) through pooch, checking ``expected``."""
+def download(url: str, expected: str | None, progress: bool, hint: str = NO_NETWORK_HINT) -> Path:
+    """Download ``url`` into the cache (``downloads/``) through pooch, checking ``expected``.
+
+    ``ConnectionError`` (ending with ``hint``: what to do offline) when it cannot be reached."""
     with _quiet_pooch():
         try:
             got = pooch.retrieve(url, known_hash=expected, path=paths.cache_dir("downloads"),
@@ -87,13 +94,11 @@ def _download(url: str, expected: str | None, progress: bool) -> Path:
             raise ValueError(f"Download from {url} refused: {exc}") from exc
         except OSError as exc:  # no network, refused connection, HTTP error (requests' errors)
             raise ConnectionError(f"Could not download {url} ({type(exc).__name__}: "
-                                  f"{str(exc)[:160]}). Without a network, pass --source with a "
-                                  "local archive or folder of the repository, or point "
-                                  "NSLIB_DATA (--data) at a copy.") from None
+                                  f"{str(exc)[:160]}). {hint}") from None
     return Path(got)
 
 
-def _check_hash(archive: Path, expected: str | None) -> str:
+def check_hash(archive: Path, expected: str | None) -> str:
     """SHA-256 (hex) of ``archive``; ``ValueError`` if ``expected`` is given and differs."""
     digest = pooch.file_hash(str(archive), alg="sha256")
     if expected:
@@ -104,20 +109,20 @@ def _check_hash(archive: Path, expected: str | None) -> str:
     return digest
 
 
-def _safe_name(name: str) -> bool:
+def safe_member_name(name: str) -> bool:
     """True if archive member ``name`` stays inside the folder it is unpacked into."""
     pure = PurePosixPath(name.replace("\\", "/"))
     return not (pure.is_absolute() or ".." in pure.parts or ":" in (pure.parts or ("",))[0])
 
 
 def _safe_tar_member(member: tarfile.TarInfo) -> bool:
-    if not _safe_name(member.name):
+    if not safe_member_name(member.name):
         return False
     if member.issym():  # a link target is resolved relative to the link's own folder
         target = os.path.normpath(PurePosixPath(member.name).parent / member.linkname)
-        return not member.linkname.startswith("/") and _safe_name(target)
+        return not member.linkname.startswith("/") and safe_member_name(target)
     if member.islnk():
-        return _safe_name(member.linkname)
+        return safe_member_name(member.linkname)
     return member.isfile() or member.isdir()
 
 
@@ -130,16 +135,21 @@ def _unpack(archive: Path, into: Path) -> None:
     into.mkdir()
     try:
         _extract(archive, into)
-    except (tarfile.ReadError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
-        raise ValueError(f"{archive} is damaged ({type(exc).__name__}: {exc}); it was probably "
-                         "cut off while downloading: delete it and fetch again. Nothing was "
-                         "installed.") from None
+    except ARCHIVE_ERRORS as exc:
+        raise damaged_archive(archive, exc) from None
+
+
+def damaged_archive(archive: Path, exc: Exception) -> ValueError:
+    """The error for an archive that cannot be read (``exc``, one of :data:`ARCHIVE_ERRORS`)."""
+    return ValueError(f"{archive} is damaged ({type(exc).__name__}: {exc}); it was probably "
+                      "cut off while downloading: delete it and fetch again. Nothing was "
+                      "installed.")
 
 
 def _extract(archive: Path, into: Path) -> None:
     if zipfile.is_zipfile(archive):
         with zipfile.ZipFile(archive) as zf:
-            bad = [n for n in zf.namelist() if not _safe_name(n)]
+            bad = [n for n in zf.namelist() if not safe_member_name(n)]
             if bad:
                 raise ValueError(f"Refusing {archive}: unsafe member paths {bad[:5]}")
             zf.extractall(into)
@@ -177,8 +187,11 @@ def _check_repo(root: Path, what: str, allow_asplos: bool = False) -> None:
                      "Nothing was installed.")
 
 
-def _install(new: Path, dest: Path, force: bool, scratch: Path) -> None:
-    """Rename ``new`` to ``dest``; an existing ``dest`` is moved into ``scratch`` first (force)."""
+def install(new: Path, dest: Path, force: bool, scratch: Path) -> None:
+    """Rename ``new`` to ``dest``; an existing ``dest`` is moved into ``scratch`` first (force).
+
+    ``new`` and ``scratch`` must lie on ``dest``'s file system (a folder beside it), so each
+    step is one rename: ``dest`` is the old copy or the new one, never a mix."""
     if dest.exists() or dest.is_symlink():
         if not force:
             raise FileExistsError(f"{dest} already exists; pass --force (force=True) to replace it")
@@ -197,14 +210,14 @@ def _resolve_source(source, entry: dict, expected: str | None, progress: bool):
     """``(lock source string, local archive or None, local folder or None, archive sha256)``."""
     if source is None or (isinstance(source, str) and _is_url(source)):
         url = entry["url"] if source is None else source
-        archive = _download(url, expected, progress)
-        return url, archive, None, _check_hash(archive, expected)
+        archive = download(url, expected, progress)
+        return url, archive, None, check_hash(archive, expected)
     text = str(source)
-    path = _abs(urlparse(text).path if text.startswith("file://") else text)
+    path = abs_path(urlparse(text).path if text.startswith("file://") else text)
     if path.is_dir():
         return str(path), None, path, None
     if path.is_file():
-        return str(path), path, None, _check_hash(path, expected)
+        return str(path), path, None, check_hash(path, expected)
     raise FileNotFoundError(f"Fetch source {path} does not exist (expected a URL, an archive "
                             "or a folder)")
 
@@ -232,7 +245,7 @@ def fetch(dest: str | os.PathLike | None = None, source: str | os.PathLike | Non
     ``progress`` shows pooch's download bar. Writes ``<dest>.lock.json`` (see :func:`read_lock`).
     """
     entry = load_registry()
-    dest = _abs(dest if dest is not None else paths.DEFAULT_DATA)
+    dest = abs_path(dest if dest is not None else paths.DEFAULT_DATA)
     if (dest.exists() or dest.is_symlink()) and not force:
         raise FileExistsError(f"{dest} already exists; pass --force (force=True) to replace it")
     expected = sha256 or entry.get("sha256")
@@ -242,7 +255,7 @@ def fetch(dest: str | os.PathLike | None = None, source: str | os.PathLike | Non
     dest.parent.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".tmp"))
     try:
-        _install(_stage(scratch, archive, folder, label), dest, force, scratch)
+        install(_stage(scratch, archive, folder, label), dest, force, scratch)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     lock = {"source": label, "sha256": digest, "commit": entry.get("commit"),

@@ -10,7 +10,7 @@ Three tables, read from the public repositories' own layouts (see the data folde
 
 Every row carries its GPU's datasheet columns (``gpu`` is the ``Device`` string, plus
 ``num_sm``, ``peak_gflops`` FP32, ``bf16_gflops`` tensor-core, ``mem_bw`` GB/s, ``mem_gb``,
-``l2_mb``). Which GPUs are measured comes from the files found, never from a list in code, so a
+``l2_mb``, ``clock_mhz`` the datasheet's SM clock, MHz). Which GPUs are measured comes from the files found, never from a list in code, so a
 GPU's tables and datasheet dropped into a copy of the folder join every table.
 """
 from __future__ import annotations
@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 
 from .gpus import GPU, find_gpu, load_mixed_gpus
-from .paths import DataNotFoundError, mixed_root
+from .paths import DataNotFoundError, hash_files, mixed_root
 
 AIC_SYSTEMS = Path("aiconfigurator") / "aic-core" / "src" / "aiconfigurator_core" / "systems"
 VIDUR = Path("vidur") / "data" / "profiling" / "compute"
@@ -33,7 +33,8 @@ LAYER_OPS = ("input_layernorm", "attn_pre_proj", "attn_rope", "attn_post_proj",
              "post_attention_layernorm", "mlp_up_proj", "mlp_act", "mlp_down_proj", "add")
 LAYER_PARAMS = ("n_head", "n_kv_head", "n_embd", "n_expanded_embd", "vocab_size",
                 "use_gated_mlp")
-GPU_COLUMNS = ("gpu", "num_sm", "peak_gflops", "bf16_gflops", "mem_bw", "mem_gb", "l2_mb")
+GPU_COLUMNS = ("gpu", "num_sm", "peak_gflops", "bf16_gflops", "mem_bw", "mem_gb", "l2_mb",
+               "clock_mhz")
 
 
 def _version_key(path: Path) -> tuple:
@@ -54,8 +55,9 @@ def gpu_frame(gpus: dict[str, GPU] | list[GPU]) -> pd.DataFrame:
     """One row per GPU with the datasheet columns every table carries (``bf16_gflops`` NaN
     where a datasheet has none)."""
     vals = gpus.values() if isinstance(gpus, dict) else gpus
-    return pd.DataFrame([{**g.columns(), "bf16_gflops": g.bf16_gflops if g.bf16_gflops
-                          else np.nan} for g in vals], columns=list(GPU_COLUMNS))
+    return pd.DataFrame([{**g.columns(), "clock_mhz": g.clock_mhz,
+                          "bf16_gflops": g.bf16_gflops if g.bf16_gflops else np.nan}
+                         for g in vals], columns=list(GPU_COLUMNS))
 
 
 def _join_datasheets(frame: pd.DataFrame, gpus: dict[str, GPU], what: str,
@@ -201,3 +203,22 @@ def layer_table(mixed: str | os.PathLike | None = None) -> pd.DataFrame:
 def measured_gpus(table: pd.DataFrame) -> list[str]:
     """The GPUs (Device names) with rows in ``table``, in order of first appearance."""
     return list(dict.fromkeys(table["gpu"]))
+
+
+def mixed_files(mixed: str | os.PathLike | None = None) -> list[Path]:
+    """Every file the tables above read: datasheets, the newest GEMM and attention tables per
+    GPU, and the vidur layer tables, in a fixed order."""
+    root = mixed_root(mixed)
+    files = sorted((root / "device_configs").glob("*.json"))
+    for kind, name in (("gemm", "gemm_perf.parquet"),
+                       ("attention", "context_attention_perf.parquet"),
+                       ("attention", "generation_attention_perf.parquet")):
+        files += _newest_tables(root, kind, name)
+    return files + sorted((root / VIDUR).glob("*/*/*/mlp.csv"))
+
+
+def mixed_hash(mixed: str | os.PathLike | None = None) -> str:
+    """Content hash of the 16-bit data (names the data a 16-bit result came from)."""
+    root = mixed_root(mixed)
+    return hash_files(mixed_files(root), extra=[str(p.relative_to(root)) for p in
+                                                 mixed_files(root)])

@@ -68,3 +68,23 @@ def per_gpu_mape(table: pd.DataFrame, pred: np.ndarray) -> pd.Series:
     err = pd.Series(ape(pred[ok], table["latency_ms"].to_numpy()[ok]),
                     index=table.index[ok])
     return err.groupby(table.loc[ok, "gpu"], sort=False).mean().rename("mape")
+
+
+def evaluate_16bit(predictor: str = "neusight", test_gpus=None, seed: int = 0,
+                   quick: bool = False, mixed=None, progress: bool = True) -> dict:
+    """Per-kind MAPE (%) of one 16-bit predictor per GPU: ``{kind: {gpu Device name: mape}}``.
+
+    Without ``test_gpus``, leave-one-GPU-out over every GPU the kind's table measures; with
+    them (Device names, file stems or unambiguous aliases), one predictor trained on every
+    other measured GPU predicts the named ones.
+    """
+    from .mixed_training import KINDS, kind_table, logo_frame, mape_table, test_gpus_frame
+    out = {}
+    for kind in KINDS:
+        if test_gpus:
+            names = resolve_gpus(kind_table(kind, quick, mixed), test_gpus)
+            frame = test_gpus_frame(kind, [predictor], names, seed, quick, mixed, progress)
+        else:
+            frame = logo_frame(kind, [predictor], seed, quick, mixed, progress)
+        out[kind] = {g: round(float(v), 2) for g, v in mape_table(frame)[predictor].items()}
+    return out

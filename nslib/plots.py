@@ -42,3 +42,20 @@ def logo_heatmap(tab, title: str = "leave-one-GPU-out MAPE (%)"):
     for lbl in ax.get_xticklabels():
         lbl.set_horizontalalignment("right")
     return fig
+
+
+def pred_vs_measured_scatter(frame: pd.DataFrame, pred_col: str, hue: str = "gpu",
+                             max_points: int = 3000, seed: int = 0):
+    """Log-log scatter of ``pred_col`` against ``latency_ms`` (ms), one colour per ``hue``,
+    with the y = x line and +-20% bands; at most ``max_points`` rows (a seeded sample)."""
+    plot = frame.sample(min(len(frame), max_points), random_state=seed)
+    fig, ax = plt.subplots(figsize=(5.5, 5))
+    sns.scatterplot(data=plot, x="latency_ms", y=pred_col, hue=hue, s=8, alpha=0.5,
+                    linewidth=0, ax=ax)
+    lo = float(min(plot["latency_ms"].min(), plot[pred_col].min()))
+    hi = float(max(plot["latency_ms"].max(), plot[pred_col].max()))
+    for f, style in ((1.0, "-"), (1.2, ":"), (1 / 1.2, ":")):
+        ax.plot([lo, hi], [lo * f, hi * f], "k" + style, lw=0.8)
+    ax.set(xscale="log", yscale="log", xlabel="measured (ms)", ylabel="predicted (ms)")
+    ax.legend(fontsize=7, markerscale=2)
+    return fig

@@ -12,7 +12,9 @@ from tqdm.auto import tqdm
 
 from . import __version__
 from .data import data_hash
-from .paths import PROJECT_ROOT, atomic_write_text, data_root, figures_dir, hash_files
+from .mixed_data import mixed_hash
+from .paths import (PROJECT_ROOT, atomic_write_text, data_root, figures_dir, hash_files,
+                    mixed_root)
 
 NOTEBOOKS = PROJECT_ROOT / "notebooks"
 RESULTS = PROJECT_ROOT / "results"
@@ -64,7 +66,11 @@ def run(quick: bool = False, force: bool = False, only=None, data=None, out=None
         wanted = declared(nb)
         params = {k: v for k, v in params.items() if k in wanted}
         full = {**params, "data": root, "out": str(figs)}
-        key = hash_files([nb], extra=[params, dhash, __version__, str(figs)])
+        extra = [params, dhash, __version__, str(figs)]
+        if "mixed" in wanted:  # the 16-bit notebook: its data's content is part of the key
+            full["mixed"] = str(mixed_root())
+            extra.append(mixed_hash())
+        key = hash_files([nb], extra=extra)
         stamp = res / f"{name}.stamp.json"
         if not force and stamp.exists() and json.loads(stamp.read_text()).get("key") == key:
             records.append({"notebook": name, "status": "up to date", "seconds": 0.0})

@@ -8,7 +8,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = ROOT.parent / "shared" / "neusight"
+SHARED_MIXED = ROOT.parent / "shared" / "mixed"
 os.environ.setdefault("NSLIB_DATA", str(SHARED_DATA))
+os.environ.setdefault("NSLIB_MIXED", str(SHARED_MIXED))
 os.environ.setdefault("MPLBACKEND", "Agg")
 
 
@@ -25,6 +27,15 @@ def data_dir():
     from nslib.paths import DataNotFoundError, data_root
     try:
         return data_root()
+    except DataNotFoundError as e:
+        pytest.skip(str(e))
+
+
+@pytest.fixture(scope="session")
+def mixed_dir():
+    from nslib.paths import DataNotFoundError, mixed_root
+    try:
+        return mixed_root()
     except DataNotFoundError as e:
         pytest.skip(str(e))
 

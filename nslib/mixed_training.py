@@ -1,0 +1,155 @@
+"""Train the 16-bit kernel predictors (BF16 GEMMs, FlashAttention) and cache them by content.
+
+Two kinds, each with its table and its NeuSight-style predictor plus the generic baselines of
+:mod:`nslib.predictors.tensor_baselines`. :func:`trained_tensor` returns a predictor trained on
+every measured GPU but the excluded ones, from the cache when the table's content, the
+parameters and the code that trains it are unchanged. :func:`kind_table` is the table a kind
+trains and is evaluated on (the quick profile keeps a fixed, seeded subsample per GPU).
+"""
+from __future__ import annotations
+
+import importlib
+import inspect
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from . import __version__, mixed_data
+from .checks import check_int
+from .paths import atomic_write_text, cache_dir, hash_files, read_cache_entry
+from .predictors import tensor_baselines
+
+# kind name -> (module, kind object, NeuSight-style class in the module's PREDICTORS, table)
+KINDS = {"gemm": ("nslib.predictors.tc_gemm", "GEMM", mixed_data.gemm_table),
+         "attention": ("nslib.predictors.attention", "ATTENTION", mixed_data.attention_table)}
+QUICK_ROWS = 1500  # rows per GPU in the quick profile (tests, --quick)
+
+
+def check_kind(kind: str) -> str:
+    """``kind`` if known, else a ValueError listing the kinds."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown 16-bit kernel kind {kind!r}; known: {', '.join(KINDS)}")
+    return kind
+
+
+def kind_object(kind: str):
+    """The kind object (FLOPs, bytes, shape features) of ``kind``."""
+    module, attr, _ = KINDS[check_kind(kind)]
+    return getattr(importlib.import_module(module), attr)
+
+
+def predictors(kind: str) -> dict[str, type]:
+    """Predictor classes of ``kind`` by name: the kind's own (``neusight``) and the baselines."""
+    module = importlib.import_module(KINDS[check_kind(kind)][0])
+    return {**module.PREDICTORS, **tensor_baselines.BASELINES}
+
+
+def kind_table(kind: str, quick: bool = False, mixed=None) -> pd.DataFrame:
+    """The measured table of ``kind``; with ``quick``, :data:`QUICK_ROWS` rows per GPU drawn
+    with a fixed seed (so the quick profile is the same everywhere)."""
+    table = KINDS[check_kind(kind)][2](mixed)
+    if quick:
+        table = (table.groupby("gpu", group_keys=False, sort=False)
+                 .apply(lambda g: g.sample(min(len(g), QUICK_ROWS), random_state=0)))
+    return table.reset_index(drop=True)
+
+
+def make(kind: str, name: str, seed: int = 0, quick: bool = False):
+    """A fresh, untrained predictor ``name`` of ``kind``; unknown names list the known ones."""
+    classes = predictors(kind)
+    if name not in classes:
+        raise ValueError(f"unknown {kind} predictor {name!r}; known: {', '.join(classes)}")
+    seed = check_int("seed", seed, minimum=0)
+    cls = classes[name]
+    if name in tensor_baselines.BASELINES:
+        extra = {"epochs": 8} if quick and name == "mlp" else {}
+        extra.update({"rounds": 60} if quick and name == "xgboost" else {})
+        return cls(kind_object(kind), seed=seed, **extra)
+    return cls(seed=seed, quick=quick)
+
+
+def _key(kind: str, name: str, seed: int, quick: bool, exclude: list, table) -> str:
+    cls = predictors(kind)[name]
+    sources = sorted({Path(inspect.getfile(c)) for c in cls.__mro__
+                      if c.__module__.startswith("nslib")} | {Path(__file__)})
+    content = int(pd.util.hash_pandas_object(table, index=False).sum() % (1 << 62))
+    return hash_files(sources, extra=[kind, name, seed, quick, exclude, content, __version__])
+
+
+def trained_tensor(kind: str, name: str = "neusight", seed: int = 0, quick: bool = False,
+                   exclude_gpus=(), mixed=None, progress: bool = True):
+    """Predictor ``name`` of ``kind`` trained on every measured GPU except ``exclude_gpus``
+    (Device names), cached by content (see module doc)."""
+    table = kind_table(kind, quick, mixed)
+    exclude = sorted(exclude_gpus)
+    unknown = [g for g in exclude if g not in set(table["gpu"])]
+    if unknown:
+        raise ValueError(f"cannot leave out {unknown}: not measured in the {kind} table "
+                         f"(measured: {mixed_data.measured_gpus(table)})")
+    pred = make(kind, name, seed, quick)
+    if name == "roofline":
+        return pred
+    key = _key(kind, name, seed, quick, exclude, table)
+    path = cache_dir("mixed") / f"{kind}-{name}-{key}.npz"
+    cls = type(pred)
+    loaded = read_cache_entry(path, cls.load, f"{kind} {name} predictor")
+    if loaded is not None:
+        if hasattr(pred, "kind"):
+            loaded.kind = pred.kind  # baselines keep their kind object, not in the file
+        return loaded
+    print(f"nslib: training the 16-bit {kind} {name} predictor ({'quick' if quick else 'full'}"
+          f" profile{', without ' + ', '.join(exclude) if exclude else ''}); cached afterwards",
+          file=sys.stderr, flush=True)
+    t0 = time.time()
+    pred.fit(table[~table["gpu"].isin(exclude)].reset_index(drop=True), progress=progress)
+    pred.save(path)
+    meta = {"kind": kind, "predictor": name, "seed": seed, "quick": quick, "exclude": exclude,
+            "seconds": round(time.time() - t0, 1), "nslib": __version__}
+    atomic_write_text(path.with_suffix(".json"), json.dumps(meta, indent=1))
+    return pred
+
+
+def logo_frame(kind: str, names, seed: int = 0, quick: bool = False, mixed=None,
+               progress: bool = True) -> pd.DataFrame:
+    """Leave-one-GPU-out predictions of each predictor in ``names``: the kind's table with a
+    ``pred_<name>`` column (ms) per predictor, each GPU's rows predicted by the predictor
+    trained on the others."""
+    table = kind_table(kind, quick, mixed)
+    gpus = mixed_data.measured_gpus(table)
+    for name in names:
+        pred = np.full(len(table), np.nan)
+        for gpu in gpus:
+            rows = (table["gpu"] == gpu).to_numpy()
+            model = trained_tensor(kind, name, seed, quick, [gpu], mixed, progress)
+            pred[rows] = model.predict(table[rows].reset_index(drop=True))
+        table[f"pred_{name}"] = pred
+    return table
+
+
+def test_gpus_frame(kind: str, names, test_gpus, seed: int = 0, quick: bool = False,
+                    mixed=None, progress: bool = True) -> pd.DataFrame:
+    """Rows of the ``test_gpus`` (Device names) with ``pred_<name>`` columns, each predictor
+    trained on every other measured GPU."""
+    table = kind_table(kind, quick, mixed)
+    rows = table["gpu"].isin(test_gpus).to_numpy()
+    out = table[rows].reset_index(drop=True)
+    for name in names:
+        out[f"pred_{name}"] = trained_tensor(kind, name, seed, quick, list(test_gpus), mixed,
+                                             progress).predict(out)
+    return out
+
+
+def mape_table(frame: pd.DataFrame, by=("gpu",)) -> pd.DataFrame:
+    """MAPE (%) per group of ``by`` (rows) and predictor (columns) of a frame with
+    ``pred_<name>`` columns."""
+    cols = [c for c in frame.columns if c.startswith("pred_")]
+    meas = frame["latency_ms"].to_numpy(float)
+    err = pd.DataFrame({c.removeprefix("pred_"): 100 * np.abs(frame[c].to_numpy(float) - meas)
+                        / meas for c in cols})
+    for b in by:
+        err[b] = frame[b].to_numpy()
+    return err.groupby(list(by), sort=False).mean()
