@@ -1,22 +1,29 @@
 """BF16 tensor-core GEMMs: the ``GEMM`` kind and a NeuSight-style predictor, :class:`TensorGemm`.
 
 A GEMM ``[m x k] @ [k x n]`` (frame columns ``m, n, k``; datasheet columns ``bf16_gflops``,
-``peak_gflops`` FP32, ``mem_bw``, ``l2_mb``, ``num_sm``) takes, in ms,
+``mem_bw``, ``l2_mb``, ``num_sm``, ``peak_gflops``) takes, in ms,
 
-    t = c + max(F_pad / (gamma * peak), B_dram / (delta * bw), B / (kappa * R_sm))
+    t = c + pmax(comp / gamma, dram / delta, tile / eta, l2 / lam)
 
-never below its roofline ``max(F / peak, max(B - L2, 0) / bw)``. ``F_pad``: the FLOPs of the
-waves of tiles the library's heuristic would launch (:mod:`nslib.tc_tiles`), every wave full;
-``B``: the minimal traffic (2 bytes per element of A, B and C); ``B_dram = max(B - L2, 0)``
-(or ``B``, design ``l2=False``): a benchmark that repeats one GEMM keeps a working set that
-fits in L2 resident, so only the rest comes from DRAM (L40S and RTX PRO 6000 GEMMs with working
-sets under their L2 run up to 3x faster than their DRAM roofline); ``R_sm``: the FP32 peak of
-the SMs the CTAs occupy, the scale of how fast the SMs themselves pull bytes from L2 (one
-byte per FLOP, times kappa). A small MLP maps GPU-free or clipped inputs (tile, waves, fill,
-reduction length, SM count, working set over L2) to c (fixed cost, ``exp(raw) * 2 us``),
-gamma in (0, 1), delta in (DELTA_LO, 1) and kappa in (0, KAPPA_MAX): peak and bandwidth act
-only through the physical terms, so the law extrapolates to datasheets outside the training
-range (B200/GB200). Design choices and LOGO evidence: DECISIONS.md, "BF16 GEMMs".
+never below its roofline ``max(F / peak, max(B - L2, 0) / bw)``; ``pmax`` is a smooth
+maximum (p-norm, p = 4, >= the max) of the terms (ms):
+
+- ``comp``: the FLOPs of the waves of tiles the library's heuristic would launch
+  (:mod:`nslib.tc_tiles`), every wave full, at the BF16 peak;
+- ``dram``: the bytes beyond L2, ``max(B - L2, 0)``, at the DRAM bandwidth (``B``: 2 bytes per
+  element of A, B and C once): a benchmark repeating one GEMM keeps a working set that fits in
+  L2 resident (L40S and RTX PRO 6000 GEMMs under their L2 size run up to 3x faster than their
+  DRAM roofline);
+- ``l2``: the L2-resident bytes at the DRAM bandwidth, ``lam`` in (0.5, 4) its multiple;
+- ``tile``: the bytes every CTA loads (``k * (tile_m + tile_n)`` elements each) at the DRAM
+  bandwidth, ``eta`` in (1, 16) the L2 reuse: a GPU with little bandwidth per FLOP (L40S)
+  cannot feed its tensor cores even for big GEMMs.
+
+A small MLP maps GPU-free inputs (tile, split-K, waves, fill, working set over L2, m, n, k;
+log2, clipped to the training range) to c (``exp(raw) * 2 us``), gamma in (0, 1) and the other
+efficiencies: peak and bandwidth act only through the physical terms, so the law extrapolates
+to datasheets outside the training range (B200/GB200). Design choices and leave-one-GPU-out
+evidence: DECISIONS.md, "BF16 GEMMs".
 """
 from __future__ import annotations
 
@@ -30,8 +37,6 @@ from .base import Predictor
 from .neusight import make_mlp, mlp_forward, mlp_weights
 
 FIXED_MS = 0.002      # scale of the fixed cost c: exp(raw) * 2 us (the smallest GEMMs' time)
-DELTA_LO = 0.5        # a GEMM streams its DRAM traffic at no less than half the bandwidth
-KAPPA_MAX = 1.0       # bytes per FP32 FLOP of the occupied SMs, upper bound of kappa
 FEATURES = ("tile_m", "tile_n", "split", "k_split", "waves", "fill", "num_sm", "l2_ratio",
             "m", "n", "k")
 NEEDED = ("m", "n", "k", "num_sm", "bf16_gflops", "peak_gflops", "mem_bw", "l2_mb")
@@ -81,9 +86,11 @@ def _check_frame(frame: pd.DataFrame, train: bool) -> None:
                          "without Bf16FLOPs cannot be predicted (add it to the JSON)")
 
 
-# the law's terms: name -> (lower, upper) bound of the efficiency that divides it
+# the law's terms: name -> (lower, upper) bound of the efficiency that divides it. ``dram``:
+# a GEMM streams its DRAM traffic at no less than half the bandwidth; ``sm`` (bytes per FP32
+# FLOP of the occupied SMs; tried, not chosen) is an option.
 TERMS = {"comp": (0.0, 1.0), "dram": (0.5, 1.0), "l2": (0.5, 4.0), "tile": (1.0, 16.0),
-         "sm": (0.0, 1.0), "l2b": (0.0, 1.0), "l2s": (0.0, 1.0)}
+         "sm": (0.0, 1.0)}
 
 
 def gemm_terms(frame: pd.DataFrame, l2: bool = True) -> dict[str, np.ndarray]:
@@ -110,8 +117,6 @@ def gemm_terms(frame: pd.DataFrame, l2: bool = True) -> dict[str, np.ndarray]:
                sm=nbytes / (active * frame["peak_gflops"].to_numpy(float) * 1e9) * 1e3,
                roof=np.maximum(GEMM.flops(frame) / peak,
                                np.maximum(nbytes - l2_bytes, 0.0) / bw) * 1e3,
-               l2b=(nbytes - beyond) / (peak * 0.01) * 1e3,
-               l2s=(nbytes - beyond) / (sm * 50e9) * 1e3,
                l2_ratio=nbytes / l2_bytes, m=m, n=n, k=k, num_sm=sm, k_split=k_split)
     return out
 
@@ -140,13 +145,16 @@ def law_ms(raw, ctx, terms, power=0.0, xp=np):
 @dataclass(frozen=True)
 class GemmConfig:
     """Training settings. ``features``: MLP inputs (log2, standardised, clipped to the
-    training range); ``l2``: DRAM bytes beyond L2 only; ``rows``: training rows kept (sampled
+    training range); ``terms``: the law's terms (:data:`TERMS`); ``power``: p of the smooth
+    maximum (0: the plain max); ``members``: MLPs from different seeds, their times averaged
+    in log; ``l2``: DRAM bytes beyond L2 only (False: all bytes); ``rows``: training rows kept (sampled
     evenly in log2 FLOPs), 0 = all; ``epochs``, ``batch``, ``lr`` (cosine to 0), ``layers`` x
     ``hidden`` ReLU MLP."""
 
-    features: tuple = ("tile_m", "tile_n", "k_split", "waves", "fill", "num_sm", "l2_ratio")
-    terms: tuple = ("comp", "dram", "sm")
-    power: float = 0.0
+    features: tuple = ("tile_m", "tile_n", "k_split", "waves", "fill", "l2_ratio", "m", "n", "k")
+    terms: tuple = ("comp", "dram", "tile", "l2")
+    power: float = 4.0
+    members: int = 1
     l2: bool = True
     rows: int = 40000
     epochs: int = 40
@@ -192,6 +200,9 @@ class TensorGemm(Predictor):
         unknown = set(self.config["features"]) - set(FEATURES)
         if unknown:
             raise ValueError(f"unknown GEMM feature(s) {sorted(unknown)}; known: {FEATURES}")
+        bad = set(self.config["terms"]) - set(TERMS)
+        if bad or not self.config["terms"]:
+            raise ValueError(f"unknown or no law terms {sorted(bad)}; known: {sorted(TERMS)}")
         self.weights: list[np.ndarray] = []
         self.norm: tuple[np.ndarray, ...] = ()
 
@@ -208,7 +219,6 @@ class TensorGemm(Predictor):
 
     def fit(self, frame: pd.DataFrame, progress: bool = True) -> "TensorGemm":
         import torch
-        from tqdm.auto import tqdm
         _check_frame(frame, train=True)
         cfg = GemmConfig(**self.config)
         df = frame.iloc[training_sample(frame, cfg.rows, self.seed)]
@@ -221,14 +231,22 @@ class TensorGemm(Predictor):
         log_y = torch.from_numpy(np.log(df["latency_ms"].to_numpy(float)))
         share = df.groupby("gpu")["gpu"].transform("size").to_numpy(float)
         w = torch.from_numpy(1.0 / share / np.mean(1.0 / share))  # every GPU weighs the same
-        torch.manual_seed(self.seed)
-        rng = np.random.default_rng(self.seed)
+        self.weights = [self._fit_member(cfg, x, ctx_t, log_y, w, self.seed + 1000 * j, progress)
+                        for j in range(cfg.members)]
+        return self
+
+    def _fit_member(self, cfg, x, ctx_t, log_y, w, seed, progress) -> list[np.ndarray]:
+        """One MLP's weights, trained from ``seed`` on the |log error| of the law's time."""
+        import torch
+        from tqdm.auto import tqdm
+        torch.manual_seed(seed)
+        rng = np.random.default_rng(seed)
         model = make_mlp(x.shape[1], cfg.layers, cfg.hidden, 1 + len(cfg.terms))
         opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-        steps = cfg.epochs * int(np.ceil(len(df) / cfg.batch))
+        steps = cfg.epochs * int(np.ceil(len(x) / cfg.batch))
         sched = torch.optim.lr_scheduler.OneCycleLR(opt, cfg.lr, total_steps=steps)
         for _ in tqdm(range(cfg.epochs), desc="tc-gemm", disable=not progress, leave=False):
-            order = torch.from_numpy(rng.permutation(len(df)))
+            order = torch.from_numpy(rng.permutation(len(x)))
             for b in order.split(cfg.batch):
                 pred = law_ms(model(x[b]).double(), ctx_t[b], cfg.terms, cfg.power, torch)
                 # |log error|: the MAPE metric weighs over- and under-prediction alike near 0
@@ -237,8 +255,7 @@ class TensorGemm(Predictor):
                 loss.backward()
                 opt.step()
                 sched.step()
-        self.weights = mlp_weights(model)
-        return self
+        return mlp_weights(model)
 
     def predict(self, frame: pd.DataFrame) -> np.ndarray:
         """Latency in ms of each GEMM (row order), never below its roofline."""
@@ -246,8 +263,11 @@ class TensorGemm(Predictor):
             raise ValueError("TensorGemm is not trained: call fit(gemm_table rows) first")
         _check_frame(frame, train=False)
         feats, ctx = self._context(frame)
-        return law_ms(mlp_forward(self.weights, self._inputs(feats)), ctx, self.config["terms"],
-                      self.config["power"])
+        z = self._inputs(feats)
+        # an ensemble averages its members' times in log (geometric mean), still >= roofline
+        logs = [np.log(law_ms(mlp_forward(w, z), ctx, self.config["terms"], self.config["power"]))
+                for w in self.weights]
+        return np.exp(np.mean(logs, axis=0))
 
     def get_state(self) -> dict:
         return {"seed": self.seed, "config": self.config, "weights": list(self.weights),
@@ -258,11 +278,11 @@ class TensorGemm(Predictor):
         self.config = asdict(GemmConfig(**{**state["config"],
                                            "features": tuple(state["config"]["features"]),
                                            "terms": tuple(state["config"]["terms"])}))
-        self.weights = [np.asarray(a, np.float32) for a in state["weights"]]
+        self.weights = [[np.asarray(a, np.float32) for a in w] for w in state["weights"]]
         self.norm = tuple(np.asarray(a, float) for a in state["norm"])
         n_in = len(self.config["features"])
-        if self.weights[0].shape[1] != n_in or self.norm[0].shape != (n_in,):
-            raise ValueError(f"weights take {self.weights[0].shape[1]} inputs, the config "
+        if self.weights[0][0].shape[1] != n_in or self.norm[0].shape != (n_in,):
+            raise ValueError(f"weights take {self.weights[0][0].shape[1]} inputs, the config "
                              f"names {n_in} features")
 
 
