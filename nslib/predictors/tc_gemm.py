@@ -1,0 +1,289 @@
+"""BF16 tensor-core GEMMs: the ``GEMM`` kind and a NeuSight-style predictor, :class:`TensorGemm`.
+
+A GEMM ``[m x k] @ [k x n]`` (frame columns ``m, n, k``; datasheet columns ``bf16_gflops``,
+``mem_bw``, ``l2_mb``, ``num_sm``, ``peak_gflops``) takes, in ms,
+
+    t = c + pmax(comp / gamma, dram / delta, tile / eta, l2 / lam)
+
+never below its roofline ``max(F / peak, max(B - L2, 0) / bw)``; ``pmax`` is a smooth
+maximum (p-norm, p = 4, >= the max) of the terms (ms):
+
+- ``comp``: the FLOPs of the waves of tiles the library's heuristic would launch
+  (:mod:`nslib.tc_tiles`), every wave full, at the BF16 peak;
+- ``dram``: the bytes beyond L2, ``max(B - L2, 0)``, at the DRAM bandwidth (``B``: 2 bytes per
+  element of A, B and C once): a benchmark repeating one GEMM keeps a working set that fits in
+  L2 resident (L40S and RTX PRO 6000 GEMMs under their L2 size run up to 3x faster than their
+  DRAM roofline);
+- ``l2``: the L2-resident bytes at the DRAM bandwidth, ``lam`` in (0.5, 4) its multiple;
+- ``tile``: the bytes every CTA loads (``k * (tile_m + tile_n)`` elements each) at the DRAM
+  bandwidth, ``eta`` in (1, 16) the L2 reuse: a GPU with little bandwidth per FLOP (L40S)
+  cannot feed its tensor cores even for big GEMMs.
+
+A small MLP maps GPU-free inputs (tile, split-K, waves, fill, working set over L2, m, n, k;
+log2, clipped to the training range) to c (``exp(raw) * 2 us``), gamma in (0, 1) and the other
+efficiencies: peak and bandwidth act only through the physical terms, so the law extrapolates
+to datasheets outside the training range (B200/GB200). Design choices and leave-one-GPU-out
+evidence: DECISIONS.md, "BF16 GEMMs".
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import pandas as pd
+
+from ..tc_tiles import choose_tiles
+from .base import Predictor
+from .neusight import make_mlp, mlp_forward, mlp_weights
+
+FIXED_MS = 0.002      # scale of the fixed cost c: exp(raw) * 2 us (the smallest GEMMs' time)
+FEATURES = ("tile_m", "tile_n", "split", "k_split", "waves", "fill", "num_sm", "l2_ratio",
+            "m", "n", "k")
+NEEDED = ("m", "n", "k", "num_sm", "bf16_gflops", "peak_gflops", "mem_bw", "l2_mb")
+
+
+class GemmKind:
+    """The BF16 GEMM kind: ``[m x k] @ [k x n]`` from columns ``m, n, k``."""
+
+    name = "gemm"
+
+    def flops(self, frame: pd.DataFrame) -> np.ndarray:
+        """FLOP of each GEMM: ``2 m n k``."""
+        m, n, k = _dims(frame)
+        return 2.0 * m * n * k
+
+    def bytes(self, frame: pd.DataFrame) -> np.ndarray:
+        """Minimum DRAM bytes of each GEMM: read A and B, write C once, 2 bytes per element."""
+        m, n, k = _dims(frame)
+        return 2.0 * (m * k + k * n + m * n)
+
+    def shape_features(self, frame: pd.DataFrame) -> np.ndarray:
+        """(rows, 3) raw shape inputs ``m, n, k``."""
+        return np.column_stack(_dims(frame))
+
+
+GEMM = GemmKind()
+
+
+def _dims(frame: pd.DataFrame) -> tuple[np.ndarray, ...]:
+    lacking = [c for c in "mnk" if c not in frame.columns]
+    if lacking:
+        raise ValueError(f"GEMM frame lacks column(s) {lacking}; pass nslib.mixed_data."
+                         "gemm_table() rows (m tokens, [m x k] @ [k x n])")
+    return tuple(frame[c].to_numpy(float) for c in "mnk")
+
+
+def _check_frame(frame: pd.DataFrame, train: bool) -> None:
+    need = list(NEEDED) + (["latency_ms"] if train else [])
+    lacking = [c for c in need if c not in frame.columns]
+    if lacking:
+        raise ValueError(f"GEMM frame lacks column(s) {lacking}; join the GPU datasheet "
+                         "columns (nslib.mixed_data.gpu_frame)")
+    bad = [c for c in need if not np.all(np.isfinite(frame[c].to_numpy(float)))
+           or np.any(frame[c].to_numpy(float) <= 0)]
+    if bad:
+        raise ValueError(f"GEMM frame has missing or non-positive {bad}; a datasheet "
+                         "without Bf16FLOPs cannot be predicted (add it to the JSON)")
+
+
+# the law's terms: name -> (lower, upper) bound of the efficiency that divides it. ``dram``:
+# a GEMM streams its DRAM traffic at no less than half the bandwidth; ``sm`` (bytes per FP32
+# FLOP of the occupied SMs; tried, not chosen) is an option.
+TERMS = {"comp": (0.0, 1.0), "dram": (0.5, 1.0), "l2": (0.5, 4.0), "tile": (1.0, 16.0),
+         "sm": (0.0, 1.0)}
+
+
+def gemm_terms(frame: pd.DataFrame, l2: bool = True) -> dict[str, np.ndarray]:
+    """Per GEMM: the chosen tiles' columns (:func:`nslib.tc_tiles.choose_tiles`), and the
+    law's physical terms in ms: ``comp`` (padded waves at the BF16 peak), ``dram`` (DRAM
+    bytes at the bandwidth), ``l2`` (L2-resident bytes at the bandwidth), ``tile`` (the bytes
+    all CTAs load through L2, at the DRAM bandwidth), ``sm`` (all bytes at one byte per FP32
+    FLOP of the occupied SMs), ``roof`` (the bound) and ``l2_ratio`` (bytes over L2 bytes)."""
+    m, n, k = _dims(frame)
+    sm = frame["num_sm"].to_numpy(float)
+    tiles = choose_tiles(m, n, k, sm)
+    tm, tn, waves = (tiles[c].to_numpy(float) for c in ("tile_m", "tile_n", "waves"))
+    k_split = np.ceil(k / tiles["split"].to_numpy(float))
+    peak = frame["bf16_gflops"].to_numpy(float) * 1e9
+    bw = frame["mem_bw"].to_numpy(float) * 1e9
+    l2_bytes = frame["l2_mb"].to_numpy(float) * 1e6
+    nbytes = GEMM.bytes(frame)
+    beyond = np.maximum(nbytes - l2_bytes, 0.0) if l2 else nbytes
+    active = np.minimum(tiles["ctas"].to_numpy(float), sm) / sm
+    out = {c: tiles[c].to_numpy(float) for c in tiles.columns}
+    out.update(comp=2.0 * waves * sm * tm * tn * k_split / peak * 1e3,
+               dram=beyond / bw * 1e3, l2=(nbytes - beyond) / bw * 1e3,
+               tile=2.0 * waves * sm * k_split * (tm + tn) / bw * 1e3,
+               sm=nbytes / (active * frame["peak_gflops"].to_numpy(float) * 1e9) * 1e3,
+               roof=np.maximum(GEMM.flops(frame) / peak,
+                               np.maximum(nbytes - l2_bytes, 0.0) / bw) * 1e3,
+               l2_ratio=nbytes / l2_bytes, m=m, n=n, k=k, num_sm=sm, k_split=k_split)
+    return out
+
+
+def law_ms(raw, ctx, terms, power=0.0, xp=np):
+    """Latency (ms) from raw MLP outputs (n, 1 + len(terms)) and ``ctx`` (n, len(terms) + 1:
+    the terms' ms, then the roofline ms): ``c + max_j(term_j / eff_j)``, ``c = exp(raw_0) *
+    2 us``, ``eff_j`` a sigmoid scaled to :data:`TERMS`; numpy or torch (``xp``) alike."""
+    sig = (lambda x: 1 / (1 + np.exp(-x))) if xp is np else xp.sigmoid
+    parts = []
+    for j, name in enumerate(terms):
+        lo, hi = TERMS[name]
+        parts.append(ctx[:, j] / (lo + (hi - lo) * sig(raw[:, j + 1].clip(-30, 30))))
+    if power:  # a smooth maximum (p-norm, >= the max): every term gets a gradient
+        top = parts[0]
+        for q in parts[1:]:
+            top = xp.maximum(top, q)
+        body = top * sum((q / top) ** power for q in parts) ** (1.0 / power)
+    else:
+        body = parts[0]
+        for q in parts[1:]:
+            body = xp.maximum(body, q)
+    return xp.maximum(FIXED_MS * xp.exp(raw[:, 0].clip(-20, 20)) + body, ctx[:, len(terms)])
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    """Training settings. ``features``: MLP inputs (log2, standardised, clipped to the
+    training range); ``terms``: the law's terms (:data:`TERMS`); ``power``: p of the smooth
+    maximum (0: the plain max); ``members``: MLPs from different seeds, their times averaged
+    in log; ``l2``: DRAM bytes beyond L2 only (False: all bytes); ``rows``: training rows kept (sampled
+    evenly in log2 FLOPs), 0 = all; ``epochs``, ``batch``, ``lr`` (cosine to 0), ``layers`` x
+    ``hidden`` ReLU MLP."""
+
+    features: tuple = ("tile_m", "tile_n", "k_split", "waves", "fill", "l2_ratio", "m", "n", "k")
+    terms: tuple = ("comp", "dram", "tile", "l2")
+    power: float = 4.0
+    members: int = 1
+    l2: bool = True
+    rows: int = 40000
+    epochs: int = 40
+    batch: int = 512
+    lr: float = 3e-3
+    weight_decay: float = 1e-4
+    layers: int = 3
+    hidden: int = 64
+
+
+QUICK = {"rows": 6000, "epochs": 12}
+
+
+def training_sample(frame: pd.DataFrame, rows: int, seed: int) -> np.ndarray:
+    """Row indices of at most ``rows`` training GEMMs, the same share per GPU, each GPU's
+    sampled evenly over log2 FLOPs (a size bin's rows are drawn with weight 1 / its count)."""
+    rng = np.random.default_rng(seed)
+    gpus = frame["gpu"].to_numpy()
+    bins = np.floor(np.log2(GEMM.flops(frame))).astype(int)
+    per = max(rows // max(len(set(gpus)), 1), 1) if rows else len(frame)
+    keep = []
+    for g in pd.unique(gpus):
+        idx = np.flatnonzero(gpus == g)
+        if len(idx) <= per:
+            keep.append(idx)
+            continue
+        _, inv, counts = np.unique(bins[idx], return_inverse=True, return_counts=True)
+        p = 1.0 / counts[inv]
+        keep.append(rng.choice(idx, size=per, replace=False, p=p / p.sum()))
+    return np.sort(np.concatenate(keep))
+
+
+class TensorGemm(Predictor):
+    """NeuSight-style BF16 GEMM predictor: an MLP's bounded efficiencies times the
+    tile/wave roofline law of the module docstring (``quick=True``: a small, fast fit)."""
+
+    name = "neusight"
+    description = "NeuSight-style BF16 GEMM: MLP efficiencies of a wave-quantised tensor-core law"
+
+    def __init__(self, seed: int = 0, quick: bool = False, **config):
+        self.seed = seed
+        self.config = asdict(GemmConfig(**{**(QUICK if quick else {}), **config}))
+        unknown = set(self.config["features"]) - set(FEATURES)
+        if unknown:
+            raise ValueError(f"unknown GEMM feature(s) {sorted(unknown)}; known: {FEATURES}")
+        bad = set(self.config["terms"]) - set(TERMS)
+        if bad or not self.config["terms"]:
+            raise ValueError(f"unknown or no law terms {sorted(bad)}; known: {sorted(TERMS)}")
+        self.weights: list[np.ndarray] = []
+        self.norm: tuple[np.ndarray, ...] = ()
+
+    def _context(self, frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+        """(log2 features, law context (comp, dram, sm, roof) ms) of each row."""
+        terms = gemm_terms(frame, self.config["l2"])
+        feats = np.log2(np.column_stack([terms[f] for f in self.config["features"]]))
+        ctx = np.column_stack([terms[c] for c in (*self.config["terms"], "roof")])
+        return feats, ctx
+
+    def _inputs(self, feats: np.ndarray) -> np.ndarray:
+        mean, std, lo, hi = self.norm
+        return np.clip((feats - mean) / std, lo, hi)
+
+    def fit(self, frame: pd.DataFrame, progress: bool = True) -> "TensorGemm":
+        import torch
+        _check_frame(frame, train=True)
+        cfg = GemmConfig(**self.config)
+        df = frame.iloc[training_sample(frame, cfg.rows, self.seed)]
+        feats, ctx = self._context(df)
+        mean, std = feats.mean(0), np.where(feats.std(0) > 0, feats.std(0), 1.0)
+        z = (feats - mean) / std
+        self.norm = (mean, std, z.min(0), z.max(0))
+        x = torch.from_numpy(self._inputs(feats).astype(np.float32))
+        ctx_t = torch.from_numpy(ctx)
+        log_y = torch.from_numpy(np.log(df["latency_ms"].to_numpy(float)))
+        share = df.groupby("gpu")["gpu"].transform("size").to_numpy(float)
+        w = torch.from_numpy(1.0 / share / np.mean(1.0 / share))  # every GPU weighs the same
+        self.weights = [self._fit_member(cfg, x, ctx_t, log_y, w, self.seed + 1000 * j, progress)
+                        for j in range(cfg.members)]
+        return self
+
+    def _fit_member(self, cfg, x, ctx_t, log_y, w, seed, progress) -> list[np.ndarray]:
+        """One MLP's weights, trained from ``seed`` on the |log error| of the law's time."""
+        import torch
+        from tqdm.auto import tqdm
+        torch.manual_seed(seed)
+        rng = np.random.default_rng(seed)
+        model = make_mlp(x.shape[1], cfg.layers, cfg.hidden, 1 + len(cfg.terms))
+        opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        steps = cfg.epochs * int(np.ceil(len(x) / cfg.batch))
+        sched = torch.optim.lr_scheduler.OneCycleLR(opt, cfg.lr, total_steps=steps)
+        for _ in tqdm(range(cfg.epochs), desc="tc-gemm", disable=not progress, leave=False):
+            order = torch.from_numpy(rng.permutation(len(x)))
+            for b in order.split(cfg.batch):
+                pred = law_ms(model(x[b]).double(), ctx_t[b], cfg.terms, cfg.power, torch)
+                # |log error|: the MAPE metric weighs over- and under-prediction alike near 0
+                loss = (w[b] * (pred.log() - log_y[b]).abs()).mean()
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                sched.step()
+        return mlp_weights(model)
+
+    def predict(self, frame: pd.DataFrame) -> np.ndarray:
+        """Latency in ms of each GEMM (row order), never below its roofline."""
+        if not self.weights:
+            raise ValueError("TensorGemm is not trained: call fit(gemm_table rows) first")
+        _check_frame(frame, train=False)
+        feats, ctx = self._context(frame)
+        z = self._inputs(feats)
+        # an ensemble averages its members' times in log (geometric mean), still >= roofline
+        logs = [np.log(law_ms(mlp_forward(w, z), ctx, self.config["terms"], self.config["power"]))
+                for w in self.weights]
+        return np.exp(np.mean(logs, axis=0))
+
+    def get_state(self) -> dict:
+        return {"seed": self.seed, "config": self.config, "weights": list(self.weights),
+                "norm": list(self.norm)}
+
+    def set_state(self, state: dict) -> None:
+        self.seed = int(state["seed"])
+        self.config = asdict(GemmConfig(**{**state["config"],
+                                           "features": tuple(state["config"]["features"]),
+                                           "terms": tuple(state["config"]["terms"])}))
+        self.weights = [[np.asarray(a, np.float32) for a in w] for w in state["weights"]]
+        self.norm = tuple(np.asarray(a, float) for a in state["norm"])
+        n_in = len(self.config["features"])
+        if self.weights[0][0].shape[1] != n_in or self.norm[0].shape != (n_in,):
+            raise ValueError(f"weights take {self.weights[0][0].shape[1]} inputs, the config "
+                             f"names {n_in} features")
+
+
+PREDICTORS = {"neusight": TensorGemm}

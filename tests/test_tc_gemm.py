@@ -1,0 +1,108 @@
+"""BF16 GEMM kind, tile heuristic and the NeuSight-style predictor (quick settings, subsamples)."""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from nslib.predictors.tc_gemm import GEMM, PREDICTORS, TensorGemm, gemm_terms
+from nslib.tc_tiles import choose_tiles
+
+# a datasheet outside the training range (B200-like): 2.25 PFLOP/s, 7.7 TB/s, 126 MB L2
+FAST = {"gpu": "fast", "num_sm": 148, "peak_gflops": 80000.0, "bf16_gflops": 2.25e6,
+        "mem_bw": 7700.0, "mem_gb": 180.0, "l2_mb": 126.0}
+
+
+def test_flops_and_bytes_by_hand():
+    f = pd.DataFrame({"m": [2.0, 1.0], "n": [3.0, 4096.0], "k": [4.0, 4096.0]})
+    assert GEMM.flops(f).tolist() == [48.0, 2 * 4096 * 4096]
+    # A 2x4, B 4x3, C 2x3 = 26 elements of 2 bytes
+    assert GEMM.bytes(f).tolist() == [52.0, 2.0 * (4096 + 4096 * 4096 + 4096)]
+    assert GEMM.shape_features(f).shape == (2, 3) and GEMM.name == "gemm"
+    with pytest.raises(ValueError, match="lacks column"):
+        GEMM.flops(f.drop(columns="k"))
+
+
+def test_tile_choice_by_hand():
+    # 4096^3 on 132 SMs: 256x128 -> 512 CTAs, 4 waves of 4096*(32+12)+600 clocks = 723,296;
+    # 128x128 -> 8 waves of 4096*(16+8)+600 = 791,232; 256x128 wins the tie with 128x256
+    big = choose_tiles([4096], [4096], [4096], [132]).iloc[0]
+    assert (big.tile_m, big.tile_n, big.split, big.waves) == (256, 128, 1, 4)
+    # decode m=1, n=k=4096: 64x128 split 4 -> 128 CTAs, one wave of 1024*14+600 plus
+    # 4096*4*4/64 = 1024 of fp32 partials = 15,960; no split: 4096*14+600 = 57,944
+    dec = choose_tiles([1], [4096], [4096], [132]).iloc[0]
+    assert (dec.tile_m, dec.tile_n, dec.split, dec.ctas) == (64, 128, 4, 128)
+    assert dec.fill == pytest.approx(128 / 132)
+    with pytest.raises(ValueError, match="positive finite num_sm"):
+        choose_tiles([1], [1], [1], [0])
+
+
+@pytest.fixture(scope="module")
+def table(mixed_dir):
+    from nslib.mixed_data import gemm_table
+    t = gemm_table(mixed_dir)
+    return t.groupby("gpu", group_keys=False).sample(n=1500, random_state=0).reset_index(drop=True)
+
+
+@pytest.fixture(scope="module")
+def trained(table):
+    return TensorGemm(quick=True).fit(table, progress=False)
+
+
+def _fast_frame(m, n, k) -> pd.DataFrame:
+    return pd.DataFrame({"m": np.asarray(m, float), "n": np.asarray(n, float),
+                         "k": np.asarray(k, float), **{c: v for c, v in FAST.items()}})
+
+
+def test_never_below_roofline(trained, table):
+    grid = np.array(np.meshgrid([1, 16, 512, 8192], [64, 4096, 65536], [64, 4096, 65536]))
+    frames = [table, _fast_frame(*grid.reshape(3, -1))]
+    for f in frames:
+        pred = trained.predict(f)
+        peak, bw = f["bf16_gflops"].to_numpy() * 1e9, f["mem_bw"].to_numpy() * 1e9
+        beyond = np.maximum(2.0 * (f.m * f.k + f.k * f.n + f.m * f.n) - f.l2_mb * 1e6, 0)
+        roof = 1e3 * np.maximum(2.0 * f.m * f.n * f.k / peak, beyond.to_numpy() / bw)
+        assert np.all(np.isfinite(pred)) and np.all(pred >= roof * (1 - 1e-9))
+
+
+def test_peak_and_bandwidth_scale_big_gemm(trained):
+    base = _fast_frame([16384], [16384], [16384])
+    fast = base.assign(bf16_gflops=base.bf16_gflops * 4, mem_bw=base.mem_bw * 4)
+    ratio = trained.predict(fast)[0] / trained.predict(base)[0]
+    assert ratio == pytest.approx(0.25, rel=0.02)
+    # the roofline alone: 2 * 16384^3 / 2.25e15 s = 3.9 ms; the prediction is above it
+    assert trained.predict(base)[0] >= 2 * 16384.0 ** 3 / 2.25e15 * 1e3
+
+
+def test_save_load_round_trip(trained, table, tmp_path):
+    path = trained.save(tmp_path / "gemm.npz")
+    again = TensorGemm.load(path)
+    np.testing.assert_allclose(again.predict(table), trained.predict(table), rtol=1e-12)
+    assert again.config == trained.config and PREDICTORS["neusight"] is TensorGemm
+
+
+def test_bad_input_is_a_clear_error(trained, table):
+    with pytest.raises(ValueError, match="bf16_gflops"):
+        trained.predict(table.assign(bf16_gflops=np.nan))
+    with pytest.raises(ValueError, match="unknown GEMM feature"):
+        TensorGemm(features=("nope",))
+    with pytest.raises(ValueError, match="not trained"):
+        TensorGemm().predict(table)
+
+
+def test_terms_follow_the_tiles(table):
+    t = gemm_terms(table.head(50))
+    tiles = choose_tiles(table.m[:50], table.n[:50], table.k[:50], table.num_sm[:50])
+    padded = 2 * tiles.waves * table.num_sm[:50] * tiles.tile_m * tiles.tile_n * \
+        np.ceil(table.k[:50] / tiles.split)
+    np.testing.assert_allclose(t["comp"], padded / (table.bf16_gflops[:50] * 1e9) * 1e3)
+    assert np.all(padded >= GEMM.flops(table.head(50)))
+
+
+def test_quick_logo_finite_per_gpu(table):
+    from nslib.mixed_eval import logo_predictions, per_gpu_mape
+    small = table.groupby("gpu", group_keys=False).head(600).reset_index(drop=True)
+    mape = per_gpu_mape(small, logo_predictions(small, lambda: TensorGemm(quick=True),
+                                                progress=False))
+    assert len(mape) == small["gpu"].nunique() and np.all(np.isfinite(mape))
+    assert np.all(mape < 200)
