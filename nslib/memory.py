@@ -323,22 +323,31 @@ def tp_scales(trace: pd.DataFrame, n: int, info: dict, vocab_parallel: bool = Tr
 def memory_of(gpu, model, batch: int, seq: int, mode: str = "inf", optimizer: str = "adam",
               *, dp: int = 1, tp: int = 1, pp: int = 1, microbatches: int = 1,
               vocab_parallel: bool = True, kv_cache: bool = False, data=None,
-              sharded: pd.DataFrame | None = None, imbalance: float = 1.0) -> Memory:
+              sharded: pd.DataFrame | None = None, imbalance: float = 1.0,
+              dtype: str = "fp32") -> Memory:
     """Peak memory per GPU of one step of ``model`` (config name, path or dict) on ``gpu``
     (name, spec file or :class:`nslib.gpus.GPU`): the worst GPU of a DP/TP/PP step, ``batch``
     the global batch. ``kv_cache``: an inference that keeps every layer's keys and values
     (generation). ``sharded``: see :func:`tp_scales`. ``imbalance``: mixture-of-experts routing
-    as :func:`nslib.predict.traced` takes it. Raises ValueError for degrees that do not divide
-    the model."""
+    as :func:`nslib.predict.traced` takes it. ``dtype``: ``fp32``, or ``bf16``/``fp16`` for a
+    pure 16-bit step traced in that format (weights, activations and the KV cache at 2 bytes;
+    training keeps the optimizer states at the parameters' size, no FP32 master copy; one GPU
+    only). Raises ValueError for degrees that do not divide the model."""
+    from .dtypes import bytes_per_elem, check_dtype
     from .predict import resolve_gpu, spec_path, traced
     _check(mode, optimizer)
+    dtype = check_dtype(dtype)
+    if dtype != "fp32" and not dp == tp == pp == microbatches == 1:
+        raise ValueError(f"memory of a multi-GPU step is FP32 only; {dtype} needs "
+                         "dp = tp = pp = 1")
     spec = resolve_gpu(gpu, data)
     fw, src = framework_bytes(spec, data, spec_path(gpu))
     fixed = {"framework": fw, "capacity": float(spec.mem_gb) * GIB, "context_source": src}
     if dp == tp == pp == microbatches == 1:
-        kv = _kv(model, batch, seq, mode, kv_cache, data)
-        return step_memory(traced(model, batch, seq, mode, data, imbalance), mode, optimizer,
-                           kv_cache=kv, **fixed)
+        kv = _kv(model, batch, seq, mode, kv_cache, data, bytes_per_elem(dtype))
+        trace = (traced(model, batch, seq, mode, data, imbalance) if dtype == "fp32" else
+                 traced(model, batch, seq, mode, data, imbalance, dtype=dtype))
+        return step_memory(trace, mode, optimizer, kv_cache=kv, **fixed)
     from .parallel import check_degrees, model_info
     info = model_info(model, mode, data)
     check_degrees(info, batch, dp, tp, pp, microbatches)
@@ -387,14 +396,14 @@ def pipeline_memory(gpu, model, batch: int, seq: int, mode: str = "train",
     return out
 
 
-def _kv(model, batch, seq, mode, kv_cache, data) -> float:
+def _kv(model, batch, seq, mode, kv_cache, data, elem_bytes: int = 4) -> float:
     if not kv_cache:
         return 0.0
     if mode != "inf":
         raise ValueError("kv_cache applies to inference (mode='inf'): a training step keeps "
                          "no KV cache")
     from .graph import load_model_config
-    return kv_cache_bytes(load_model_config(model, data), batch, seq)
+    return kv_cache_bytes(load_model_config(model, data), batch, seq, elem_bytes)
 
 
 # --------------------------------------------------------------------------------------------

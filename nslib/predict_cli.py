@@ -42,8 +42,7 @@ def _predict(args) -> int:
         warnings.simplefilter("ignore", DatasheetRangeWarning)  # printed below, once
         frame, summary = predict_model(gpu, args.model, args.batch, args.seq, args.mode,
                                        predictor=args.predictor, quick=args.quick, **extra)
-    mem, per_gpu = (_memory_half(args, gpu, frame, dtype) if dtype != "fp32" else
-                    _memory(args, gpu, extra, frame))
+    mem, per_gpu = _memory(args, gpu, extra, frame)
     summary = {"gpu": args.gpu_spec or args.gpu, "model": args.model, "batch": args.batch,
                "seq": args.seq, "mode": args.mode, "predictor": args.predictor, **summary,
                "memory_gb": mem, "fits": mem["fits"]}
@@ -80,29 +79,13 @@ def _predict(args) -> int:
 def _memory(args, gpu, extra: dict, frame) -> tuple[dict, bool]:
     """(:func:`nslib.memory.memory_of` of the run as a dict, whether it is per GPU of several)."""
     from .memory import memory_of
-    par = {k: extra[k] for k in ("dp", "tp", "pp", "microbatches", "imbalance") if k in extra}
+    par = {k: extra[k] for k in ("dp", "tp", "pp", "microbatches", "imbalance", "dtype")
+           if k in extra}
     if par.get("tp", 1) > 1:
         par["sharded"] = frame   # the sharded trace predict_model made: not sharded twice
     mem = memory_of(gpu, args.model, args.batch, args.seq, args.mode, args.optimizer,
                     kv_cache=args.kv_cache, **par).to_dict()
     return mem, any(par.get(k, 1) > 1 for k in ("dp", "tp", "pp"))
-
-
-def _memory_half(args, gpu, frame, dtype: str) -> tuple[dict, bool]:
-    """Memory of a 16-bit step from its own trace (weights and activations at their real
-    sizes; training counts the optimizer states at the parameters' 16-bit size, a pure 16-bit
-    step, not mixed precision with FP32 master weights)."""
-    from .dtypes import bytes_per_elem
-    from .graph import load_model_config
-    from .memory import GIB, framework_bytes, kv_cache_bytes, step_memory
-    from .predict import resolve_gpu, spec_path
-    spec = resolve_gpu(gpu)
-    fw, src = framework_bytes(spec, None, spec_path(gpu))
-    kv = (kv_cache_bytes(load_model_config(args.model), args.batch, args.seq,
-                         bytes_per_elem(dtype)) if args.kv_cache else 0.0)
-    mem = step_memory(frame, args.mode, args.optimizer, framework=fw, kv_cache=kv,
-                      capacity=float(spec.mem_gb) * GIB, context_source=src)
-    return mem.to_dict(), False
 
 
 def _memory_line(mem: dict, per_gpu: bool) -> str:

@@ -436,7 +436,7 @@ def predict_model_args() -> set[str]:
 
 def scenario(gpus, model, batch: int, seq: int, mode: str = "inf", predictor="neusight",
              quick: bool = False, data=None, top: int = 10, parallel=None,
-             fused: bool = False) -> dict:
+             fused: bool = False, dtype: str = "fp32") -> dict:
     """Predict one model configuration on several GPUs.
 
     ``gpus``: a list of names/aliases, spec JSON paths or :class:`GPU` objects (hypothetical
@@ -445,6 +445,9 @@ def scenario(gpus, model, batch: int, seq: int, mode: str = "inf", predictor="ne
     memory) or a fitted predictor; ``top``: how many of the largest kernels per GPU.
     ``parallel`` / ``fused``: passed on to :func:`nslib.predict.predict_model` once it takes
     them; until then a non-default value gives a warning and the plain step is predicted.
+    ``dtype``: ``fp32`` (the paper's setting) or ``bf16``/``fp16`` (the model traced in 16 bits,
+    its GEMMs and attention priced by the 16-bit tensor-core predictors; every GPU needs
+    ``Bf16FLOPs`` in its datasheet). The FP32 kernel range checks do not apply in 16 bits.
 
     Returns a dict: ``summary`` (one row per GPU: gpu, e2e_ms, fw_ms, bw_ms, n_kernels, the
     datasheet numbers, ``in_training_range``), ``per_class`` (ms per kernel class, one row
@@ -476,7 +479,9 @@ def scenario(gpus, model, batch: int, seq: int, mode: str = "inf", predictor="ne
             raise ValueError(f"{name} must be a positive whole number, got {v!r}")
     warns: list[str] = []
     accepted = predict_model_args()
-    extra = {}
+    from .dtypes import check_dtype
+    dtype = check_dtype(dtype)
+    extra = {} if dtype == "fp32" else {"dtype": dtype}
     for name, value in (("parallel", parallel), ("fused", fused)):
         if value == FUTURE_ARGS[name]:
             continue
@@ -505,7 +510,8 @@ def scenario(gpus, model, batch: int, seq: int, mode: str = "inf", predictor="ne
                 frame, summ = predict_model(spec, model, int(batch), int(seq), mode,
                                             predictor=pred, data=data, **extra)
             try:
-                frame, has_waves = kernel_waves(frame, data), True
+                frame, has_waves = (kernel_waves(frame, data), True) if dtype == "fp32" \
+                    else (frame, None)  # FP32 tiles and ranges say nothing of 16-bit kernels
             except (ValueError, KeyError) as e:  # waves are for warnings and placement only
                 frame, has_waves = frame, f"{e}"
             hit = (frame, summ, has_waves)
@@ -516,7 +522,7 @@ def scenario(gpus, model, batch: int, seq: int, mode: str = "inf", predictor="ne
         frame = frame.copy()
         if has_waves is True:
             featured[label] = frame
-        else:
+        elif has_waves is not None:
             warns.append(f"{label}: could not compute tiles and waves of the kernels "
                          f"({has_waves}).")
         frames[label] = frame
@@ -532,7 +538,7 @@ def scenario(gpus, model, batch: int, seq: int, mode: str = "inf", predictor="ne
     line = range_summary(outside)
     warns = ([line] if line else []) + warns + kernel_warnings(featured, ranges)
     warns += dominance_warnings(specs, labels, [r["e2e_ms"] for r in rows])
-    mem = memory_table(specs, labels, model, batch, seq, mode, data)
+    mem = memory_table(specs, labels, model, batch, seq, mode, data, dtype=dtype)
     warns += memory_warnings(mem)
 
     summary = pd.DataFrame(rows)
@@ -547,18 +553,21 @@ def scenario(gpus, model, batch: int, seq: int, mode: str = "inf", predictor="ne
             "params": {"model": model if not isinstance(model, dict) else
                        model.get("model_type", "config"), "batch": int(batch), "seq": int(seq),
                        "mode": mode, "predictor": predictor if isinstance(predictor, str)
-                       else getattr(pred, "name", type(pred).__name__), "quick": quick},
+                       else getattr(pred, "name", type(pred).__name__), "quick": quick,
+                       "dtype": dtype},
             "seconds": time.perf_counter() - t0}
 
 
 def memory_table(specs: list[GPU], labels: list[str], model, batch: int, seq: int,
-                 mode: str = "inf", data=None, optimizer: str = "adam") -> pd.DataFrame:
+                 mode: str = "inf", data=None, optimizer: str = "adam",
+                 dtype: str = "fp32") -> pd.DataFrame:
     """Peak memory of the step on each GPU (:func:`nslib.memory.memory_of`), GB: one row per
     GPU label with the breakdown, ``total``, ``capacity`` and ``fits``."""
     from .memory import memory_of
     rows = []
     for spec, label in zip(specs, labels):
-        d = memory_of(spec, model, int(batch), int(seq), mode, optimizer, data=data).to_dict()
+        d = memory_of(spec, model, int(batch), int(seq), mode, optimizer, data=data,
+                      dtype=dtype).to_dict()
         rows.append({"gpu": label, **{k: d[k] for k in MEMORY_PARTS},
                      "total": d["total"], "capacity": d["capacity"], "fits": d["fits"]})
     return pd.DataFrame(rows).set_index("gpu")
@@ -694,6 +703,20 @@ def _gpu_options(gpus: dict[str, GPU]) -> list[tuple[str, str]]:
             for k, g in gpus.items()]
 
 
+def explorer_gpus(data=None) -> dict[str, GPU]:
+    """The GPUs the explorer offers: the NeuSight data's datasheets, joined by the 16-bit
+    data's (which carry ``Bf16FLOPs``; they win for a stem both folders have) when that folder
+    is there."""
+    from .gpus import load_mixed_gpus
+    from .paths import DataNotFoundError
+    gpus = dict(load_gpus(data))
+    try:
+        gpus.update(load_mixed_gpus())
+    except DataNotFoundError:
+        pass  # FP32 only: the 16-bit datasheets are not fetched
+    return gpus
+
+
 def _model_names(data=None) -> list[str]:
     folder = data_root(data) / "data" / "DLmodel_configs"
     return sorted(p.stem for p in folder.glob("*.json"))
@@ -710,15 +733,16 @@ class Explorer:
 
     def __init__(self, gpus=None, model="gpt2_large", batch=4, seq=1024, mode="inf",
                  predictor="neusight", quick=False, data=None, top=10, hypothetical=None,
-                 auto=True):
+                 auto=True, dtype="fp32"):
         import ipywidgets as W
+        from .dtypes import DTYPES, check_dtype
         from .predict import MODES, resolve_gpu
         from .predictors import available
 
         self.data, self.quick, self.top = data, quick, top
         self.result, self.error, self.seconds, self.figure = None, None, None, None
         self._busy = False
-        self.gpus = load_gpus(data)
+        self.gpus = explorer_gpus(data)
         opts = _gpu_options(self.gpus)
         keys = [k for _, k in opts]
         chosen = [resolve_gpu(g, data).key for g in (gpus or [])]
@@ -751,6 +775,8 @@ class Explorer:
         self.batch = W.BoundedIntText(value=int(batch), min=1, max=1 << 16, description="batch")
         self.seq = W.BoundedIntText(value=int(seq), min=1, max=1 << 20, description="seq")
         self.mode = W.Dropdown(options=list(MODES), value=mode, description="mode")
+        self.dtype = W.Dropdown(options=list(DTYPES), value=check_dtype(dtype),
+                                description="dtype")
         preds = list(available())
         self.predictor = W.Dropdown(options=preds, value=predictor if predictor in preds
                                     else preds[0], description="predictor")
@@ -760,7 +786,7 @@ class Explorer:
 
         for w in (self.gpu_select, self.base_gpu, self.use_custom, self.custom_name,
                   *self.sliders.values(), self.model, self.batch, self.seq, self.mode,
-                  self.predictor):
+                  self.dtype, self.predictor):
             w.observe(self._changed, names="value")
         self.pasted.observe(self._pasted_changed, names="value")
         self.button.on_click(lambda _: self.update())
@@ -769,7 +795,7 @@ class Explorer:
                        self.use_custom, self.base_gpu, self.custom_name,
                        *self.sliders.values(), self.custom_info])
         right = W.VBox([W.HTML("<b>workload</b>"), self.model, self.pasted, self.batch, self.seq,
-                        self.mode, self.predictor, self.button])
+                        self.mode, self.dtype, self.predictor, self.button])
         self.widget = W.VBox([W.HBox([left, right]), self.message, self.output])
         self._show_custom()
         if auto:
@@ -859,7 +885,8 @@ class Explorer:
             self._say(note="computing... (the first use of a predictor trains or loads it)")
             res = scenario([self.gpus[g] if isinstance(g, str) else g for g in gpus], model,
                            self.batch.value, self.seq.value, self.mode.value,
-                           self.predictor.value, quick=self.quick, data=self.data, top=self.top)
+                           self.predictor.value, quick=self.quick, data=self.data, top=self.top,
+                           dtype=self.dtype.value)
         except Exception as e:  # noqa: BLE001 - every failure becomes a message, not a traceback
             msg = str(e) if isinstance(e, _UserError) else f"{type(e).__name__}: {e}"
             self.error = msg.strip("'\"")
@@ -888,7 +915,7 @@ class _UserError(Exception):
 
 def build_explorer(gpus=None, model="gpt2_large", batch=4, seq=1024, mode="inf",
                    predictor="neusight", quick=False, data=None, top=10, hypothetical=None,
-                   auto=True) -> Explorer:
+                   auto=True, dtype="fp32") -> Explorer:
     """Build the explorer (display the returned object, or its ``widget``, in a notebook).
 
     ``gpus``: names/aliases selected at start; ``hypothetical``: slider factors to start with,
@@ -896,7 +923,8 @@ def build_explorer(gpus=None, model="gpt2_large", batch=4, seq=1024, mode="inf",
     now. See :class:`Explorer`.
     """
     return Explorer(gpus=gpus, model=model, batch=batch, seq=seq, mode=mode, predictor=predictor,
-                    quick=quick, data=data, top=top, hypothetical=hypothetical, auto=auto)
+                    quick=quick, data=data, top=top, hypothetical=hypothetical, auto=auto,
+                    dtype=dtype)
 
 
 def render(**kwargs) -> Explorer:

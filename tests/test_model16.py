@@ -12,6 +12,10 @@ import pytest
 from nslib import graph, layer_check, predict16
 from nslib.gpus import GPU
 
+from conftest import ROOT
+
+LLAMA3_8B = ROOT / "notebooks" / "configs" / "llama3_8b.json"  # the notebooks' config
+
 HID, FF, HEADS, KV, LAYERS, VOCAB = 64, 128, 4, 2, 2, 100
 LLAMA = dict(model_type="llama", hidden_size=HID, intermediate_size=FF,
              num_hidden_layers=LAYERS, num_attention_heads=HEADS, num_key_value_heads=KV,
@@ -146,9 +150,8 @@ def test_cli_bf16_without_bf16flops(tmp_path, capsys):
     assert "Bf16FLOPs" in capsys.readouterr().err
 
 
-def test_llama3_8b_fixture_traces_in_bf16():
-    cfg = graph.load_model_config(str(pytest.importorskip("pathlib").Path(__file__).parent
-                                      / "fixtures" / "llama3_8b.json"))
+def test_llama3_8b_config_traces_in_bf16():
+    cfg = graph.load_model_config(str(LLAMA3_8B))
     df = graph.trace(dict(cfg, num_hidden_layers=1), 1, 128, "inf", dtype="bf16")
     att = df[df["cls"] == "attention"].iloc[0]
     assert (att["H"], att["kv_heads"], att["N"]) == (32, 8, 128)

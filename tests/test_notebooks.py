@@ -61,3 +61,24 @@ def test_04_05_model_tables(data_dir, tmp_path, name, mode):
     assert set(agg.index.get_level_values(1)) == {"stream", "plain sum"}
     assert agg.loc[("neusight", "stream"), "all"] == pytest.approx(res.loc[
         res["predictor"] == "neusight", "err"].mean())
+
+
+def test_09_mixed_precision(data_dir, mixed_dir, tmp_path):
+    run_notebook("09_mixed_precision", tmp_path, quick=True,
+                 forecast_steps=[["inf", 1, 256]])
+    for kind in ("gemm", "attention"):
+        tab = pd.read_csv(tmp_path / f"09_{kind}_logo.csv", index_col=0)
+        # every measured GPU is a column; the bounded predictor beats the plain roofline and
+        # the one-efficiency roofline on each GPU it never saw, even in the quick profile
+        assert tab.shape[1] >= 2
+        assert (tab.loc["neusight"] < tab.loc["roofline"]).all()
+        assert (tab.loc["neusight"] < tab.loc["roofline_eff"]).all()
+    layers = pd.read_csv(tmp_path / "09_layer_check.csv", index_col=0)
+    assert {"layer", "gemm", "norm", "n"} <= set(layers.columns) and (layers["n"] > 0).all()
+    fc = pd.read_csv(tmp_path / "09_forecast_llama3_8b.csv")
+    assert fc["datasheet only"].any() and (fc["ms"] > 0).all()
+    # a GPU with more tensor-core peak and bandwidth is forecast faster
+    sheets = pd.read_csv(tmp_path / "09_datasheets.csv", index_col=0)
+    fast = fc.set_index("gpu")["ms"].reindex(sheets.index).dropna()
+    top = sheets.loc[fast.index, "bf16_gflops"].idxmax()
+    assert fast[top] == fast.min()

@@ -304,3 +304,38 @@ def test_cached_update_is_fast(data_dir):
     assert ex.seconds < 1.0
     ex.sliders["peak_gflops"].value = 2.0           # one new (hypothetical) GPU to predict
     assert ex.error is None and ex.seconds < 1.0
+
+
+# ----- 16 bits
+
+TINY_LLAMA = {"model_type": "llama", "hidden_size": 256, "intermediate_size": 512,
+              "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+              "vocab_size": 1000, "max_position_embeddings": 1024}
+
+
+def test_scenario_in_bf16_prices_attention_and_halves_memory(mixed_dir):
+    from nslib.widgets import explorer_gpus
+    gpus = explorer_gpus()
+    with_bf16 = [g for g in gpus.values() if g.bf16_gflops][:2]
+    assert len(with_bf16) == 2  # the 16-bit data's datasheets join the explorer's GPUs
+    fp32 = scenario(with_bf16, TINY_LLAMA, 2, 128, "inf", quick=True)
+    bf16 = scenario(with_bf16, TINY_LLAMA, 2, 128, "inf", quick=True, dtype="bf16")
+    assert "attention" in bf16["per_class"] and "attention" not in fp32["per_class"]
+    assert bf16["params"]["dtype"] == "bf16"
+    w16 = bf16["memory"]["weights"].to_numpy()
+    np.testing.assert_allclose(w16, fp32["memory"]["weights"].to_numpy() / 2, rtol=0.01)
+    assert not any("tiles and waves" in w for w in bf16["warnings"])
+
+
+def test_scenario_bf16_needs_the_tensor_peak(base):
+    with pytest.raises(ValueError, match="Bf16FLOPs"):
+        scenario([base], TINY_LLAMA, 1, 64, "inf", quick=True, dtype="bf16")
+
+
+def test_explorer_dtype_control(mixed_dir):
+    from nslib.widgets import explorer_gpus
+    key = next(k for k, g in explorer_gpus().items() if g.bf16_gflops)
+    ex = build_explorer(gpus=[key], model=TINY_LLAMA, batch=1, seq=64, quick=True, auto=False)
+    ex.dtype.value = "bf16"  # the callback recomputes
+    assert ex.error is None and ex.result["params"]["dtype"] == "bf16"
+    assert "attention" in ex.result["per_class"]

@@ -18,6 +18,7 @@ DECISIONS.md, "FlashAttention". Loss: mean absolute log error (the metric is MAP
 """
 from __future__ import annotations
 
+import sys
 import time
 
 import numpy as np
@@ -143,8 +144,8 @@ class TensorAttention(Predictor):
                 idx = np.sort(rng.choice(idx, self.max_rows, replace=False))
             self._fit_group(grp, frame.iloc[idx].reset_index(drop=True), self.seed + i)
             if progress:
-                print(f"attention {grp}: {len(idx)} rows, "
-                      f"{time.perf_counter() - start:.1f} s", flush=True)
+                print(f"nslib: attention {grp}: {len(idx)} rows, "  # stderr: stdout may be JSON
+                      f"{time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
         self.train_seconds = time.perf_counter() - start
         return self
 
