@@ -114,7 +114,13 @@ HEADLINE = {"03_baselines_kernel_error.csv": "Kernel-level MAPE (%) per predicto
             "04_inf_summary.csv": "Inference: mean end-to-end error (%) per GPU",
             "05_train_summary.csv": "Training: mean end-to-end error (%) per GPU",
             "06_fusion_summary.csv": "Fused kernels: mean error (%)",
-            "07_distributed_summary.csv": "4-GPU DP / TP / PP: mean error (%)"}
+            "07_distributed_summary.csv": "4-GPU DP / TP / PP: mean error (%)",
+            "09_gemm_logo.csv": "BF16 GEMMs, leave-one-GPU-out MAPE (%) per held-out GPU",
+            "09_attention_logo.csv": "FlashAttention (BF16), leave-one-GPU-out MAPE (%) per "
+                                     "held-out GPU",
+            "09_layer_check.csv": "fp16 transformer layers against vidur (layers of 256 tokens "
+                                  "or more): median |error| (%) of the summed layer and per "
+                                  "op class"}
 _START, _END = "<!-- headline:start -->", "<!-- headline:end -->"
 
 
