@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from nslib.predictors.attention import (ATTENTION, PREDICTORS, TensorAttention,
-                                        attention_roofline_ms)
+                                        attention_roofline_ms, floor_ms)
 from nslib.predictors.attention_kind import launch_geometry
 
 GPU = {"gpu": "test", "bf16_gflops": 1e6, "mem_bw": 2000.0, "num_sm": 108.0, "l2_mb": 40.0,
@@ -51,6 +51,16 @@ def test_roofline_by_hand():
     np.testing.assert_allclose(attention_roofline_ms(f)[0], 17_196_646_400 / 1e15 * 1e3)
 
 
+def test_l2_floor_by_hand():
+    f = rows(PREFILL, DECODE)
+    f["l2_mb"] = 50.0  # the prefill's 40 MiB fit: only its FLOP bound it; the decode has 14 MiB
+    f["mem_bw"] = 1e4  # beyond a 50 MiB L2 (64.06 MiB in all) at 10 TB/s, more than its FLOP
+    np.testing.assert_allclose(floor_ms(f), [17_196_646_400 / 1e15 * 1e3,
+                                             (67_174_400 - 50 * 2**20) / 1e13 * 1e3])
+    assert (floor_ms(f) <= attention_roofline_ms(f)).all()
+    np.testing.assert_allclose(floor_ms(f, l2=False), attention_roofline_ms(f))
+
+
 def test_launch_geometry_by_hand():
     g = launch_geometry(rows(PREFILL, (1, 1, 1024, 32, 8, 128, False),
                              (1, 1, 128, 32, 8, 128, False), (64, 1, 1024, 32, 8, 128, False)))
@@ -84,10 +94,10 @@ def trained(table):
     return TensorAttention(quick=True).fit(table, progress=False)
 
 
-def test_never_below_roofline_and_save_load(trained, table, tmp_path):
+def test_never_below_floor_and_save_load(trained, table, tmp_path):
     pred = trained.predict(table)
     assert np.isfinite(pred).all()
-    assert (pred >= attention_roofline_ms(table) * (1 - 1e-12)).all()
+    assert (pred >= floor_ms(table) * (1 - 1e-12)).all()
     path = trained.save(tmp_path / "attention.npz")
     again = PREDICTORS["neusight"].load(path)
     np.testing.assert_array_equal(again.predict(table), pred)

@@ -3,17 +3,20 @@
 The kind (FLOPs, bytes, roofline, launch geometry) is :mod:`.attention_kind`; this module is
 the predictor :class:`TensorAttention` (``neusight``). Per row
 
-    t = c + compute / gamma + memory / delta                                       (ms)
+    t = c + compute / gamma + dram / delta + l2 / lam                              (ms)
 
 ``compute``: the FLOP FlashAttention's CTAs compute (blocks padded, masked blocks whole) at the
-tensor-core peak, divided by the wave fill (a partial last wave leaves SMs idle);
-``memory``: the minimum DRAM bytes at the datasheet bandwidth; ``c``: a launch overhead of at
-most ``C_MAX_CYCLES`` SM clock cycles (``clock_mhz``). gamma, delta in (0, 1) and c's fraction
-come from one small MLP (prefill and decode together, the phase as an input) over log2 shape
-inputs, the CTAs per SM and key splits of FlashAttention's launch, the working set over the L2
-size and the SM cycles per DRAM byte (standardised, clipped to the training range). Peak and
-bandwidth enter only through the physical terms, so the prediction is never below the roofline
-and a faster datasheet moves it the way the hardware would. Choices and evidence:
+tensor-core peak, divided by the wave fill (a partial last wave leaves SMs idle); ``dram``: the
+minimum bytes beyond the L2 size at the datasheet bandwidth; ``l2``: the bytes the L2 holds
+(the benchmark repeats each call, so a working set under the L2 size stays there) at the
+bandwidth, ``lam`` in (0.5, 4) their rate's multiple of it; ``c``: a launch overhead of at
+most ``C_MAX_MS`` plus at most ``C_MAX_CYCLES`` SM clock cycles (``clock_mhz``): a host/launch
+part and an on-chip part. gamma, delta in (0, 1), lam and c's fractions come from one small MLP
+(prefill and decode together, the phase as an input) over log2 shape inputs, the CTAs per SM
+and key splits of FlashAttention's launch and the working set over the L2 size (standardised,
+clipped to the training range). Peak, bandwidth and clock enter only through the physical
+terms, so the prediction is never below the floor ``max(FLOP / peak, bytes beyond L2 /
+bandwidth)`` and a faster datasheet moves it the way the hardware would. Choices and evidence:
 DECISIONS.md, "FlashAttention". Loss: mean absolute log error (the metric is MAPE).
 """
 from __future__ import annotations
@@ -27,14 +30,15 @@ import pandas as pd
 from .attention_kind import ATTENTION, attention_roofline_ms, check_frame, launch_geometry
 from .base import Predictor
 
-__all__ = ["ATTENTION", "attention_roofline_ms", "TensorAttention", "PREDICTORS"]
+__all__ = ["ATTENTION", "attention_roofline_ms", "floor_ms", "TensorAttention", "PREDICTORS"]
 
 C_MAX_MS = 0.05      # the launch overhead is at most 50 us (measured floors: 7-11 us)
 GPU_INPUTS = ("l2_mb", "clock_mhz")  # datasheet columns the predictor needs beyond the roofline
 C_MAX_CYCLES = 1e5   # or at most 1e5 SM clock cycles (50 us at 2 GHz)
+LAM_LO, LAM_HI = 0.5, 4.0  # L2-resident bytes stream at this multiple of the DRAM bandwidth
 PHASES = ("prefill", "decode")
 FEATURES = ("batch", "q_len", "kv_len", "heads", "group", "head_dim", "ctas_per_sm", "splits",
-            "l2_fit", "sm_cycles_per_byte")
+            "l2_fit")
 
 
 def phase_of(frame: pd.DataFrame) -> np.ndarray:
@@ -64,29 +68,46 @@ def attention_inputs(frame: pd.DataFrame, features=FEATURES) -> np.ndarray:
     return np.log2(np.column_stack([cols[f] for f in features]))
 
 
-def physical_terms(frame: pd.DataFrame, overhead: str = "fixed") -> np.ndarray:
-    """(n, 3) ms: compute (padded FLOP at the peak over the wave fill), memory (bytes at the
-    bandwidth) and the roofline (exact FLOP and bytes)."""
+def physical_terms(frame: pd.DataFrame, overhead: str = "both", l2: bool = True) -> np.ndarray:
+    """(n, 6) ms: compute (padded FLOP at the peak over the wave fill), DRAM (bytes beyond the
+    L2 at the bandwidth; all bytes without ``l2``), the floor (the roofline, or with ``l2``
+    ``max(FLOP / peak, bytes beyond L2 / bandwidth)``), the overhead's scale (``C_MAX_MS``, or
+    ``C_MAX_CYCLES`` at the clock with ``overhead="cycles"``), the L2-resident bytes at the DRAM
+    bandwidth (0 without ``l2``) and, with ``overhead="both"``, ``C_MAX_CYCLES`` at the clock."""
     geo = launch_geometry(frame)
     peak = frame["bf16_gflops"].to_numpy(float) * 1e9
+    bw = frame["mem_bw"].to_numpy(float) * 1e9
     compute = 1e3 * geo["tile_flops"] / (peak * geo["fill"])
-    memory = 1e3 * ATTENTION.bytes(frame) / (frame["mem_bw"].to_numpy(float) * 1e9)
-    if overhead == "cycles":  # a fixed number of cycles at the SM clock
-        scale = 1e3 * C_MAX_CYCLES / (frame["clock_mhz"].to_numpy(float) * 1e6)
-    else:
-        scale = np.full(len(frame), C_MAX_MS)
-    return np.column_stack([compute, memory, attention_roofline_ms(frame), scale])
+    nbytes = ATTENTION.bytes(frame)
+    beyond = np.maximum(nbytes - frame["l2_mb"].to_numpy(float) * 2**20, 0.0) if l2 else nbytes
+    floor = 1e3 * np.maximum(ATTENTION.flops(frame) / peak, beyond / bw)
+    cycles = 1e3 * C_MAX_CYCLES / (frame["clock_mhz"].to_numpy(float) * 1e6)
+    fixed = np.full(len(frame), C_MAX_MS)
+    scale = cycles if overhead == "cycles" else fixed
+    second = cycles if overhead == "both" else np.zeros(len(frame))
+    return np.column_stack([compute, 1e3 * beyond / bw, floor, scale,
+                            1e3 * (nbytes - beyond) / bw, second])
+
+
+def floor_ms(frame: pd.DataFrame, l2: bool = True) -> np.ndarray:
+    """The physical floor (ms) of each row: ``max(FLOP / peak, bytes beyond L2 / bandwidth)``
+    (the plain roofline without ``l2``)."""
+    return physical_terms(frame, l2=l2)[:, 2]
 
 
 def _law(raw, terms, lib, law="max"):
-    """Latency (ms) from raw MLP outputs (gamma, delta, c before their squashing); ``terms``
-    column 3 is the overhead's scale (ms)."""
+    """Latency (ms) from raw MLP outputs (gamma, delta, c, lam, c2 before their squashing) and
+    :func:`physical_terms` (ms)."""
     sig = lib.sigmoid if hasattr(lib, "sigmoid") else \
         (lambda v: 1 / (1 + np.exp(-np.clip(v, -60, 60))))
     gamma, delta, c = sig(raw[:, 0]), sig(raw[:, 1]), terms[:, 3] * sig(raw[:, 2])
+    # L2-resident bytes at LAM_LO..LAM_HI times the DRAM bandwidth
+    lam = LAM_LO + (LAM_HI - LAM_LO) * sig(raw[:, 3])
+    c = c + terms[:, 5] * sig(raw[:, 4])  # overhead "both": SM cycles beside a fixed time
     if law == "sum":
-        return c + terms[:, 0] / gamma + terms[:, 1] / delta
-    return c + lib.maximum(terms[:, 0] / gamma, terms[:, 1] / delta)
+        return c + terms[:, 0] / gamma + terms[:, 1] / delta + terms[:, 4] / lam
+    return c + lib.maximum(lib.maximum(terms[:, 0] / gamma, terms[:, 1] / delta),
+                           terms[:, 4] / lam)
 
 
 def _forward(weights: list, x: np.ndarray) -> np.ndarray:
@@ -100,16 +121,18 @@ def _forward(weights: list, x: np.ndarray) -> np.ndarray:
 class TensorAttention(Predictor):
     """NeuSight-style FlashAttention predictor (module docstring). ``quick``: a small
     subsample and few epochs, for tests; ``max_rows``: training rows per phase (a random
-    subsample, seeded); ``shared``: one MLP for both phases (phase as an extra input)."""
+    subsample, seeded; ``balance``: an equal share per GPU); ``shared``: one MLP for both
+    phases (phase as an extra input); ``l2``: the L2-aware memory terms and floor; ``overhead``:
+    "both" (fixed time plus SM cycles), "cycles" or "fixed"."""
 
     name = "neusight"
     description = "FlashAttention: learned utilisation of the tensor-core/bandwidth roofline"
 
     def __init__(self, seed: int = 0, quick: bool = False, max_rows: int = 6000,
                  epochs: int = 20, hidden: int = 64, layers: int = 3, lr: float = 3e-3,
-                 features=FEATURES, shared: bool = True, overhead: str = "cycles",
-                 law: str = "sum"):
-        if law not in ("sum", "max") or overhead not in ("cycles", "fixed"):
+                 features=FEATURES, shared: bool = True, overhead: str = "both",
+                 law: str = "sum", l2: bool = True, balance: bool = False):
+        if law not in ("sum", "max") or overhead not in ("cycles", "fixed", "both"):
             raise ValueError(f"law must be 'sum' or 'max' (got {law!r}), overhead 'cycles' or "
                              f"'fixed' (got {overhead!r})")
         self.seed, self.hidden, self.layers, self.lr = seed, hidden, layers, lr
@@ -117,6 +140,7 @@ class TensorAttention(Predictor):
         self.epochs = 10 if quick else epochs
         self.features, self.shared = tuple(features), bool(shared)
         self.overhead, self.law = overhead, law
+        self.l2, self.balance = bool(l2), bool(balance)
         self.models: dict[str, list] = {}
         self.norm: dict[str, tuple] = {}
         self.train_seconds = 0.0
@@ -139,15 +163,28 @@ class TensorAttention(Predictor):
         rng = np.random.default_rng(self.seed)
         groups = self._groups(frame)
         for i, grp in enumerate(pd.unique(groups)):
-            idx = np.flatnonzero(groups == grp)
-            if len(idx) > self.max_rows:
-                idx = np.sort(rng.choice(idx, self.max_rows, replace=False))
+            idx = self._sample(frame, np.flatnonzero(groups == grp), rng)
             self._fit_group(grp, frame.iloc[idx].reset_index(drop=True), self.seed + i)
             if progress:
                 print(f"nslib: attention {grp}: {len(idx)} rows, "  # stderr: stdout may be JSON
                       f"{time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
         self.train_seconds = time.perf_counter() - start
         return self
+
+    def _n_out(self) -> int:
+        """MLP outputs: gamma, delta, c, lambda and the cycles overhead (used with ``both``)."""
+        return 5
+
+    def _sample(self, frame: pd.DataFrame, idx: np.ndarray, rng) -> np.ndarray:
+        """At most ``max_rows`` of the rows ``idx`` (``balance``: an equal share per GPU)."""
+        if not self.balance:
+            return idx if len(idx) <= self.max_rows else \
+                np.sort(rng.choice(idx, self.max_rows, replace=False))
+        gpus = frame["gpu"].to_numpy()[idx]
+        share = self.max_rows // len(pd.unique(gpus))
+        parts = [idx[gpus == g] for g in pd.unique(gpus)]
+        return np.sort(np.concatenate([p if len(p) <= share else
+                                       rng.choice(p, share, replace=False) for p in parts]))
 
     def _fit_group(self, grp: str, df: pd.DataFrame, seed: int) -> None:
         import torch
@@ -158,12 +195,12 @@ class TensorAttention(Predictor):
         z = (feats - mean) / std
         self.norm[grp] = (mean, std, z.min(axis=0), z.max(axis=0))
         x = torch.from_numpy(z.astype(np.float32))
-        terms = torch.from_numpy(physical_terms(df, self.overhead))
+        terms = torch.from_numpy(physical_terms(df, self.overhead, self.l2))
         log_y = torch.from_numpy(np.log(df["latency_ms"].to_numpy(float)))
         dims = [x.shape[1]] + [self.hidden] * self.layers
         mods = [m for a, b in zip(dims, dims[1:]) for m in (torch.nn.Linear(a, b),
                                                               torch.nn.ReLU())]
-        model = torch.nn.Sequential(*mods, torch.nn.Linear(dims[-1], 3))
+        model = torch.nn.Sequential(*mods, torch.nn.Linear(dims[-1], self._n_out()))
         opt = torch.optim.AdamW(model.parameters(), lr=self.lr, weight_decay=1e-4)
         sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=self.epochs)
         gen = torch.Generator().manual_seed(seed)
@@ -178,7 +215,7 @@ class TensorAttention(Predictor):
         self.models[grp] = [p.detach().numpy().astype(np.float64) for p in model.parameters()]
 
     def predict(self, frame: pd.DataFrame) -> np.ndarray:
-        """Latency (ms) per row, never below the row's roofline."""
+        """Latency (ms) per row, never below the row's floor (:func:`floor_ms`)."""
         check_frame(frame, gpu=True, extra=GPU_INPUTS)
         out = np.empty(len(frame))
         groups = self._groups(frame)
@@ -190,22 +227,21 @@ class TensorAttention(Predictor):
             sub = frame.iloc[idx]
             mean, std, lo, hi = self.norm[grp]
             z = np.clip((self._x(sub) - mean) / std, lo, hi)
-            terms = physical_terms(sub, self.overhead)
+            terms = physical_terms(sub, self.overhead, self.l2)
             ms = _law(_forward(self.models[grp], z), terms, np, self.law)
-            out[idx] = np.maximum(ms, terms[:, 2])  # the roofline bounds it
+            out[idx] = np.maximum(ms, terms[:, 2])  # the physical floor bounds it
         return out
 
     def get_state(self) -> dict:
         return {"seed": self.seed, "hidden": self.hidden, "layers": self.layers,
                 "lr": self.lr, "max_rows": self.max_rows, "epochs": self.epochs,
                 "features": list(self.features), "shared": self.shared, "overhead": self.overhead,
-                "law": self.law,
+                "law": self.law, "l2": self.l2, "balance": self.balance,
                 "models": self.models, "norm": self.norm, "train_seconds": self.train_seconds}
 
     def set_state(self, state: dict) -> None:
         for k in ("seed", "hidden", "layers", "lr", "max_rows", "epochs", "shared", "overhead",
-                  "law",
-                  "train_seconds"):
+                  "law", "l2", "balance", "train_seconds"):
             setattr(self, k, state[k])
         self.features = tuple(state["features"])
         self.models = {g: [np.asarray(a, np.float64) for a in w]
@@ -213,9 +249,9 @@ class TensorAttention(Predictor):
         self.norm = {g: tuple(np.asarray(a, float) for a in v) for g, v in state["norm"].items()}
         n_in = len(self.features) + self.shared
         for g, w in self.models.items():
-            if w[0].shape[1] != n_in or w[-1].shape[0] != 3:
+            if w[0].shape[1] != n_in or w[-1].shape[0] != self._n_out():
                 raise ValueError(f"{g}: weights take {w[0].shape[1]} inputs and give "
-                                 f"{w[-1].shape[0]} outputs, not {n_in} and 3")
+                                 f"{w[-1].shape[0]} outputs, not {n_in} and {self._n_out()}")
 
 
 PREDICTORS = {"neusight": TensorAttention}
