@@ -13,7 +13,8 @@ while loading ``tm + tn`` elements (``LOADS`` per clock), so big tiles reuse dat
 small tiles fill more SMs; split-K spreads a long reduction over idle SMs at the price of
 writing fp32 partial tiles. The constants are GPU-free (an A100-like SM: 1024 BF16 MACs and
 64 bytes of L2 loads per clock), so every GPU is treated alike and only its SM count moves the
-choice. Ties go to the earlier candidate (bigger tiles first).
+choice; a caller may pass the GPU's own MACs per SM clock (datasheet BF16 rate over SMs and
+clock: H100 ~1900, L40S ~500). Ties go to the earlier candidate (bigger tiles first).
 """
 from __future__ import annotations
 
@@ -37,25 +38,27 @@ def _check(m, n, k, num_sm) -> None:
                              f"{np.asarray(v).ravel()[:3]}... (check the frame's {name} column)")
 
 
-def candidate_costs(m, n, k, num_sm) -> np.ndarray:
-    """(rows, candidates) cost in SM clocks of each :data:`CANDIDATES` tile (module doc)."""
+def candidate_costs(m, n, k, num_sm, macs=MACS) -> np.ndarray:
+    """(rows, candidates) cost in SM clocks of each :data:`CANDIDATES` tile (module doc);
+    ``macs``: BF16 multiply-adds per SM clock (scalar or per row)."""
     m, n, k, sm = (np.asarray(a, float)[:, None] for a in (m, n, k, num_sm))
     _check(m, n, k, sm)
+    macs = np.broadcast_to(np.asarray(macs, float), m.shape[:1])[:, None]
     tm, tn, s = (np.array(c, float)[None, :] for c in zip(*CANDIDATES))
     ktile = np.ceil(k / s)
     ctas = np.ceil(m / tm) * np.ceil(n / tn) * s
     waves = np.ceil(ctas / sm)
-    loop = ktile * (tm * tn / MACS + (tm + tn) / LOADS)
+    loop = ktile * (tm * tn / macs + (tm + tn) / LOADS)
     reduce = np.where(s > 1, m * n * s * 4.0 / LOADS_B, 0.0)  # fp32 partials written and read
     # a split longer than the reduction itself is never useful
     return np.where(s <= np.maximum(k / 64.0, 1.0), waves * (loop + CTA_FIXED) + reduce, np.inf)
 
 
-def choose_tiles(m, n, k, num_sm) -> pd.DataFrame:
+def choose_tiles(m, n, k, num_sm, macs=MACS) -> pd.DataFrame:
     """The chosen tile of each GEMM: columns ``tile_m, tile_n, split`` (split-K factor),
     ``ctas`` (CTAs launched), ``waves`` (``ceil(ctas / num_sm)``) and ``fill``
     (``ctas / (waves * num_sm)``, in (0, 1])."""
-    cost = candidate_costs(m, n, k, num_sm)
+    cost = candidate_costs(m, n, k, num_sm, macs)
     best = np.array(CANDIDATES, float)[np.argmin(cost, axis=1)]
     m, n, sm = (np.asarray(a, float) for a in (m, n, num_sm))
     ctas = np.ceil(m / best[:, 0]) * np.ceil(n / best[:, 1]) * best[:, 2]

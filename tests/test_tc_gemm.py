@@ -5,12 +5,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from nslib.predictors.tc_gemm import GEMM, PREDICTORS, TensorGemm, gemm_terms
+from nslib.predictors.tc_gemm import GEMM, PREDICTORS, TensorGemm, gemm_terms, law_ms
 from nslib.tc_tiles import choose_tiles
 
 # a datasheet outside the training range (B200-like): 2.25 PFLOP/s, 7.7 TB/s, 126 MB L2
 FAST = {"gpu": "fast", "num_sm": 148, "peak_gflops": 80000.0, "bf16_gflops": 2.25e6,
-        "mem_bw": 7700.0, "mem_gb": 180.0, "l2_mb": 126.0}
+        "mem_bw": 7700.0, "mem_gb": 180.0, "l2_mb": 126.0, "clock_mhz": 1965.0}
 
 
 def test_flops_and_bytes_by_hand():
@@ -33,6 +33,10 @@ def test_tile_choice_by_hand():
     dec = choose_tiles([1], [4096], [4096], [132]).iloc[0]
     assert (dec.tile_m, dec.tile_n, dec.split, dec.ctas) == (64, 128, 4, 128)
     assert dec.fill == pytest.approx(128 / 132)
+    # an L40S-like SM (512 MACs per clock) on 4096^3: 256x128 costs 4 * (4096 * (64 + 12) +
+    # 600) = 1,247,584 clocks at 142 SMs, 128x128 8 * (4096 * (32 + 8) + 600) = 1,315,520
+    slow = choose_tiles([4096], [4096], [4096], [142], 512.0).iloc[0]
+    assert (slow.tile_m, slow.tile_n, slow.waves) == (256, 128, 4)
     with pytest.raises(ValueError, match="positive finite num_sm"):
         choose_tiles([1], [1], [1], [0])
 
@@ -88,6 +92,26 @@ def test_bad_input_is_a_clear_error(trained, table):
         TensorGemm(features=("nope",))
     with pytest.raises(ValueError, match="not trained"):
         TensorGemm().predict(table)
+
+
+def test_law_by_hand():
+    # raw 0: efficiencies at their bounds' middle, both fixed costs at their scale
+    ctx = np.array([[1.0, 0.3, 0.1, 0.002, 0.001]])  # comp, dram, roof, 2 us, clocks scale
+    got = law_ms(np.zeros((1, 4)), ctx, ("comp", "dram"))
+    # comp / 0.5 = 2 beats dram / 0.75 = 0.4; c = 0.002 + 0.001
+    assert got[0] == pytest.approx(2.003)
+    assert law_ms(np.zeros((1, 3)), ctx[:, :4], ("comp", "dram"))[0] == pytest.approx(2.002)
+    with pytest.raises(ValueError, match="fixed="):
+        TensorGemm(fixed="hours")
+
+
+def test_terms_use_the_datasheet_mac_rate(table):
+    head = table.head(50)
+    rate = head.bf16_gflops * 1e3 / (2 * head.num_sm * head.clock_mhz)
+    tiles = choose_tiles(head.m, head.n, head.k, head.num_sm, rate.to_numpy())
+    t = gemm_terms(head, macs=True)
+    np.testing.assert_array_equal(t["tile_m"], tiles.tile_m)
+    np.testing.assert_array_equal(t["waves"], tiles.waves)
 
 
 def test_terms_follow_the_tiles(table):

@@ -20,8 +20,9 @@ maximum (p-norm, p = 4, >= the max) of the terms (ms):
   cannot feed its tensor cores even for big GEMMs.
 
 A small MLP maps GPU-free inputs (tile, split-K, waves, fill, working set over L2, m, n, k;
-log2, clipped to the training range) to c (``exp(raw) * 2 us``), gamma in (0, 1) and the other
-efficiencies: peak and bandwidth act only through the physical terms, so the law extrapolates
+log2, clipped to the training range) to c (``exp(raw_a) * 2 us + exp(raw_b) * 4000`` SM clocks
+at the datasheet clock: a launch part and a prologue/k-loop latency part), gamma in (0, 1) and
+the other efficiencies: peak and bandwidth act only through the physical terms, so the law extrapolates
 to datasheets outside the training range (B200/GB200). Design choices and leave-one-GPU-out
 evidence: DECISIONS.md, "BF16 GEMMs".
 """
@@ -32,14 +33,15 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import pandas as pd
 
-from ..tc_tiles import choose_tiles
+from ..tc_tiles import MACS, choose_tiles
 from .base import Predictor
 from .neusight import make_mlp, mlp_forward, mlp_weights
 
 FIXED_MS = 0.002      # scale of the fixed cost c: exp(raw) * 2 us (the smallest GEMMs' time)
+FIXED_CYCLES = 4000.0  # or in SM clocks: exp(raw) * 4000 cycles at the datasheet clock
 FEATURES = ("tile_m", "tile_n", "split", "k_split", "waves", "fill", "num_sm", "l2_ratio",
             "m", "n", "k")
-NEEDED = ("m", "n", "k", "num_sm", "bf16_gflops", "peak_gflops", "mem_bw", "l2_mb")
+NEEDED = ("m", "n", "k", "num_sm", "bf16_gflops", "peak_gflops", "mem_bw", "l2_mb", "clock_mhz")
 
 
 class GemmKind:
@@ -87,21 +89,27 @@ def _check_frame(frame: pd.DataFrame, train: bool) -> None:
 
 
 # the law's terms: name -> (lower, upper) bound of the efficiency that divides it. ``dram``:
-# a GEMM streams its DRAM traffic at no less than half the bandwidth; ``sm`` (bytes per FP32
-# FLOP of the occupied SMs; tried, not chosen) is an option.
-TERMS = {"comp": (0.0, 1.0), "dram": (0.5, 1.0), "l2": (0.5, 4.0), "tile": (1.0, 16.0),
+# a GEMM streams its DRAM traffic at no less than half the bandwidth; ``flat`` (the FLOPs
+# unpadded at the peak; tried instead of ``comp``, not chosen) and ``sm`` (bytes per FP32
+# FLOP of the occupied SMs; tried, not chosen) are options.
+TERMS = {"comp": (0.0, 1.0), "flat": (0.0, 1.0), "dram": (0.5, 1.0), "l2": (0.5, 4.0),
+         "tile": (1.0, 16.0),
          "sm": (0.0, 1.0)}
 
 
-def gemm_terms(frame: pd.DataFrame, l2: bool = True) -> dict[str, np.ndarray]:
-    """Per GEMM: the chosen tiles' columns (:func:`nslib.tc_tiles.choose_tiles`), and the
+def gemm_terms(frame: pd.DataFrame, l2: bool = True, macs: bool = False) -> dict[str, np.ndarray]:
+    """Per GEMM: the chosen tiles' columns (:func:`nslib.tc_tiles.choose_tiles`; ``macs``:
+    at the datasheet's BF16 multiply-adds per SM clock, else an A100-like SM's), and the
     law's physical terms in ms: ``comp`` (padded waves at the BF16 peak), ``dram`` (DRAM
     bytes at the bandwidth), ``l2`` (L2-resident bytes at the bandwidth), ``tile`` (the bytes
     all CTAs load through L2, at the DRAM bandwidth), ``sm`` (all bytes at one byte per FP32
     FLOP of the occupied SMs), ``roof`` (the bound) and ``l2_ratio`` (bytes over L2 bytes)."""
     m, n, k = _dims(frame)
     sm = frame["num_sm"].to_numpy(float)
-    tiles = choose_tiles(m, n, k, sm)
+    # the heuristic's tensor rate: a fixed A100-like SM, or the datasheet's per SM clock
+    clock = frame["clock_mhz"].to_numpy(float)
+    rate = frame["bf16_gflops"].to_numpy(float) * 1e3 / (2.0 * sm * clock) if macs else MACS
+    tiles = choose_tiles(m, n, k, sm, rate)
     tm, tn, waves = (tiles[c].to_numpy(float) for c in ("tile_m", "tile_n", "waves"))
     k_split = np.ceil(k / tiles["split"].to_numpy(float))
     peak = frame["bf16_gflops"].to_numpy(float) * 1e9
@@ -112,7 +120,8 @@ def gemm_terms(frame: pd.DataFrame, l2: bool = True) -> dict[str, np.ndarray]:
     active = np.minimum(tiles["ctas"].to_numpy(float), sm) / sm
     out = {c: tiles[c].to_numpy(float) for c in tiles.columns}
     out.update(comp=2.0 * waves * sm * tm * tn * k_split / peak * 1e3,
-               dram=beyond / bw * 1e3, l2=(nbytes - beyond) / bw * 1e3,
+               flat=GEMM.flops(frame) / peak * 1e3, dram=beyond / bw * 1e3,
+               l2=(nbytes - beyond) / bw * 1e3,
                tile=2.0 * waves * sm * k_split * (tm + tn) / bw * 1e3,
                sm=nbytes / (active * frame["peak_gflops"].to_numpy(float) * 1e9) * 1e3,
                roof=np.maximum(GEMM.flops(frame) / peak,
@@ -122,9 +131,10 @@ def gemm_terms(frame: pd.DataFrame, l2: bool = True) -> dict[str, np.ndarray]:
 
 
 def law_ms(raw, ctx, terms, power=0.0, xp=np):
-    """Latency (ms) from raw MLP outputs (n, 1 + len(terms)) and ``ctx`` (n, len(terms) + 1:
-    the terms' ms, then the roofline ms): ``c + max_j(term_j / eff_j)``, ``c = exp(raw_0) *
-    2 us``, ``eff_j`` a sigmoid scaled to :data:`TERMS`; numpy or torch (``xp``) alike."""
+    """Latency (ms) from raw MLP outputs (n, 1 + len(terms)) and ``ctx`` (n, len(terms) + 2:
+    the terms' ms, the roofline ms, the scale of c in ms): ``c + max_j(term_j / eff_j)``,
+    ``c = exp(raw_0) * scale``, ``eff_j`` a sigmoid scaled to :data:`TERMS`; numpy or torch
+    (``xp``) alike."""
     sig = (lambda x: 1 / (1 + np.exp(-x))) if xp is np else xp.sigmoid
     parts = []
     for j, name in enumerate(terms):
@@ -139,7 +149,11 @@ def law_ms(raw, ctx, terms, power=0.0, xp=np):
         body = parts[0]
         for q in parts[1:]:
             body = xp.maximum(body, q)
-    return xp.maximum(FIXED_MS * xp.exp(raw[:, 0].clip(-20, 20)) + body, ctx[:, len(terms)])
+    n = len(terms)
+    fixed = ctx[:, n + 1] * xp.exp(raw[:, 0].clip(-20, 20))
+    if raw.shape[1] > n + 1:  # a second fixed cost on its own scale (time and SM clocks)
+        fixed = fixed + ctx[:, n + 2] * xp.exp(raw[:, n + 1].clip(-20, 20))
+    return xp.maximum(fixed + body, ctx[:, len(terms)])
 
 
 @dataclass(frozen=True)
@@ -147,8 +161,11 @@ class GemmConfig:
     """Training settings. ``features``: MLP inputs (log2, standardised, clipped to the
     training range); ``terms``: the law's terms (:data:`TERMS`); ``power``: p of the smooth
     maximum (0: the plain max); ``members``: MLPs from different seeds, their times averaged
-    in log; ``l2``: DRAM bytes beyond L2 only (False: all bytes); ``rows``: training rows kept (sampled
-    evenly in log2 FLOPs), 0 = all; ``epochs``, ``batch``, ``lr`` (cosine to 0), ``layers`` x
+    in log; ``l2``: DRAM bytes beyond L2 only (False: all bytes); ``fixed``: the scale of c,
+    ``"time"`` (2 us), ``"cycles"`` (4000 SM clocks) or ``"both"`` (one c of each, summed);
+    ``macs``: the tile heuristic uses the datasheet's BF16 rate per SM clock (False: an
+    A100-like SM); ``rows``: training rows kept, 0 = all, drawn uniformly per GPU (``even``:
+    evenly over log2 FLOPs instead); ``epochs``, ``batch``, ``lr`` (cosine to 0), ``layers`` x
     ``hidden`` ReLU MLP."""
 
     features: tuple = ("tile_m", "tile_n", "k_split", "waves", "fill", "l2_ratio", "m", "n", "k")
@@ -156,6 +173,9 @@ class GemmConfig:
     power: float = 4.0
     members: int = 1
     l2: bool = True
+    fixed: str = "both"
+    macs: bool = True
+    even: bool = False
     rows: int = 40000
     epochs: int = 40
     batch: int = 512
@@ -168,9 +188,10 @@ class GemmConfig:
 QUICK = {"rows": 6000, "epochs": 12}
 
 
-def training_sample(frame: pd.DataFrame, rows: int, seed: int) -> np.ndarray:
+def training_sample(frame: pd.DataFrame, rows: int, seed: int, even: bool = True) -> np.ndarray:
     """Row indices of at most ``rows`` training GEMMs, the same share per GPU, each GPU's
-    sampled evenly over log2 FLOPs (a size bin's rows are drawn with weight 1 / its count)."""
+    drawn uniformly or (``even``) evenly over log2 FLOPs (a size bin's rows with weight 1 / its
+    count)."""
     rng = np.random.default_rng(seed)
     gpus = frame["gpu"].to_numpy()
     bins = np.floor(np.log2(GEMM.flops(frame))).astype(int)
@@ -182,7 +203,7 @@ def training_sample(frame: pd.DataFrame, rows: int, seed: int) -> np.ndarray:
             keep.append(idx)
             continue
         _, inv, counts = np.unique(bins[idx], return_inverse=True, return_counts=True)
-        p = 1.0 / counts[inv]
+        p = 1.0 / counts[inv] if even else np.ones(len(idx))
         keep.append(rng.choice(idx, size=per, replace=False, p=p / p.sum()))
     return np.sort(np.concatenate(keep))
 
@@ -200,6 +221,8 @@ class TensorGemm(Predictor):
         unknown = set(self.config["features"]) - set(FEATURES)
         if unknown:
             raise ValueError(f"unknown GEMM feature(s) {sorted(unknown)}; known: {FEATURES}")
+        if self.config["fixed"] not in ("time", "cycles", "both"):
+            raise ValueError(f"fixed={self.config['fixed']!r}: use 'time', 'cycles' or 'both'")
         bad = set(self.config["terms"]) - set(TERMS)
         if bad or not self.config["terms"]:
             raise ValueError(f"unknown or no law terms {sorted(bad)}; known: {sorted(TERMS)}")
@@ -208,9 +231,13 @@ class TensorGemm(Predictor):
 
     def _context(self, frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
         """(log2 features, law context (comp, dram, sm, roof) ms) of each row."""
-        terms = gemm_terms(frame, self.config["l2"])
+        terms = gemm_terms(frame, self.config["l2"], self.config["macs"])
         feats = np.log2(np.column_stack([terms[f] for f in self.config["features"]]))
-        ctx = np.column_stack([terms[c] for c in (*self.config["terms"], "roof")])
+        # the fixed cost's scale: SM clocks at the datasheet clock (prologue, k-loop latency)
+        cycles = FIXED_CYCLES / (frame["clock_mhz"].to_numpy(float) * 1e3)
+        time = np.full(len(frame), FIXED_MS)
+        scales = {"time": [time], "cycles": [cycles], "both": [time, cycles]}[self.config["fixed"]]
+        ctx = np.column_stack([terms[c] for c in (*self.config["terms"], "roof")] + scales)
         return feats, ctx
 
     def _inputs(self, feats: np.ndarray) -> np.ndarray:
@@ -221,7 +248,7 @@ class TensorGemm(Predictor):
         import torch
         _check_frame(frame, train=True)
         cfg = GemmConfig(**self.config)
-        df = frame.iloc[training_sample(frame, cfg.rows, self.seed)]
+        df = frame.iloc[training_sample(frame, cfg.rows, self.seed, cfg.even)]
         feats, ctx = self._context(df)
         mean, std = feats.mean(0), np.where(feats.std(0) > 0, feats.std(0), 1.0)
         z = (feats - mean) / std
@@ -241,7 +268,8 @@ class TensorGemm(Predictor):
         from tqdm.auto import tqdm
         torch.manual_seed(seed)
         rng = np.random.default_rng(seed)
-        model = make_mlp(x.shape[1], cfg.layers, cfg.hidden, 1 + len(cfg.terms))
+        outs = 1 + len(cfg.terms) + (cfg.fixed == "both")
+        model = make_mlp(x.shape[1], cfg.layers, cfg.hidden, outs)
         opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
         steps = cfg.epochs * int(np.ceil(len(x) / cfg.batch))
         sched = torch.optim.lr_scheduler.OneCycleLR(opt, cfg.lr, total_steps=steps)
