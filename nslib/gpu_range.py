@@ -9,6 +9,8 @@ datasheet leaves their range is an extrapolation, and every prediction says so:
 Checked figures: the datasheet numbers the predictors read (SM count, FP32 peak, memory
 bandwidth, device memory, L2; see :data:`nslib.kernels.GPU_COLS`) and the machine balance
 ``SingleFLOPs / Mem_Bw`` (FLOP per byte), which decides where kernels turn compute-bound.
+The 16-bit GEMM and attention predictors learned from the GPUs measured in the 16-bit data:
+:func:`tensor_ranges` and :data:`CHECKED_16` (tensor-core peak and its balance) check those.
 """
 from __future__ import annotations
 
@@ -20,8 +22,9 @@ from dataclasses import dataclass
 from .gpus import GPU, find_gpu, load_gpus
 from .paths import atomic_write_text, cache_dir, data_root
 
-__all__ = ["CHECKED", "DatasheetRangeWarning", "OutOfRange", "figures", "training_ranges",
-           "out_of_range", "range_warnings", "warn_out_of_range"]
+__all__ = ["CHECKED", "CHECKED_16", "DatasheetRangeWarning", "OutOfRange", "figures",
+           "training_ranges", "tensor_ranges", "out_of_range", "range_warnings",
+           "warn_out_of_range"]
 
 # figure name (NeuSight JSON key, or the derived ratio) -> (GPU attribute or None, unit)
 CHECKED = {
@@ -31,6 +34,14 @@ CHECKED = {
     "Dev_Mem": ("mem_gb", "GB"),
     "L2Cache": ("l2_mb", "MB"),
     "FLOP/byte": (None, "FLOP/B"),
+}
+# the same for the 16-bit tensor-core predictors (trained on the 16-bit data's GPUs)
+CHECKED_16 = {
+    "Num_Sm": ("num_sm", ""),
+    "Bf16FLOPs": ("bf16_gflops", "GFLOP/s"),
+    "Mem_Bw": ("mem_bw", "GB/s"),
+    "L2Cache": ("l2_mb", "MB"),
+    "BF16 FLOP/byte": (None, "FLOP/B"),
 }
 _TOL = 1e-9          # relative slack so a training GPU's own figures are always in range
 _MEMO: dict = {}     # data root -> ranges, for the life of the process
@@ -50,6 +61,7 @@ class OutOfRange:
     lo: float
     hi: float
     unit: str = ""
+    who: str = "training GPU"  # whose range: "16-bit training GPU" for the tensor-core one
 
     @property
     def above(self) -> bool:
@@ -67,19 +79,23 @@ class OutOfRange:
         times = f"{f:.0f}x" if f >= 10 else f"{f:.2g}x"
         if self.above:
             return (f"{self.gpu}: {self.figure} {_num(self.value)}{unit} is {times} the largest "
-                    f"training GPU's ({_num(self.hi)}{unit})")
+                    f"{self.who}'s ({_num(self.hi)}{unit})")
         return (f"{self.gpu}: {self.figure} {_num(self.value)}{unit} is {times} below the "
-                f"smallest training GPU's ({_num(self.lo)}{unit})")
+                f"smallest {self.who}'s ({_num(self.lo)}{unit})")
 
 
 def _num(v: float) -> str:
     return f"{v:,.0f}" if abs(v) >= 100 else f"{v:,.3g}"
 
 
-def figures(gpu: GPU) -> dict[str, float]:
-    """The checked figures of one datasheet, keyed as :data:`CHECKED`."""
-    out = {k: float(getattr(gpu, attr)) for k, (attr, _) in CHECKED.items() if attr}
-    out["FLOP/byte"] = gpu.peak_gflops / gpu.mem_bw
+def figures(gpu: GPU, checked: dict = CHECKED) -> dict[str, float]:
+    """The checked figures of one datasheet, keyed as ``checked`` (:data:`CHECKED` or
+    :data:`CHECKED_16`; a missing tensor-core peak is NaN)."""
+    out = {k: float(getattr(gpu, attr) or math.nan) for k, (attr, _) in checked.items() if attr}
+    if "FLOP/byte" in checked:
+        out["FLOP/byte"] = gpu.peak_gflops / gpu.mem_bw
+    if "BF16 FLOP/byte" in checked:
+        out["BF16 FLOP/byte"] = float(gpu.bf16_gflops or math.nan) / gpu.mem_bw
     return out
 
 
@@ -120,15 +136,37 @@ def training_ranges(data=None) -> dict:
 def out_of_range(gpu: GPU, data=None, ranges: dict | None = None) -> list[OutOfRange]:
     """The figures of ``gpu`` outside the training GPUs' range (empty when it is inside).
 
-    ``ranges``: the result of :func:`training_ranges` (default: read from ``data``).
+    ``ranges``: the result of :func:`training_ranges` (default: read from ``data``) or of
+    :func:`tensor_ranges` (the 16-bit figures, then).
     """
-    ranges = (ranges or training_ranges(data))["ranges"]
+    ranges = ranges or training_ranges(data)
+    checked, who = ((CHECKED_16, "16-bit training GPU") if ranges.get("kind") == "tensor"
+                    else (CHECKED, "training GPU"))
     out = []
-    for k, v in figures(gpu).items():
-        lo, hi = ranges[k]
+    for k, v in figures(gpu, checked).items():
+        lo, hi = ranges["ranges"][k]
         if math.isfinite(v) and (v < lo * (1 - _TOL) or v > hi * (1 + _TOL)):
-            out.append(OutOfRange(gpu.name, k, v, float(lo), float(hi), CHECKED[k][1]))
+            out.append(OutOfRange(gpu.name, k, v, float(lo), float(hi), checked[k][1], who))
     return out
+
+
+def tensor_ranges(mixed=None) -> dict:
+    """``{"kind": "tensor", "train_gpus": [...], "ranges": {figure: [min, max]}}`` over the
+    GPUs measured in the 16-bit data (GEMM or attention tables), for :data:`CHECKED_16`;
+    remembered per data content for the process."""
+    from .gpus import load_mixed_gpus
+    from .mixed_data import attention_table, gemm_table, mixed_hash
+    key = ("tensor", mixed_hash(mixed))
+    hit = _MEMO.get(key)
+    if hit is None:
+        names = set(gemm_table(mixed)["gpu"]) | set(attention_table(mixed)["gpu"])
+        sheets = [figures(g, CHECKED_16) for g in load_mixed_gpus(mixed).values()
+                  if g.name in names]
+        hit = {"kind": "tensor", "train_gpus": sorted(names),
+               "ranges": {k: [min(s[k] for s in sheets), max(s[k] for s in sheets)]
+                          for k in CHECKED_16}}
+        _MEMO[key] = hit
+    return hit
 
 
 def range_warnings(gpu: GPU, data=None, ranges: dict | None = None) -> list[str]:

@@ -225,7 +225,11 @@ def _predict_half(spec: GPU, model, batch, seq, mode, predictor, data, quick, mu
         raise ValueError(f"--dtype {dtype} predicts one GPU without fusion for now: drop "
                          f"--fused / --dp / --tp / --pp / --microbatches, or use --dtype fp32")
     predict16.datasheet_columns(spec)  # a datasheet without Bf16FLOPs fails before the trace
-    notes = warn_out_of_range(spec, data)
+    from .gpu_range import tensor_ranges
+    # tensor-core kernels against the 16-bit data's GPUs; vector kernels (FP32-trained
+    # predictors) against the NeuSight training GPUs
+    notes = (warn_out_of_range(spec, ranges=tensor_ranges()) +
+             [f"vector kernels: {n}" for n in warn_out_of_range(spec, data)])
     frame = kernel_frame(traced(model, batch, seq, mode, data, imbalance, dtype), spec)
     tensor = (predict16.tensor_predictors(tensor_predictor, quick)
               if isinstance(tensor_predictor, str) else tuple(tensor_predictor))

@@ -463,7 +463,7 @@ def scenario(gpus, model, batch: int, seq: int, mode: str = "inf", predictor="ne
     """
     import warnings as pywarnings
 
-    from .gpu_range import DatasheetRangeWarning, out_of_range
+    from .gpu_range import DatasheetRangeWarning, out_of_range, tensor_ranges
     from .predict import MODES, predict_model, resolve_gpu
 
     t0 = time.perf_counter()
@@ -526,7 +526,8 @@ def scenario(gpus, model, batch: int, seq: int, mode: str = "inf", predictor="ne
             warns.append(f"{label}: could not compute tiles and waves of the kernels "
                          f"({has_waves}).")
         frames[label] = frame
-        issues = out_of_range(spec, ranges=ranges["datasheet"])
+        issues = out_of_range(spec, ranges=ranges["datasheet"] if dtype == "fp32"
+                              else tensor_ranges())
         if issues:
             outside[label] = issues
         rows.append({"gpu": label, "e2e_ms": summ["e2e_ms"], "fw_ms": summ["fw_ms"],

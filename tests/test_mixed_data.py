@@ -133,3 +133,16 @@ def test_roofline_needs_bf16_peak(mixed):
     t = mixed_data.gemm_table(mixed).head(3).assign(bf16_gflops=np.nan)
     with pytest.raises(ValueError, match="Bf16FLOPs"):
         roofline_ms(GemmKind(), t)
+
+
+def test_tensor_ranges_come_from_the_measured_gpus(tmp_path, monkeypatch):
+    from nslib.gpu_range import range_warnings, tensor_ranges
+    root = write_mixed(tmp_path / "m", gpus=("gpu_a", "gpu_b"))
+    write_gpu(root, "gpu_c", SHEETS["gpu_c"], tables=False)  # a datasheet-only GPU
+    r = tensor_ranges(root)
+    assert r["train_gpus"] == ["Fake GPU A", "Fake GPU B"]
+    assert r["ranges"]["Bf16FLOPs"] == [300000, 360000]
+    c = gpu_from_dict(SHEETS["gpu_c"])
+    lines = range_warnings(c, ranges=r)
+    assert any("Bf16FLOPs 990,000 GFLOP/s is 2.8x the largest 16-bit training GPU's" in x
+               for x in lines)
