@@ -29,6 +29,8 @@ import pandas as pd
 
 from .attention_kind import ATTENTION, attention_roofline_ms, check_frame, launch_geometry
 from .base import Predictor
+from .fitting import fit_mlp, log_error
+from .neusight import mlp_forward
 
 __all__ = ["ATTENTION", "attention_roofline_ms", "floor_ms", "TensorAttention", "PREDICTORS"]
 
@@ -110,14 +112,6 @@ def _law(raw, terms, lib, law="max"):
                            terms[:, 4] / lam)
 
 
-def _forward(weights: list, x: np.ndarray) -> np.ndarray:
-    """The MLP (ReLU hidden layers) in numpy, for prediction without torch."""
-    h = x
-    for i in range(0, len(weights) - 2, 2):
-        h = np.maximum(h @ weights[i].T + weights[i + 1], 0.0)
-    return h @ weights[-2].T + weights[-1]
-
-
 class TensorAttention(Predictor):
     """NeuSight-style FlashAttention predictor (module docstring). ``quick``: a small
     subsample and few epochs, for tests; ``max_rows``: training rows per phase (a random
@@ -188,31 +182,18 @@ class TensorAttention(Predictor):
 
     def _fit_group(self, grp: str, df: pd.DataFrame, seed: int) -> None:
         import torch
-        torch.manual_seed(seed)
         feats = self._x(df)
         mean, std = feats.mean(axis=0), feats.std(axis=0)
         std = np.where(std > 0, std, 1.0)
         z = (feats - mean) / std
         self.norm[grp] = (mean, std, z.min(axis=0), z.max(axis=0))
-        x = torch.from_numpy(z.astype(np.float32))
-        terms = torch.from_numpy(physical_terms(df, self.overhead, self.l2))
-        log_y = torch.from_numpy(np.log(df["latency_ms"].to_numpy(float)))
-        dims = [x.shape[1]] + [self.hidden] * self.layers
-        mods = [m for a, b in zip(dims, dims[1:]) for m in (torch.nn.Linear(a, b),
-                                                              torch.nn.ReLU())]
-        model = torch.nn.Sequential(*mods, torch.nn.Linear(dims[-1], self._n_out()))
-        opt = torch.optim.AdamW(model.parameters(), lr=self.lr, weight_decay=1e-4)
-        sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=self.epochs)
-        gen = torch.Generator().manual_seed(seed)
-        for _ in range(self.epochs):
-            for b in torch.randperm(len(x), generator=gen).split(256):
-                pred = _law(model(x[b]).double(), terms[b], torch, self.law)
-                loss = (pred.log() - log_y[b]).abs().mean()
-                opt.zero_grad()
-                loss.backward()
-                opt.step()
-            sched.step()
-        self.models[grp] = [p.detach().numpy().astype(np.float64) for p in model.parameters()]
+        law = self.law
+        weights = fit_mlp(z, df["latency_ms"].to_numpy(float), hidden=self.hidden,
+                          layers=self.layers, epochs=self.epochs, batch=256, lr=self.lr,
+                          n_out=self._n_out(), ctx=physical_terms(df, self.overhead, self.l2),
+                          head=lambda raw, terms: _law(raw, terms, torch, law),
+                          loss=log_error, val_frac=0.0, seed=seed, progress=False)
+        self.models[grp] = [w.astype(np.float64) for w in weights]
 
     def predict(self, frame: pd.DataFrame) -> np.ndarray:
         """Latency (ms) per row, never below the row's floor (:func:`floor_ms`)."""
@@ -228,7 +209,7 @@ class TensorAttention(Predictor):
             mean, std, lo, hi = self.norm[grp]
             z = np.clip((self._x(sub) - mean) / std, lo, hi)
             terms = physical_terms(sub, self.overhead, self.l2)
-            ms = _law(_forward(self.models[grp], z), terms, np, self.law)
+            ms = _law(mlp_forward(self.models[grp], z), terms, np, self.law)
             out[idx] = np.maximum(ms, terms[:, 2])  # the physical floor bounds it
         return out
 

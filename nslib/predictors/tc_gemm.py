@@ -35,7 +35,8 @@ import pandas as pd
 
 from ..tc_tiles import MACS, choose_tiles
 from .base import Predictor
-from .neusight import make_mlp, mlp_forward, mlp_weights
+from .fitting import fit_mlp, log_error
+from .neusight import mlp_forward
 
 FIXED_MS = 0.002      # scale of the fixed cost c: exp(raw) * 2 us (the smallest GEMMs' time)
 FIXED_CYCLES = 4000.0  # or in SM clocks: exp(raw) * 4000 cycles at the datasheet clock
@@ -245,7 +246,6 @@ class TensorGemm(Predictor):
         return np.clip((feats - mean) / std, lo, hi)
 
     def fit(self, frame: pd.DataFrame, progress: bool = True) -> "TensorGemm":
-        import torch
         _check_frame(frame, train=True)
         cfg = GemmConfig(**self.config)
         df = frame.iloc[training_sample(frame, cfg.rows, self.seed, cfg.even)]
@@ -253,37 +253,24 @@ class TensorGemm(Predictor):
         mean, std = feats.mean(0), np.where(feats.std(0) > 0, feats.std(0), 1.0)
         z = (feats - mean) / std
         self.norm = (mean, std, z.min(0), z.max(0))
-        x = torch.from_numpy(self._inputs(feats).astype(np.float32))
-        ctx_t = torch.from_numpy(ctx)
-        log_y = torch.from_numpy(np.log(df["latency_ms"].to_numpy(float)))
+        x = self._inputs(feats)
+        y = df["latency_ms"].to_numpy(float)
         share = df.groupby("gpu")["gpu"].transform("size").to_numpy(float)
-        w = torch.from_numpy(1.0 / share / np.mean(1.0 / share))  # every GPU weighs the same
-        self.weights = [self._fit_member(cfg, x, ctx_t, log_y, w, self.seed + 1000 * j, progress)
+        w = 1.0 / share / np.mean(1.0 / share)  # every GPU weighs the same
+        self.weights = [self._fit_member(cfg, x, ctx, y, w, self.seed + 1000 * j, progress)
                         for j in range(cfg.members)]
         return self
 
-    def _fit_member(self, cfg, x, ctx_t, log_y, w, seed, progress) -> list[np.ndarray]:
+    def _fit_member(self, cfg, x, ctx, y, w, seed, progress) -> list[np.ndarray]:
         """One MLP's weights, trained from ``seed`` on the |log error| of the law's time."""
         import torch
-        from tqdm.auto import tqdm
-        torch.manual_seed(seed)
-        rng = np.random.default_rng(seed)
-        outs = 1 + len(cfg.terms) + (cfg.fixed == "both")
-        model = make_mlp(x.shape[1], cfg.layers, cfg.hidden, outs)
-        opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-        steps = cfg.epochs * int(np.ceil(len(x) / cfg.batch))
-        sched = torch.optim.lr_scheduler.OneCycleLR(opt, cfg.lr, total_steps=steps)
-        for _ in tqdm(range(cfg.epochs), desc="tc-gemm", disable=not progress, leave=False):
-            order = torch.from_numpy(rng.permutation(len(x)))
-            for b in order.split(cfg.batch):
-                pred = law_ms(model(x[b]).double(), ctx_t[b], cfg.terms, cfg.power, torch)
-                # |log error|: the MAPE metric weighs over- and under-prediction alike near 0
-                loss = (w[b] * (pred.log() - log_y[b]).abs()).mean()
-                opt.zero_grad()
-                loss.backward()
-                opt.step()
-                sched.step()
-        return mlp_weights(model)
+        terms, power = cfg.terms, cfg.power
+        return fit_mlp(x, y, hidden=cfg.hidden, layers=cfg.layers, epochs=cfg.epochs,
+                       batch=cfg.batch, lr=cfg.lr, weight_decay=cfg.weight_decay,
+                       n_out=1 + len(terms) + (cfg.fixed == "both"), ctx=ctx, weights=w,
+                       head=lambda raw, c: law_ms(raw, c, terms, power, torch),
+                       loss=log_error, val_frac=0.0, schedule="onecycle", seed=seed,
+                       progress=progress, desc="tc-gemm")
 
     def predict(self, frame: pd.DataFrame) -> np.ndarray:
         """Latency in ms of each GEMM (row order), never below its roofline."""
