@@ -75,9 +75,12 @@ def make(kind: str, name: str, seed: int = 0, quick: bool = False):
 
 
 def _key(kind: str, name: str, seed: int, quick: bool, exclude: list, table) -> str:
-    cls = predictors(kind)[name]
-    sources = sorted({Path(inspect.getfile(c)) for c in cls.__mro__
-                      if c.__module__.startswith("nslib")} | {Path(__file__)})
+    """Content key of a trained 16-bit predictor: code, parameters, table content, version."""
+    # every file a 16-bit predictor's training can run: its package (fit loop, baselines,
+    # kinds), the tile heuristic, this module and the table loaders
+    package = Path(inspect.getfile(tensor_baselines)).parent
+    sources = sorted([*package.glob("*.py"), package.parent / "tc_tiles.py", Path(__file__),
+                      Path(inspect.getfile(mixed_data))])
     content = int(pd.util.hash_pandas_object(table, index=False).sum() % (1 << 62))
     return hash_files(sources, extra=[kind, name, seed, quick, exclude, content, __version__])
 
