@@ -642,8 +642,13 @@ def plot_scenario(result: dict, title: str | None = None):
         lo = max(pts["intensity"].min() / 4, 1e-2)
         hi = max(pts["intensity"].max() * 4, 1e3)
         xs = np.logspace(np.log10(lo), np.log10(hi), 200)
+        half = result.get("params", {}).get("dtype", "fp32") != "fp32"
         for spec, label in zip(result["gpus"], summary["gpu"]):
-            ax.plot(xs, np.minimum(spec.peak_gflops, xs * spec.mem_bw), color=gcol[label], lw=1)
+            # 16 bits: GEMMs and attention run under the tensor-core roof (dashed: FP32 roof)
+            roofs = [(spec.bf16_gflops, "-"), (spec.peak_gflops, ":")] if half else [
+                (spec.peak_gflops, "-")]
+            for peak, style in roofs:
+                ax.plot(xs, np.minimum(peak, xs * spec.mem_bw), style, color=gcol[label], lw=1)
             sub = pts[pts["gpu"] == label]
             ax.scatter(sub["intensity"], sub["achieved_gflops"], s=12 + 120 * sub["share"],
                        color=gcol[label], alpha=0.7, edgecolor="k", linewidth=0.3)
@@ -657,7 +662,7 @@ def plot_scenario(result: dict, title: str | None = None):
         axes[3].set_axis_off()
     p = result.get("params", {})
     fig.suptitle(title or f"{p.get('model')} {p.get('mode')} batch {p.get('batch')} seq "
-                 f"{p.get('seq')} ({p.get('predictor')})", fontsize=11)
+                 f"{p.get('seq')} ({p.get('predictor')}, {p.get('dtype', 'fp32')})", fontsize=11)
     # fixed margins: tight_layout would draw the figure once more (slow in the explorer)
     h = fig.get_figheight()
     fig.subplots_adjust(left=0.12, right=0.985, wspace=0.25, bottom=1.1 / h, top=1 - 0.65 / h)
