@@ -110,9 +110,11 @@ def gemm_table(mixed: str | os.PathLike | None = None) -> pd.DataFrame:
 
 
 def _flash_source(sources: pd.Series) -> pd.Series:
-    """Per GPU, the FlashAttention build with the most measurements (the GPU's default one)."""
+    """Per GPU, the FlashAttention build with the most measurements (the GPU's default one);
+    a table without any FlashAttention build keeps its most measured kernel instead, so every
+    measured GPU joins the attention table."""
     fa = sources[sources.str.startswith("vllm_flash_attn")]
-    return fa.value_counts().index[:1]
+    return (fa if len(fa) else sources).value_counts().index[:1]
 
 
 @lru_cache(maxsize=4)

@@ -146,3 +146,13 @@ def test_tensor_ranges_come_from_the_measured_gpus(tmp_path, monkeypatch):
     lines = range_warnings(c, ranges=r)
     assert any("Bf16FLOPs 990,000 GFLOP/s is 2.8x the largest 16-bit training GPU's" in x
                for x in lines)
+
+
+def test_attention_without_a_flash_build_keeps_its_main_kernel(tmp_path):
+    root = write_mixed(tmp_path / "m", gpus=("gpu_a",))
+    folder = root / "aiconfigurator/aic-core/src/aiconfigurator_core/systems/data/gpu_a"
+    for path in folder.glob("attention/*/*/*.parquet"):
+        t = pd.read_parquet(path)
+        t.assign(kernel_source="vllm_flashinfer_fiprefill").to_parquet(path)
+    t = mixed_data.attention_table(root)
+    assert len(t) == 16 and set(t["kernel_source"]) == {"vllm_flashinfer_fiprefill"}
