@@ -77,7 +77,6 @@ def fit_mlp(x: np.ndarray, target: np.ndarray, *, hidden: int = 64, layers: int 
     best, best_state = np.inf, None
     bar = tqdm(range(epochs), desc=desc, disable=not progress, leave=False)
     for _ in bar:
-        model.train()
         for b in torch.from_numpy(tr[rng.permutation(len(tr))]).split(batch):
             err = cost(b)
             opt.zero_grad()
@@ -88,9 +87,8 @@ def fit_mlp(x: np.ndarray, target: np.ndarray, *, hidden: int = 64, layers: int 
         if not per_batch:
             sched.step()
         if n_val:
-            model.eval()
             with torch.no_grad():
-                err = float(cost(torch.from_numpy(val)))
+                err = float(cost(torch.from_numpy(val)))  # no dropout or batch norm: no eval()
             if err < best:
                 best, best_state = err, {k: t.clone() for k, t in model.state_dict().items()}
             bar.set_postfix(val=f"{err:.4f}")
