@@ -118,3 +118,11 @@ def test_quick_logo_finite_per_gpu(table):
     mape = per_gpu_mape(table, pred)
     assert len(mape) == table["gpu"].nunique() and np.isfinite(mape).all()
     assert (mape < 100).all(), mape
+
+
+def test_gpu_weights_make_each_gpu_weigh_the_same():
+    frame = pd.DataFrame({"gpu": ["a"] * 3 + ["b"]})
+    w = TensorAttention()._row_weights(frame)
+    # 4 rows, 2 GPUs: each GPU totals 2 (mean 1); a's 3 rows share it, b's one row holds it all
+    np.testing.assert_allclose(w, [2 / 3, 2 / 3, 2 / 3, 2.0])
+    assert TensorAttention(gpu_weights=False)._row_weights(frame) is None

@@ -11,10 +11,10 @@ minimum bytes beyond the L2 size at the datasheet bandwidth; ``l2``: the bytes t
 (the benchmark repeats each call, so a working set under the L2 size stays there) at the
 bandwidth, ``lam`` in (0.5, 4) their rate's multiple of it; ``c``: a launch overhead of at
 most ``C_MAX_MS`` plus at most ``C_MAX_CYCLES`` SM clock cycles (``clock_mhz``): a host/launch
-part and an on-chip part. gamma, delta in (0, 1), lam and c's fractions come from one small MLP
-(prefill and decode together, the phase as an input) over log2 shape inputs, the CTAs per SM
-and key splits of FlashAttention's launch and the working set over the L2 size (standardised,
-clipped to the training range). Peak, bandwidth and clock enter only through the physical
+part and an on-chip part. gamma, delta in (0, 1), lam and c's fractions come from a small MLP
+per phase (prefill, decode; every training GPU weighing the same) over log2 shape inputs, the
+CTAs per SM and key splits of FlashAttention's launch and the working set over the L2 size
+(standardised, clipped to the training range). Peak, bandwidth and clock enter only through the physical
 terms, so the prediction is never below the floor ``max(FLOP / peak, bytes beyond L2 /
 bandwidth)`` and a faster datasheet moves it the way the hardware would. Choices and evidence:
 DECISIONS.md, "FlashAttention". Loss: mean absolute log error (the metric is MAPE).
@@ -116,16 +116,18 @@ class TensorAttention(Predictor):
     """NeuSight-style FlashAttention predictor (module docstring). ``quick``: a small
     subsample and few epochs, for tests; ``max_rows``: training rows per phase (a random
     subsample, seeded; ``balance``: an equal share per GPU); ``shared``: one MLP for both
-    phases (phase as an extra input); ``l2``: the L2-aware memory terms and floor; ``overhead``:
+    phases (phase as an extra input; default one per phase); ``gpu_weights``: every training
+    GPU weighs the same in the loss; ``l2``: the L2-aware memory terms and floor; ``overhead``:
     "both" (fixed time plus SM cycles), "cycles" or "fixed"."""
 
     name = "neusight"
     description = "FlashAttention: learned utilisation of the tensor-core/bandwidth roofline"
 
-    def __init__(self, seed: int = 0, quick: bool = False, max_rows: int = 6000,
+    def __init__(self, seed: int = 0, quick: bool = False, max_rows: int = 4000,
                  epochs: int = 20, hidden: int = 64, layers: int = 3, lr: float = 3e-3,
-                 features=FEATURES, shared: bool = True, overhead: str = "both",
-                 law: str = "sum", l2: bool = True, balance: bool = False):
+                 features=FEATURES, shared: bool = False, overhead: str = "both",
+                 law: str = "sum", l2: bool = True, balance: bool = False,
+                 gpu_weights: bool = True):
         if law not in ("sum", "max") or overhead not in ("cycles", "fixed", "both"):
             raise ValueError(f"law must be 'sum' or 'max' (got {law!r}), overhead 'cycles' or "
                              f"'fixed' (got {overhead!r})")
@@ -134,7 +136,7 @@ class TensorAttention(Predictor):
         self.epochs = 10 if quick else epochs
         self.features, self.shared = tuple(features), bool(shared)
         self.overhead, self.law = overhead, law
-        self.l2, self.balance = bool(l2), bool(balance)
+        self.l2, self.balance, self.gpu_weights = bool(l2), bool(balance), bool(gpu_weights)
         self.models: dict[str, list] = {}
         self.norm: dict[str, tuple] = {}
         self.train_seconds = 0.0
@@ -180,6 +182,15 @@ class TensorAttention(Predictor):
         return np.sort(np.concatenate([p if len(p) <= share else
                                        rng.choice(p, share, replace=False) for p in parts]))
 
+    def _row_weights(self, df: pd.DataFrame):
+        """Per-row loss weights: with ``gpu_weights`` every training GPU weighs the same in
+        total (mean 1), else None (every row alike)."""
+        if not self.gpu_weights:
+            return None
+        _, inv, counts = np.unique(df["gpu"].to_numpy(), return_inverse=True,
+                                   return_counts=True)
+        return len(df) / (len(counts) * counts[inv])
+
     def _fit_group(self, grp: str, df: pd.DataFrame, seed: int) -> None:
         import torch
         feats = self._x(df)
@@ -192,7 +203,7 @@ class TensorAttention(Predictor):
                           layers=self.layers, epochs=self.epochs, batch=256, lr=self.lr,
                           n_out=self._n_out(), ctx=physical_terms(df, self.overhead, self.l2),
                           head=lambda raw, terms: _law(raw, terms, torch, law),
-                          loss=log_error, val_frac=0.0, seed=seed, progress=False)
+                          loss=log_error, weights=self._row_weights(df), val_frac=0.0, seed=seed, progress=False)
         self.models[grp] = [w.astype(np.float64) for w in weights]
 
     def predict(self, frame: pd.DataFrame) -> np.ndarray:
@@ -218,12 +229,14 @@ class TensorAttention(Predictor):
                 "lr": self.lr, "max_rows": self.max_rows, "epochs": self.epochs,
                 "features": list(self.features), "shared": self.shared, "overhead": self.overhead,
                 "law": self.law, "l2": self.l2, "balance": self.balance,
+                "gpu_weights": self.gpu_weights,
                 "models": self.models, "norm": self.norm, "train_seconds": self.train_seconds}
 
     def set_state(self, state: dict) -> None:
         for k in ("seed", "hidden", "layers", "lr", "max_rows", "epochs", "shared", "overhead",
                   "law", "l2", "balance", "train_seconds"):
             setattr(self, k, state[k])
+        self.gpu_weights = bool(state.get("gpu_weights", False))  # absent: saved before it
         self.features = tuple(state["features"])
         self.models = {g: [np.asarray(a, np.float64) for a in w]
                        for g, w in state["models"].items()}
