@@ -240,7 +240,7 @@ def step_memory(trace: pd.DataFrame, mode: str, optimizer: str = "adam", *,
                 framework: float = 0.0, capacity: float = 0.0, kv_cache: float = 0.0,
                 comm: float = 0.0, scale=None, wscale=None, select=None,
                 in_flight: float = 0.0, context_source: str = "",
-                storages: tuple | None = None) -> Memory:
+                storages: tuple | None = None, fp32_states: float = 1.0) -> Memory:
     """The peak of one GPU running ``trace`` (one step; ``mode`` "inf" or "train"), bytes.
 
     ``optimizer``: a key of :data:`OPTIMIZERS` (training only). ``framework``, ``kv_cache``,
@@ -249,7 +249,10 @@ def step_memory(trace: pd.DataFrame, mode: str, optimizer: str = "adam", *,
     that row reads first; ``in_flight``: activation bytes other micro-batches keep alive
     (pipeline), added to the kernels' live set. With ``select``, only the selected rows'
     parameters count and the peak is taken over the selected rows. ``storages``: (first row,
-    last row, bytes) arrays to use instead of the trace's (:func:`storage_law`)."""
+    last row, bytes) arrays to use instead of the trace's (:func:`storage_law`).
+    ``fp32_states``: FP32 bytes per parameter byte of the trace (2 for a 16-bit trace): the
+    optimizer keeps its states in FP32 and, for a 16-bit trace, an FP32 master copy of the
+    weights (mixed-precision training), counted in ``optimizer``."""
     _check(mode, optimizer)
     n = len(trace)
     rows = np.ones(n, bool) if select is None else np.asarray(select, bool)
@@ -258,6 +261,9 @@ def step_memory(trace: pd.DataFrame, mode: str, optimizer: str = "adam", *,
     trainable = float((trace["trainable"].to_numpy(float) * ws)[rows].sum())
     train = mode == "train"
     states, temps = OPTIMIZERS[optimizer] if train else (0.0, 0.0)
+    # FP32 states (and master weights when the trace is 16-bit and an optimizer runs)
+    master = fp32_states if train and fp32_states > 1 and optimizer != "none" else 0.0
+    states, temps = states * fp32_states + master, temps * fp32_states
     grads = trainable if train else 0.0
     live, held = _live(trace, scale, select, storages)
     live = live + in_flight
@@ -330,9 +336,9 @@ def memory_of(gpu, model, batch: int, seq: int, mode: str = "inf", optimizer: st
     the global batch. ``kv_cache``: an inference that keeps every layer's keys and values
     (generation). ``sharded``: see :func:`tp_scales`. ``imbalance``: mixture-of-experts routing
     as :func:`nslib.predict.traced` takes it. ``dtype``: ``fp32``, or ``bf16``/``fp16`` for a
-    pure 16-bit step traced in that format (weights, activations and the KV cache at 2 bytes;
-    training keeps the optimizer states at the parameters' size, no FP32 master copy; one GPU
-    only). Raises ValueError for degrees that do not divide the model."""
+    16-bit step traced in that format (weights, gradients, activations and the KV cache at 2
+    bytes; training in mixed precision: FP32 optimizer states and an FP32 master copy of the
+    weights, as DeepSpeed's BF16 training keeps them; one GPU only). Raises ValueError for degrees that do not divide the model."""
     from .dtypes import bytes_per_elem, check_dtype
     from .predict import resolve_gpu, spec_path, traced
     _check(mode, optimizer)
@@ -347,7 +353,8 @@ def memory_of(gpu, model, batch: int, seq: int, mode: str = "inf", optimizer: st
         kv = _kv(model, batch, seq, mode, kv_cache, data, bytes_per_elem(dtype))
         trace = (traced(model, batch, seq, mode, data, imbalance) if dtype == "fp32" else
                  traced(model, batch, seq, mode, data, imbalance, dtype=dtype))
-        return step_memory(trace, mode, optimizer, kv_cache=kv, **fixed)
+        return step_memory(trace, mode, optimizer, kv_cache=kv,
+                           fp32_states=4 / bytes_per_elem(dtype), **fixed)
     from .parallel import check_degrees, model_info
     info = model_info(model, mode, data)
     check_degrees(info, batch, dp, tp, pp, microbatches)

@@ -219,3 +219,24 @@ def test_context_constant_from_the_device_json(data_dir, tmp_path):
     path.write_text(json.dumps({**h100.to_json(), "Ctx_Mem": "big"}))
     with pytest.raises(ValueError, match="Ctx_Mem"):
         memory_of(str(path), TINY, 2, 32, "inf")
+
+
+def test_bf16_training_keeps_fp32_adam_states_and_master_weights():
+    from nslib.gpus import GPU
+    from nslib.memory import memory_of
+    gpu = GPU(name="Fake", mem_gb=80, mem_bw=2000, num_sm=100, cores_per_sm=64,
+              clock_mhz=1400, peak_gflops=20000, l2_mb=40, bf16_gflops=300000)
+    cfg = {"model_type": "llama", "hidden_size": 128, "intermediate_size": 256,
+           "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+           "vocab_size": 500, "max_position_embeddings": 256}
+    fp32 = memory_of(gpu, cfg, 1, 64, "train", "adam")
+    bf16 = memory_of(gpu, cfg, 1, 64, "train", "adam", dtype="bf16")
+    n_params = fp32.weights / 4
+    # (a few buffers, the rotary frequencies, stay FP32)
+    assert bf16.weights == pytest.approx(2 * n_params, rel=1e-3)
+    assert bf16.grads == pytest.approx(2 * n_params, rel=1e-3)
+    # Adam's two FP32 moments (8 bytes) and an FP32 master copy (4 bytes) per parameter,
+    # unless the peak is the step itself (then its FP32 temporaries join)
+    per_param = bf16.optimizer / n_params
+    assert per_param == pytest.approx(12, rel=1e-3) or per_param == pytest.approx(16, rel=1e-3)
+    assert memory_of(gpu, cfg, 1, 64, "train", "none", dtype="bf16").optimizer == 0
