@@ -124,6 +124,27 @@ layer_table = layer_report(checked)
 save_table(layer_table, "09_layer_check", out)
 layer_table.round(1)
 
+# %% [markdown]
+# Which way each op class is off: the median of predicted over measured time (1 = right; below 1
+# = predicted too fast).
+
+# %%
+from nslib.layer_check import OP_CLASS
+
+big = checked[checked["num_tokens"] >= 256]
+direction = (big["pred_ms"] / big["latency_ms"]).groupby(
+    [big["gpu"], big["layer_op"].map(OP_CLASS)]).median().unstack()
+save_table(direction, "09_layer_ratio_by_class", out, digits=2)
+direction.round(2)
+
+# %% [markdown]
+# Reading the layer tables: vLLM runs RMSNorm, rotary embedding and SiLU-and-mul as its own fused
+# kernels, which reach a fraction of the bandwidth PyTorch's kernels (the ones the vector
+# predictors learned from) reach, so those classes come out too fast; the residual add, a plain
+# PyTorch kernel, does not. The GEMMs carry most of a layer's time: compare their ratio here with
+# the GEMM table above to see how much of the layer error is the GEMM predictor's and how much
+# is the two benchmarks timing the same GEMM differently.
+
 # %%
 sums = layer_sums(checked)
 fig, ax = plt.subplots(figsize=(7, 4))

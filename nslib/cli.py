@@ -12,9 +12,14 @@ from .checks import arg_int
 
 
 def _gpus(args) -> int:
-    from .gpus import load_gpus
-    gpus = load_gpus()
-    rows = [{"key": k, **g.to_json()} for k, g in gpus.items()]
+    from .gpus import load_gpus, load_mixed_gpus
+    from .paths import DataNotFoundError
+    rows = [{"key": k, "data": "neusight", **g.to_json()} for k, g in load_gpus().items()]
+    try:  # the 16-bit data's datasheets (with Bf16FLOPs), when that folder is there
+        rows += [{"key": k, "data": "mixed", **g.to_json()}
+                 for k, g in load_mixed_gpus().items()]
+    except DataNotFoundError:
+        pass
     if args.json:
         print(json.dumps(rows, indent=1))
     else:
@@ -134,7 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cache", help="cache folder (default: $NSLIB_CACHE or ~/.cache/nslib)")
     sub = p.add_subparsers(dest="cmd", required=True)
 
-    s = sub.add_parser("gpus", help="table of known GPUs")
+    s = sub.add_parser("gpus", help="table of known GPUs (NeuSight data, then the 16-bit data)")
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=_gpus)
 
