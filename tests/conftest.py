@@ -22,22 +22,23 @@ def _cache(tmp_path_factory):
     yield
 
 
+def _root_or_skip(name: str):
+    """``nslib.paths.<name>()``, or skip the test when that data is not there."""
+    from nslib import paths
+    try:
+        return getattr(paths, name)()
+    except paths.DataNotFoundError as e:
+        pytest.skip(str(e))
+
+
 @pytest.fixture(scope="session")
 def data_dir():
-    from nslib.paths import DataNotFoundError, data_root
-    try:
-        return data_root()
-    except DataNotFoundError as e:
-        pytest.skip(str(e))
+    return _root_or_skip("data_root")
 
 
 @pytest.fixture(scope="session")
 def mixed_dir():
-    from nslib.paths import DataNotFoundError, mixed_root
-    try:
-        return mixed_root()
-    except DataNotFoundError as e:
-        pytest.skip(str(e))
+    return _root_or_skip("mixed_root")
 
 
 def run_notebook(name: str, out_dir: Path, **params) -> Path:
