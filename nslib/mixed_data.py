@@ -207,6 +207,21 @@ def measured_gpus(table: pd.DataFrame) -> list[str]:
     return list(dict.fromkeys(table["gpu"]))
 
 
+TABLE_FILES = {"gemm": ("gemm_perf.parquet",),
+               "attention": ("context_attention_perf.parquet",
+                             "generation_attention_perf.parquet")}
+
+
+def table_files(kind: str, mixed: str | os.PathLike | None = None) -> list[Path]:
+    """The files a kind's table is read from (``gemm`` or ``attention``: the newest version per
+    GPU) and every datasheet, in a fixed order: what a trained 16-bit predictor depends on."""
+    root = mixed_root(mixed)
+    files = sorted((root / "device_configs").glob("*.json"))
+    for name in TABLE_FILES[kind]:
+        files += _newest_tables(root, "gemm" if kind == "gemm" else "attention", name)
+    return files
+
+
 def mixed_files(mixed: str | os.PathLike | None = None) -> list[Path]:
     """Every file the tables above read: datasheets, the newest GEMM and attention tables per
     GPU, and the vidur layer tables, in a fixed order."""

@@ -2,7 +2,7 @@
 
 Two kinds, each with its table and its NeuSight-style predictor plus the generic baselines of
 :mod:`nslib.predictors.tensor_baselines`. :func:`trained_tensor` returns a predictor trained on
-every measured GPU but the excluded ones, from the cache when the table's content, the
+every measured GPU but the excluded ones, from the cache when the table files, datasheets, the
 parameters and the code that trains it are unchanged. :func:`kind_table` is the table a kind
 trains and is evaluated on (the quick profile keeps a fixed, seeded subsample per GPU).
 """
@@ -74,23 +74,27 @@ def make(kind: str, name: str, seed: int = 0, quick: bool = False):
     return cls(seed=seed, quick=quick)
 
 
-def _key(kind: str, name: str, seed: int, quick: bool, exclude: list, table) -> str:
-    """Content key of a trained 16-bit predictor: code, parameters, table content, version."""
+def _key(kind: str, name: str, seed: int, quick: bool, exclude: list, mixed) -> str:
+    """Content key of a trained 16-bit predictor: its code, parameters, the kind's table files
+    and the datasheets (:func:`nslib.mixed_data.table_files`), and the library version."""
     # every file a 16-bit predictor's training can run: its package (fit loop, baselines,
     # kinds), the tile heuristic, this module and the table loaders
     package = Path(inspect.getfile(tensor_baselines)).parent
     sources = sorted([*package.glob("*.py"), package.parent / "tc_tiles.py", Path(__file__),
                       Path(inspect.getfile(mixed_data))])
-    content = int(pd.util.hash_pandas_object(table, index=False).sum() % (1 << 62))
-    return hash_files(sources, extra=[kind, name, seed, quick, exclude, content, __version__])
+    data = mixed_data.table_files(kind, mixed)
+    root = mixed_data.mixed_root(mixed)
+    return hash_files(sources + data, extra=[kind, name, seed, quick, exclude, __version__,
+                                             [str(p.relative_to(root)) for p in data]])
 
 
 def trained_tensor(kind: str, name: str = "neusight", seed: int = 0, quick: bool = False,
                    exclude_gpus=(), mixed=None, progress: bool = True):
     """Predictor ``name`` of ``kind`` trained on every measured GPU except ``exclude_gpus``
-    (Device names), cached by content (see module doc)."""
-    table = kind_table(kind, quick, mixed)
+    (Device names), cached by content (see module doc). A cached predictor is loaded without
+    reading the tables."""
     exclude = sorted(exclude_gpus)
+    table = kind_table(kind, quick, mixed) if exclude else None
     unknown = [g for g in exclude if g not in set(table["gpu"])]
     if unknown:
         raise ValueError(f"cannot leave out {unknown}: not measured in the {kind} table "
@@ -98,10 +102,8 @@ def trained_tensor(kind: str, name: str = "neusight", seed: int = 0, quick: bool
     pred = make(kind, name, seed, quick)
     if name == "roofline":
         return pred
-    key = _key(kind, name, seed, quick, exclude, table)
-    path = cache_dir("mixed") / f"{kind}-{name}-{key}.npz"
-    cls = type(pred)
-    loaded = read_cache_entry(path, cls.load, f"{kind} {name} predictor")
+    path = cache_dir("mixed") / f"{kind}-{name}-{_key(kind, name, seed, quick, exclude, mixed)}.npz"
+    loaded = read_cache_entry(path, type(pred).load, f"{kind} {name} predictor")
     if loaded is not None:
         if hasattr(pred, "kind"):
             loaded.kind = pred.kind  # baselines keep their kind object, not in the file
@@ -110,6 +112,7 @@ def trained_tensor(kind: str, name: str = "neusight", seed: int = 0, quick: bool
           f" profile{', without ' + ', '.join(exclude) if exclude else ''}); cached afterwards",
           file=sys.stderr, flush=True)
     t0 = time.time()
+    table = kind_table(kind, quick, mixed) if table is None else table
     pred.fit(table[~table["gpu"].isin(exclude)].reset_index(drop=True), progress=progress)
     pred.save(path)
     meta = {"kind": kind, "predictor": name, "seed": seed, "quick": quick, "exclude": exclude,
