@@ -100,7 +100,7 @@ __all__ = ["load_model_config", "trace", "summarize", "expert_tokens", "TRACE_CO
            "TRACE_VERSION", "MEASURED_ARCHITECTURE", "MEMORY_COLUMNS", "ATTENTION_COLUMNS"]
 
 # Bump when the rows trace() produces change, so caches of traces can key on it.
-TRACE_VERSION = 3
+TRACE_VERSION = 4
 
 TRACE_COLUMNS = ("kid", "phase", "aten", "cls", "op", "B", "M", "N", "K", "H", "flops", "bytes",
                  "inputs", "layer", "module")
@@ -621,7 +621,9 @@ class _Tracer:
             shape = outs[0].shape
             H = int(shape[dim]) if len(shape) else 1
             B = outs[0].numel() // max(H, 1)
-            self._vector(aten, "softmax", "softmax", B, H, ins, outs)
+            # the backward reads the output and its gradient: 1.5x the forward's bytes
+            op = "softmax_bw" if base.endswith("_backward_data") else "softmax"
+            self._vector(aten, "softmax", op, B, H, ins, outs)
             return
         if kind == "ln":
             self._layernorm(base, aten, args, ins, outs)
@@ -707,9 +709,10 @@ class _Tracer:
         inputs = self.producers(ins)
         res = outs  # (grad_input, grad_weight, grad_bias); undefined ones are absent
         if mask[0]:
-            kid = self.add_row(aten, "layernorm", "ln", (B, None, None, None, H),
-                               float(B * H * kernels.OPS["ln"][2]),
-                               float(B * H * self.elem(x) * 2), inputs)
+            # grad_input reads the output gradient and the input, writes one: 1.5x the forward
+            kid = self.add_row(aten, "layernorm", "ln_bw", (B, None, None, None, H),
+                               float(B * H * kernels.OPS["ln_bw"][2]),
+                               float(B * H * self.elem(x) * 3), inputs)
             if res:
                 self.set_writer(res[:1], (kid,))
         n_param = int(bool(mask[1])) + int(len(mask) > 2 and bool(mask[2]))

@@ -33,7 +33,18 @@ OPS = {
     **{op: ("elementwise", 1, 1) for op in ("addu", "mulu", "divu", "powu", "tanh", "relu", "gelu")},
     "softmax": ("softmax", 1, 5),
     "ln": ("layernorm", 1, 6),
+    # backward kernels of the traced models (never measured alone): the gradient is one more
+    # input, so they move 1.5x the forward's bytes
+    "softmax_bw": ("softmax", 2, 4),
+    "ln_bw": ("layernorm", 2, 8),
 }
+FORWARD_OP = {"softmax_bw": "softmax", "ln_bw": "ln"}  # backward op -> its measured forward
+
+
+def bytes_ratio_to_forward(op: str) -> float:
+    """Bytes a vector op moves per output over its forward op's (1 for measured ops)."""
+    fwd = FORWARD_OP.get(op, op)
+    return (OPS[op][1] + 1) / (OPS[fwd][1] + 1)
 
 
 def op_class(ops: pd.Series) -> pd.Series:

@@ -143,6 +143,16 @@ def test_training_other_ops(gpt2_train):
     # layer norm backward: an ln row (input grad) and a memory row (weight/bias grads)
     lnb = bw[bw["aten"] == "aten.native_layer_norm_backward.default"]
     assert Counter(lnb["cls"]) == Counter({"layernorm": 5, "memory": 5})
+    # the input-grad kernels read the output gradient and the input and write one tensor:
+    # 3 x B x H x 4 bytes (the forward moves 2x); softmax backward likewise
+    ln_dx = lnb[lnb["cls"] == "layernorm"]
+    assert (ln_dx["op"] == "ln_bw").all()
+    assert (ln_dx["bytes"] == 3 * ln_dx["B"] * ln_dx["H"] * 4).all()
+    smb = bw[bw["cls"] == "softmax"]
+    assert len(smb) == 2 and (smb["op"] == "softmax_bw").all()  # one per layer
+    assert (smb["bytes"] == 3 * smb["B"] * smb["H"] * 4).all()
+    smf = fw[fw["cls"] == "softmax"]
+    assert (smf["op"] == "softmax").all() and (smf["bytes"] == 2 * smf["B"] * smf["H"] * 4).all()
     # gradient accumulation: one add_ per parameter tensor, 12 per layer + wte, wpe, ln_f w, b
     acc = bw[bw["aten"] == "aten.add_.Tensor"]
     assert len(acc) == 2 * 12 + 4 and (acc["op"] == "add").all()

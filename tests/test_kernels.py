@@ -86,3 +86,16 @@ def test_bad_dims_rejected(dim, val):
 def test_unknown_op_rejected():
     with pytest.raises(ValueError, match="unknown op"):
         kernels.op_class(pd.Series(["conv"]))
+
+
+def test_backward_vector_ops_move_one_more_tensor():
+    from nslib.kernels import FORWARD_OP, OPS, bytes_ratio_to_forward, flops_bytes
+    import pandas as pd
+    assert bytes_ratio_to_forward("softmax_bw") == 1.5 and bytes_ratio_to_forward("ln") == 1.0
+    for bw, fw in FORWARD_OP.items():
+        assert OPS[bw][0] == OPS[fw][0]  # same class: the forward's predictor prices it
+    f = pd.DataFrame({"cls": ["softmax", "softmax"], "op": ["softmax", "softmax_bw"],
+                      "B": [8.0, 8.0], "M": float("nan"), "N": float("nan"),
+                      "K": float("nan"), "H": [1024.0, 1024.0]})
+    _, nbytes = flops_bytes(f)
+    assert list(nbytes) == [2 * 8 * 1024 * 4, 3 * 8 * 1024 * 4]

@@ -224,8 +224,11 @@ class Habitat(Predictor):
         B, H = sub["B"].to_numpy(float), sub["H"].to_numpy(float)
         ops = sub["op"].to_numpy()
         lat_r, blocks, exact = np.empty(len(sub)), np.empty(len(sub)), np.zeros(len(sub), bool)
-        for op in pd.unique(ops):
-            m = np.flatnonzero(ops == op)
+        for name in pd.unique(ops):
+            m = np.flatnonzero(ops == name)
+            # a backward op (never measured) is its forward op moving more bytes: Habitat's
+            # memory-bound scaling, by the bytes ratio
+            op, more = kernels.FORWARD_OP.get(name, name), kernels.bytes_ratio_to_forward(name)
             if op not in self.ref_table:
                 raise ValueError(f"habitat: op {op!r} was never measured on the reference GPU "
                                  f"{self.reference}; measured ops: {sorted(self.ref_table)}")
@@ -244,6 +247,7 @@ class Habitat(Predictor):
                 lat_r[miss] = t["lat"][j] * ratio
                 blocks[miss] = B[miss] if cls != "elementwise" else \
                     np.ceil(t["blocks"][j] * ratio)
+            lat_r[m] *= more
         scale = wave_scale(blocks, self.ref_gpu["num_sm"], self.ref_gpu["mem_bw"],
                            sub["num_sm"].to_numpy(float), sub["mem_bw"].to_numpy(float))
         return lat_r * scale, int((~exact).sum())
