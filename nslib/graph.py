@@ -100,7 +100,7 @@ __all__ = ["load_model_config", "trace", "summarize", "expert_tokens", "TRACE_CO
            "TRACE_VERSION", "MEASURED_ARCHITECTURE", "MEMORY_COLUMNS", "ATTENTION_COLUMNS"]
 
 # Bump when the rows trace() produces change, so caches of traces can key on it.
-TRACE_VERSION = 4
+TRACE_VERSION = 5
 
 TRACE_COLUMNS = ("kid", "phase", "aten", "cls", "op", "B", "M", "N", "K", "H", "flops", "bytes",
                  "inputs", "layer", "module")
@@ -717,10 +717,11 @@ class _Tracer:
                 self.set_writer(res[:1], (kid,))
         n_param = int(bool(mask[1])) + int(len(mask) > 2 and bool(mask[2]))
         if n_param:
-            written = n_param * H
-            nbytes = float(self.elem(x) * (2 * B * H + written))
-            kid = self.add_row(aten, "memory", "mem", (1, None, None, None, written), 0.0,
-                               nbytes, inputs)
+            # weight/bias grads: a column reduction that reads the output gradient and the
+            # input (B x H each) and writes H per parameter; part of the layer norm's backward
+            nbytes = float(self.elem(x) * (2 * B * H + n_param * H))
+            kid = self.add_row(aten, "layernorm", "ln_wgrad", (B, None, None, None, H),
+                               float(B * H * kernels.OPS["ln_wgrad"][2]), nbytes, inputs)
             self.set_writer(res[1:] if mask[0] else res, (kid,))
 
     def _memory(self, kind, base, inplace, aten, args, ins, outs):

@@ -37,8 +37,10 @@ OPS = {
     # input, so they move 1.5x the forward's bytes
     "softmax_bw": ("softmax", 2, 4),
     "ln_bw": ("layernorm", 2, 8),
+    "ln_wgrad": ("layernorm", 1, 2),  # weight/bias grads: reads two B x H tensors
 }
-FORWARD_OP = {"softmax_bw": "softmax", "ln_bw": "ln"}  # backward op -> its measured forward
+# backward op -> its measured forward
+FORWARD_OP = {"softmax_bw": "softmax", "ln_bw": "ln", "ln_wgrad": "ln"}
 
 
 def bytes_ratio_to_forward(op: str) -> float:

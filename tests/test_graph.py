@@ -140,12 +140,15 @@ def test_training_other_ops(gpt2_train):
     drop_bw = bw[bw["aten"] == "aten.native_dropout_backward.default"]
     assert len(drop_bw) == 7 and (drop_bw["op"] == "mul").all()
     assert not df["aten"].str.contains("bernoulli").any()
-    # layer norm backward: an ln row (input grad) and a memory row (weight/bias grads)
+    # layer norm backward: an input-grad row and a weight/bias-grad row, both layer norm
     lnb = bw[bw["aten"] == "aten.native_layer_norm_backward.default"]
-    assert Counter(lnb["cls"]) == Counter({"layernorm": 5, "memory": 5})
+    assert Counter(lnb["op"]) == Counter({"ln_bw": 5, "ln_wgrad": 5})
+    assert (lnb["cls"] == "layernorm").all()
+    wg = lnb[lnb["op"] == "ln_wgrad"]  # reads dY and X, writes weight and bias grads
+    assert (wg["bytes"] == 4 * (2 * wg["B"] * wg["H"] + 2 * wg["H"])).all()
     # the input-grad kernels read the output gradient and the input and write one tensor:
     # 3 x B x H x 4 bytes (the forward moves 2x); softmax backward likewise
-    ln_dx = lnb[lnb["cls"] == "layernorm"]
+    ln_dx = lnb[lnb["op"] == "ln_bw"]
     assert (ln_dx["op"] == "ln_bw").all()
     assert (ln_dx["bytes"] == 3 * ln_dx["B"] * ln_dx["H"] * 4).all()
     smb = bw[bw["cls"] == "softmax"]
