@@ -106,32 +106,43 @@ def _compute_ranges(data) -> dict:
     sheets = [figures(find_gpu(n, gpus)) for n in names]
     if not sheets:
         raise ValueError("the training split names no GPU: the data's training tables are empty")
-    return {"train_gpus": names,
-            "ranges": {k: [min(s[k] for s in sheets), max(s[k] for s in sheets)]
-                       for k in CHECKED}}
+    return {"train_gpus": names, "ranges": _span(sheets, CHECKED)}
+
+
+def _span(sheets: list[dict], checked: dict) -> dict:
+    """``{figure: [min, max]}`` over the :func:`figures` of several datasheets."""
+    return {k: [min(s[k] for s in sheets), max(s[k] for s in sheets)] for k in checked}
+
+
+def _cached(memo_key, name: str, checked: dict, compute) -> dict:
+    """Ranges from memory, else from ``<cache>/ranges/<name>.json``, else ``compute()`` (then
+    written there): a cached prediction pays a file read, not a table scan."""
+    hit = _MEMO.get(memo_key)
+    if hit is None:
+        path = cache_dir("ranges") / f"{name}.json"
+        try:
+            hit = json.loads(path.read_text())
+            if set(hit.get("ranges", {})) != set(checked):
+                raise ValueError("stale")
+        except (OSError, ValueError):
+            hit = compute()
+            atomic_write_text(path, json.dumps(hit, indent=1))
+        _MEMO[memo_key] = hit
+    return hit
 
 
 def training_ranges(data=None) -> dict:
     """``{"train_gpus": [Device names], "ranges": {figure: [min, max]}}`` of the training GPUs.
 
     Read from the data once and cached on disk by the data's content hash (and in memory for
-    the process), so a cached prediction pays a file read, not a table scan.
+    the process).
     """
+    from .data import data_hash
     root = str(data_root(data))
-    hit = _MEMO.get(root)
-    if hit is None:
-        from .data import data_hash
-        path = cache_dir("ranges") / f"gpu_range_{data_hash(data)}.json"
-        try:
-            hit = json.loads(path.read_text())
-            if set(hit.get("ranges", {})) != set(CHECKED):
-                raise ValueError("stale")
-        except (OSError, ValueError):
-            hit = _compute_ranges(data)
-            atomic_write_text(path, json.dumps(hit, indent=1))
-        _MEMO[root] = hit
-    return hit
-
+    if root in _MEMO:  # a cached prediction skips even the data hash
+        return _MEMO[root]
+    return _cached(root, f"gpu_range_{data_hash(data)}", CHECKED,
+                   lambda: _compute_ranges(data))
 
 def out_of_range(gpu: GPU, data=None, ranges: dict | None = None) -> list[OutOfRange]:
     """The figures of ``gpu`` outside the training GPUs' range (empty when it is inside).
@@ -156,24 +167,16 @@ def tensor_ranges(mixed=None) -> dict:
     cached on disk and in memory by the data's content hash."""
     from .gpus import load_mixed_gpus
     from .mixed_data import attention_table, gemm_table, mixed_hash
-    key = ("tensor", mixed_hash(mixed))
-    hit = _MEMO.get(key)
-    if hit is None:
-        path = cache_dir("ranges") / f"tensor_range_{key[1]}.json"
-        try:  # a cached prediction reads this file instead of the GEMM and attention tables
-            hit = json.loads(path.read_text())
-            if set(hit.get("ranges", {})) != set(CHECKED_16):
-                raise ValueError("stale")
-        except (OSError, ValueError):
-            names = set(gemm_table(mixed)["gpu"]) | set(attention_table(mixed)["gpu"])
-            sheets = [figures(g, CHECKED_16) for g in load_mixed_gpus(mixed).values()
-                      if g.name in names]
-            hit = {"kind": "tensor", "train_gpus": sorted(names),
-                   "ranges": {k: [min(s[k] for s in sheets), max(s[k] for s in sheets)]
-                              for k in CHECKED_16}}
-            atomic_write_text(path, json.dumps(hit, indent=1))
-        _MEMO[key] = hit
-    return hit
+
+    def compute() -> dict:
+        names = set(gemm_table(mixed)["gpu"]) | set(attention_table(mixed)["gpu"])
+        sheets = [figures(g, CHECKED_16) for g in load_mixed_gpus(mixed).values()
+                  if g.name in names]
+        return {"kind": "tensor", "train_gpus": sorted(names),
+                "ranges": _span(sheets, CHECKED_16)}
+
+    digest = mixed_hash(mixed)
+    return _cached(("tensor", digest), f"tensor_range_{digest}", CHECKED_16, compute)
 
 
 def range_warnings(gpu: GPU, data=None, ranges: dict | None = None) -> list[str]:
