@@ -134,15 +134,13 @@ def norm_name(s: str) -> str:
     return re.sub(r"[\s_\-]+", " ", s.strip().lower())
 
 
-def find_gpu(query: str, gpus: dict[str, GPU]) -> GPU:
-    """Look a GPU up by file stem, ``Device`` string or an unambiguous short alias.
-
-    When several files share a ``Device`` string (variants such as ``..._TP``), the file whose
-    stem is the Device string itself is the canonical one. Aliases match whole words of the
-    Device string (``H100``, ``V100``, ``A100 80GB``); an ambiguous alias lists the candidates.
-    """
+def gpu_matches(query: str, gpus: dict[str, GPU]) -> list[GPU]:
+    """The GPUs of ``gpus`` that ``query`` names: its file stem, its ``Device`` string, or
+    whole words of the Device string (``H100``, ``A100 80GB``). When several files share a
+    Device string (variants such as ``..._TP``), only the canonical one (stem = Device string)
+    is returned. One GPU is a match, none or several are for the caller to report."""
     if query in gpus:
-        return gpus[query]
+        return [gpus[query]]
     q = norm_name(query)
     exact = [g for g in gpus.values() if norm_name(g.name) == q or norm_name(g.key) == q]
     if not exact:
@@ -151,7 +149,14 @@ def find_gpu(query: str, gpus: dict[str, GPU]) -> GPU:
                  if all(re.search(rf"(^| ){re.escape(w)}( |$)", norm_name(g.name)) for w in words)]
     canon = [g for g in exact if g.key == _stem(g.name)]
     hits = canon or exact
-    if len({g.key for g in hits}) == 1:
+    return hits[:1] if len({g.key for g in hits}) == 1 else hits
+
+
+def find_gpu(query: str, gpus: dict[str, GPU]) -> GPU:
+    """Look a GPU up by file stem, ``Device`` string or an unambiguous short alias
+    (:func:`gpu_matches`); an unknown or ambiguous name is a KeyError listing the candidates."""
+    hits = gpu_matches(query, gpus)
+    if len(hits) == 1:
         return hits[0]
     known = ", ".join(sorted(gpus))
     if not hits:

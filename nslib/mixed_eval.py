@@ -12,28 +12,24 @@ import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
-from .gpus import norm_name
+from .evaluate import ape
+from .gpus import gpu_matches, load_mixed_gpus
 from .mixed_data import measured_gpus
 
 
-def ape(pred: np.ndarray, measured: np.ndarray) -> np.ndarray:
-    """Absolute percentage error of each prediction, %."""
-    measured = np.asarray(measured, float)
-    return 100.0 * np.abs(np.asarray(pred, float) - measured) / measured
-
-
-def resolve_gpus(table: pd.DataFrame, names) -> list[str]:
-    """Device names of ``names`` (Device names, file stems with underscores, or unambiguous
-    whole-word aliases) among the GPUs measured in ``table``; ValueError listing them if not."""
+def resolve_gpus(table: pd.DataFrame, names, mixed=None) -> list[str]:
+    """Device names of ``names`` (Device names, file stems, or unambiguous whole-word aliases,
+    as :func:`nslib.gpus.gpu_matches` reads them) among the GPUs measured in ``table``;
+    ValueError listing them if not."""
     known = measured_gpus(table)
+    sheets = {k: g for k, g in load_mixed_gpus(mixed).items() if g.name in set(known)}
     out = []
     for q in names:
-        hits = [g for g in known if norm_name(g) == norm_name(q)] or [
-            g for g in known if all(w in norm_name(g).split() for w in norm_name(q).split())]
+        hits = gpu_matches(q, sheets)
         if len(hits) != 1:
             why = "ambiguous" if hits else "not measured in this table"
             raise ValueError(f"GPU {q!r} is {why}; measured GPUs: {', '.join(known)}")
-        out.append(hits[0])
+        out.append(hits[0].name)
     return out
 
 
@@ -82,7 +78,7 @@ def evaluate_16bit(predictor: str = "neusight", test_gpus=None, seed: int = 0,
     out = {}
     for kind in KINDS:
         if test_gpus:
-            names = resolve_gpus(kind_table(kind, quick, mixed), test_gpus)
+            names = resolve_gpus(kind_table(kind, quick, mixed), test_gpus, mixed)
             frame = test_gpus_frame(kind, [predictor], names, seed, quick, mixed, progress)
         else:
             frame = logo_frame(kind, [predictor], seed, quick, mixed, progress)

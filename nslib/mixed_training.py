@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 
 from . import __version__, mixed_data
+from .evaluate import ape
 from .checks import check_int
 from .paths import atomic_write_text, cache_dir, hash_files, read_cache_entry
 from .predictors import tensor_baselines
@@ -89,12 +90,13 @@ def _key(kind: str, name: str, seed: int, quick: bool, exclude: list, mixed) -> 
 
 
 def trained_tensor(kind: str, name: str = "neusight", seed: int = 0, quick: bool = False,
-                   exclude_gpus=(), mixed=None, progress: bool = True):
+                   exclude_gpus=(), mixed=None, progress: bool = True, table=None):
     """Predictor ``name`` of ``kind`` trained on every measured GPU except ``exclude_gpus``
     (Device names), cached by content (see module doc). A cached predictor is loaded without
-    reading the tables."""
+    reading the tables; ``table``: the kind's :func:`kind_table` when the caller holds it."""
     exclude = sorted(exclude_gpus)
-    table = kind_table(kind, quick, mixed) if exclude else None
+    if table is None and exclude:
+        table = kind_table(kind, quick, mixed)
     unknown = [g for g in exclude if g not in set(table["gpu"])]
     if unknown:
         raise ValueError(f"cannot leave out {unknown}: not measured in the {kind} table "
@@ -128,14 +130,14 @@ def logo_frame(kind: str, names, seed: int = 0, quick: bool = False, mixed=None,
     trained on the others."""
     table = kind_table(kind, quick, mixed)
     gpus = mixed_data.measured_gpus(table)
-    for name in names:
-        pred = np.full(len(table), np.nan)
+    preds = {}
+    for name in names:  # the training table stays free of prediction columns
+        preds[f"pred_{name}"] = pred = np.full(len(table), np.nan)
         for gpu in gpus:
             rows = (table["gpu"] == gpu).to_numpy()
-            model = trained_tensor(kind, name, seed, quick, [gpu], mixed, progress)
+            model = trained_tensor(kind, name, seed, quick, [gpu], mixed, progress, table)
             pred[rows] = model.predict(table[rows].reset_index(drop=True))
-        table[f"pred_{name}"] = pred
-    return table
+    return table.assign(**preds)
 
 
 def test_gpus_frame(kind: str, names, test_gpus, seed: int = 0, quick: bool = False,
@@ -147,7 +149,7 @@ def test_gpus_frame(kind: str, names, test_gpus, seed: int = 0, quick: bool = Fa
     out = table[rows].reset_index(drop=True)
     for name in names:
         out[f"pred_{name}"] = trained_tensor(kind, name, seed, quick, list(test_gpus), mixed,
-                                             progress).predict(out)
+                                             progress, table).predict(out)
     return out
 
 
@@ -155,9 +157,8 @@ def mape_table(frame: pd.DataFrame, by=("gpu",)) -> pd.DataFrame:
     """MAPE (%) per group of ``by`` (rows) and predictor (columns) of a frame with
     ``pred_<name>`` columns."""
     cols = [c for c in frame.columns if c.startswith("pred_")]
-    meas = frame["latency_ms"].to_numpy(float)
-    err = pd.DataFrame({c.removeprefix("pred_"): 100 * np.abs(frame[c].to_numpy(float) - meas)
-                        / meas for c in cols})
+    err = pd.DataFrame({c.removeprefix("pred_"): ape(frame[c], frame["latency_ms"])
+                        for c in cols})
     for b in by:
         err[b] = frame[b].to_numpy()
     return err.groupby(list(by), sort=False).mean()

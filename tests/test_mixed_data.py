@@ -109,12 +109,13 @@ def test_table_without_datasheet_is_a_clear_error(tmp_path):
 
 def test_resolve_gpus_by_name_stem_alias(mixed):
     t = mixed_data.gemm_table(mixed)
-    assert resolve_gpus(t, ["Fake_GPU_B", "fake gpu a", "C"]) == ["Fake GPU B", "Fake GPU A",
+    got = resolve_gpus(t, ["Fake_GPU_B", "fake gpu a", "C"], mixed)
+    assert got == ["Fake GPU B", "Fake GPU A",
                                                                     "Fake GPU C"]
     with pytest.raises(ValueError, match="ambiguous"):
-        resolve_gpus(t, ["fake"])
+        resolve_gpus(t, ["fake"], mixed)
     with pytest.raises(ValueError, match="not measured"):
-        resolve_gpus(t, ["Fake GPU Z"])
+        resolve_gpus(t, ["Fake GPU Z"], mixed)
 
 
 def test_roofline_and_fitted_efficiency_by_hand(mixed):
