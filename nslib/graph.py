@@ -710,9 +710,10 @@ class _Tracer:
         res = outs  # (grad_input, grad_weight, grad_bias); undefined ones are absent
         if mask[0]:
             # grad_input reads the output gradient and the input, writes one: 1.5x the forward
+            _, n_in, ops_per_o = kernels.OPS["ln_bw"]
             kid = self.add_row(aten, "layernorm", "ln_bw", (B, None, None, None, H),
-                               float(B * H * kernels.OPS["ln_bw"][2]),
-                               float(B * H * self.elem(x) * 3), inputs)
+                               float(B * H * ops_per_o),
+                               float(B * H * self.elem(x) * (n_in + 1)), inputs)
             if res:
                 self.set_writer(res[:1], (kid,))
         n_param = int(bool(mask[1])) + int(len(mask) > 2 and bool(mask[2]))

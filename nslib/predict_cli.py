@@ -6,6 +6,7 @@ import warnings
 from pathlib import Path
 
 from .checks import arg_float, arg_int
+from .dtypes import DTYPES
 
 
 def _predict(args) -> int:
@@ -110,7 +111,7 @@ def add_predict_parser(sub) -> None:
     s.add_argument("--mode", choices=["inf", "train"], default="inf")
     s.add_argument("--predictor", default="neusight",
                    help="kernel predictor (in 16 bits: of the vector and memory kernels)")
-    s.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], default="fp32",
+    s.add_argument("--dtype", choices=list(DTYPES), default="fp32",
                    help="number format of the model (default fp32, the paper's setting); "
                         "bf16/fp16 trace it with fused attention, priced by the 16-bit GEMM "
                         "and attention predictors (needs the datasheet's Bf16FLOPs)")
