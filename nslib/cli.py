@@ -12,14 +12,11 @@ from .checks import arg_int
 
 
 def _gpus(args) -> int:
-    from .gpus import load_gpus, load_mixed_gpus
-    from .paths import DataNotFoundError
+    from .gpus import load_gpus, load_mixed_gpus_if_present
     rows = [{"key": k, "data": "neusight", **g.to_json()} for k, g in load_gpus().items()]
-    try:  # the 16-bit data's datasheets (with Bf16FLOPs), when that folder is there
-        rows += [{"key": k, "data": "mixed", **g.to_json()}
-                 for k, g in load_mixed_gpus().items()]
-    except DataNotFoundError:
-        pass
+    # then the 16-bit data's datasheets (with Bf16FLOPs), when that folder is there
+    rows += [{"key": k, "data": "mixed", **g.to_json()}
+             for k, g in load_mixed_gpus_if_present().items()]
     if args.json:
         print(json.dumps(rows, indent=1))
     else:

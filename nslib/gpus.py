@@ -122,6 +122,16 @@ def load_gpus(data: str | os.PathLike | None = None) -> dict[str, GPU]:
     return {p.stem: load_gpu_file(p) for p in sorted(folder.glob("*.json"))}
 
 
+def load_mixed_gpus_if_present(mixed: str | os.PathLike | None = None) -> dict[str, GPU]:
+    """:func:`load_mixed_gpus`, or ``{}`` when the 16-bit data is not there (an FP32-only
+    set-up: listings and the explorer then offer the NeuSight datasheets alone)."""
+    from .paths import DataNotFoundError
+    try:
+        return load_mixed_gpus(mixed)
+    except DataNotFoundError:
+        return {}
+
+
 def load_mixed_gpus(mixed: str | os.PathLike | None = None) -> dict[str, GPU]:
     """Every datasheet in the 16-bit data's ``device_configs`` (see :func:`paths.mixed_root`),
     keyed by file stem, in sorted order; measured or not (a datasheet alone can be predicted)."""

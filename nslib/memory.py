@@ -351,8 +351,7 @@ def memory_of(gpu, model, batch: int, seq: int, mode: str = "inf", optimizer: st
     fixed = {"framework": fw, "capacity": float(spec.mem_gb) * GIB, "context_source": src}
     if dp == tp == pp == microbatches == 1:
         kv = _kv(model, batch, seq, mode, kv_cache, data, bytes_per_elem(dtype))
-        trace = (traced(model, batch, seq, mode, data, imbalance) if dtype == "fp32" else
-                 traced(model, batch, seq, mode, data, imbalance, dtype=dtype))
+        trace = traced(model, batch, seq, mode, data, imbalance, dtype=dtype)
         return step_memory(trace, mode, optimizer, kv_cache=kv,
                            fp32_states=4 / bytes_per_elem(dtype), **fixed)
     from .parallel import check_degrees, model_info

@@ -713,14 +713,8 @@ def explorer_gpus(data=None) -> dict[str, GPU]:
     """The GPUs the explorer offers: the NeuSight data's datasheets, joined by the 16-bit
     data's (which carry ``Bf16FLOPs``; they win for a stem both folders have) when that folder
     is there."""
-    from .gpus import load_mixed_gpus
-    from .paths import DataNotFoundError
-    gpus = dict(load_gpus(data))
-    try:
-        gpus.update(load_mixed_gpus())
-    except DataNotFoundError:
-        pass  # FP32 only: the 16-bit datasheets are not fetched
-    return gpus
+    from .gpus import load_mixed_gpus_if_present
+    return {**load_gpus(data), **load_mixed_gpus_if_present()}
 
 
 def _model_names(data=None) -> list[str]:
