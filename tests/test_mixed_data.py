@@ -11,22 +11,10 @@ from nslib import dtypes, mixed_data
 from nslib.gpus import gpu_from_dict
 from nslib.mixed_eval import resolve_gpus
 from nslib.paths import DataNotFoundError, mixed_root
+from nslib.predictors.tc_gemm import GEMM
 from nslib.predictors.tensor_baselines import Roofline, RooflineEfficiency, roofline_ms
 
 from mixed_fixture import SHEETS, gemm_ms, write_gpu, write_mixed
-
-
-class GemmKind:
-    name = "gemm"
-
-    def flops(self, f):
-        return 2.0 * f["m"] * f["n"] * f["k"]
-
-    def bytes(self, f):
-        return 2.0 * (f["m"] * f["k"] + f["k"] * f["n"] + f["m"] * f["n"])
-
-    def shape_features(self, f):
-        return f[["m", "n", "k"]].to_numpy(float)
 
 
 @pytest.fixture
@@ -123,17 +111,17 @@ def test_roofline_and_fitted_efficiency_by_hand(mixed):
     big = t[(t["m"] == 4096) & (t["n"] == 4096) & (t["k"] == 4096)]
     a = big[big["gpu"] == "Fake GPU A"]
     # 2 * 4096**3 FLOP at 300 TFLOP/s = 0.458 ms (compute-bound: 100 MB at 2 TB/s is 0.05 ms)
-    assert roofline_ms(GemmKind(), a)[0] == pytest.approx(2 * 4096 ** 3 / 300e12 * 1e3)
-    assert Roofline(GemmKind()).predict(a)[0] == pytest.approx(roofline_ms(GemmKind(), a)[0])
+    assert roofline_ms(GEMM, a)[0] == pytest.approx(2 * 4096 ** 3 / 300e12 * 1e3)
+    assert Roofline(GEMM).predict(a)[0] == pytest.approx(roofline_ms(GEMM, a)[0])
     # big GEMMs follow roof / 0.7 (+5 us): the fitted efficiency recovers about 0.7
-    eff = RooflineEfficiency(GemmKind()).fit(big)
+    eff = RooflineEfficiency(GEMM).fit(big)
     assert eff.efficiency == pytest.approx(0.7, rel=0.05)
 
 
 def test_roofline_needs_bf16_peak(mixed):
     t = mixed_data.gemm_table(mixed).head(3).assign(bf16_gflops=np.nan)
     with pytest.raises(ValueError, match="Bf16FLOPs"):
-        roofline_ms(GemmKind(), t)
+        roofline_ms(GEMM, t)
 
 
 def test_tensor_ranges_come_from_the_measured_gpus(tmp_path, monkeypatch):

@@ -18,6 +18,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from .tensor_baselines import roofline_ms
+
 BYTES = 2            # bytes per element, bf16/fp16
 BLOCK_M = 128        # query rows per CTA
 MAX_SPLITS = 128     # FlashAttention caps the key splits of one (sequence, KV head) at 128
@@ -97,9 +99,7 @@ def attention_roofline_ms(frame: pd.DataFrame) -> np.ndarray:
     """Roofline latency (ms) of each row: ``max(FLOP / tensor-core peak, bytes / bandwidth)``
     with the peak ``bf16_gflops * 1e9`` FLOP/s and bandwidth ``mem_bw * 1e9`` B/s."""
     check_frame(frame, gpu=True)
-    compute = ATTENTION.flops(frame) / (frame["bf16_gflops"].to_numpy(float) * 1e9)
-    memory = ATTENTION.bytes(frame) / (frame["mem_bw"].to_numpy(float) * 1e9)
-    return 1e3 * np.maximum(compute, memory)
+    return roofline_ms(ATTENTION, frame)
 
 
 def block_n(head_dim: np.ndarray) -> np.ndarray:
