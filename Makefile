@@ -41,9 +41,9 @@ lock:
 # Find the data (NSLIB_DATA, or datasets/neusight; NSLIB_MIXED, or datasets/mixed), fetching
 # the pinned copies when absent.
 data: setup
-	@$(BIN)/python -c "from nslib.paths import data_root; data_root()" 2>/dev/null \
+	@$(BIN)/python -c "from nslib.data.paths import data_root; data_root()" 2>/dev/null \
 		|| $(BIN)/nslib fetch
-	@$(BIN)/python -c "from nslib.paths import mixed_root; mixed_root()" 2>/dev/null \
+	@$(BIN)/python -c "from nslib.data.paths import mixed_root; mixed_root()" 2>/dev/null \
 		|| $(BIN)/nslib fetch --mixed
 
 test: setup

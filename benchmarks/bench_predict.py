@@ -27,16 +27,16 @@ HEAVY = ("torch", "transformers", "scipy", "matplotlib", "seaborn", "sklearn", "
 
 
 def timed_cli(args, env) -> float:
-    """Wall seconds of ``python -m nslib.cli ARGS`` as a whole process."""
+    """Wall seconds of ``python -m nslib.cli.commands ARGS`` as a whole process."""
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "nslib.cli", *args], env=env, check=True,
+    subprocess.run([sys.executable, "-m", "nslib.cli.commands", *args], env=env, check=True,
                    stdout=subprocess.DEVNULL)
     return time.perf_counter() - t0
 
 
 def heavy_imports(args, env) -> str:
     """The heavy top-level modules a run of ``nslib ARGS`` imports (a printed list)."""
-    code = ("import sys; from nslib.cli import main; main(sys.argv[1:]); "
+    code = ("import sys; from nslib.cli.commands import main; main(sys.argv[1:]); "
             f"print(sorted({{m.split('.')[0] for m in sys.modules}} & {set(HEAVY)!r}))")
     out = subprocess.run([sys.executable, "-c", code, *args], env=env, check=True,
                          capture_output=True, text=True)
@@ -49,10 +49,10 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--scenarios", type=int, default=1000)
     a = ap.parse_args(argv)
-    from nslib.gpus import load_gpus
-    from nslib.paths import cache_dir
-    from nslib.sweep import sweep
-    from nslib.training import trained
+    from nslib.data.gpus import load_gpus
+    from nslib.data.paths import cache_dir
+    from nslib.model.sweep import sweep
+    from nslib.predictors.training import trained
     trained(a.predictor, quick=a.quick)  # train once, outside the timings
     real = cache_dir()
     cold = Path(tempfile.mkdtemp(prefix="nslib-bench-"))
@@ -93,8 +93,8 @@ def main(argv=None) -> int:
 def bf16_runs(cold: Path, real: Path, env: dict, a) -> tuple | None:
     """(first use s, [cached runs s], heavy imports) of a BF16 prediction on a datasheet-only
     GPU (the 16-bit data's largest tensor-core peak); None without the 16-bit data."""
-    from nslib.gpus import load_mixed_gpus
-    from nslib.paths import DataNotFoundError, PROJECT_ROOT
+    from nslib.data.gpus import load_mixed_gpus
+    from nslib.data.paths import DataNotFoundError, PROJECT_ROOT
     try:
         sheets = load_mixed_gpus()
     except DataNotFoundError:
@@ -110,7 +110,7 @@ def bf16_runs(cold: Path, real: Path, env: dict, a) -> tuple | None:
 
 def cache_path(gpu) -> Path:
     """The datasheet file of a 16-bit data GPU."""
-    from nslib.paths import mixed_root
+    from nslib.data.paths import mixed_root
     return mixed_root() / "device_configs" / f"{gpu.key}.json"
 
 

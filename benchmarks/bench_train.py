@@ -19,8 +19,8 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args(argv)
-    from nslib.kernel_eval import evaluate_predictor
-    from nslib.training import trained, train_frame
+    from nslib.evaluation.kernel_level import evaluate_predictor
+    from nslib.predictors.training import trained, train_frame
     train_frame()  # build the tables outside the timing
     t0 = time.time()
     trained(a.predictor, quick=a.quick, seed=a.seed, retrain=True)

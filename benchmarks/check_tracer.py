@@ -1,8 +1,8 @@
-"""Check nslib.graph.trace against the original NeuSight operator graphs (results/opgraph).
+"""Check nslib.model.graph.trace against the original NeuSight operator graphs (results/opgraph).
 
 For every configuration ``<model>-<inf|train>-<seq>-<batch>.csv`` in results/opgraph (the
 ``-fusion``, ``-dp4``, ``-tp4``, ``-pp4_*`` variants are skipped: their kernels are those of a
-base configuration that is checked), trace the model with :func:`nslib.graph.trace` and compare:
+base configuration that is checked), trace the model with :func:`nslib.model.graph.trace` and compare:
 
 - total GEMM FLOPs of the forward and of the backward pass. Reference: the one-layer graph
   with the transformer-layer nodes repeated ``n_layer`` times (Switch-XL-4's graph holds every
@@ -60,7 +60,7 @@ Why the other kernel counts differ:
   mask per layer).
 - BERT: the reference's inference graph is BertForSequenceClassification (pooler + 2-way
   classifier), its training graph BertForPreTraining (pooler + MLM + NSP heads);
-  nslib.graph.trace builds the same (MEASURED_ARCHITECTURE), so its GEMMs match.
+  nslib.model.graph.trace builds the same (MEASURED_ARCHITECTURE), so its GEMMs match.
 - Switch-XL-4: the reference records 11 attention-score matmuls as ``Linear
   (batch*heads*seq, d_kv, seq)`` instead of ``BMM`` (same FLOPs): our linear/bmm counts are
   553/144 against its 564/133. Its two extra softmaxes (and a few reductions) are the router
@@ -85,9 +85,9 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from nslib import graph  # noqa: E402
-from nslib.opgraph import layer_span, ref_class  # noqa: E402
-from nslib.paths import data_root  # noqa: E402
+from nslib.model import graph
+from nslib.data.reference_graphs import layer_span, ref_class
+from nslib.data.paths import data_root
 
 CLASSES = ("linear", "bmm", "elementwise", "softmax", "layernorm", "memory")
 NAME_RE = re.compile(r"^(?P<model>.+?)-(?P<mode>inf|train)-(?P<seq>\d+)-(?P<batch>\d+)"

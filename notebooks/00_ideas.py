@@ -5,6 +5,8 @@
 #     text_representation:
 #       extension: .py
 #       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -40,25 +42,25 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import curve_fit
 
-from nslib import data as nsdata, kernels
-from nslib.figures import save_figure, save_table
-from nslib.gpus import load_gpus
-from nslib.predict import resolve_gpu
+from nslib.kernels import measured, sizes
+from nslib.viz.figures import save_figure, save_table
+from nslib.data.gpus import load_gpus
+from nslib.model.inputs import resolve_gpu
 from nslib.predictors import get
-from nslib.widgets import hypothetical_gpu
+from nslib.explore.widgets import hypothetical_gpu
 
 rng = np.random.default_rng(seed)
 sample = 4000 if quick else 20000
 epochs = 5 if quick else 20
 gpus = load_gpus(data)
-splits = nsdata.gpu_splits(data)
+splits = measured.gpu_splits(data)
 by_name = {g.name: g for g in gpus.values() if g.key == g.name.replace(" ", "_")}
 train_specs = [by_name[n] for n in splits["train_gpus"]]
 spec = resolve_gpu(gpu, data) if gpu else max(train_specs, key=lambda g: g.peak_gflops)
 new_specs = [by_name[n] for n in splits["new_gpus"]]
 fastest_new = max(new_specs, key=lambda g: g.peak_gflops) if new_specs else spec
-train = {c: nsdata.kernel_table(c, "train", data) for c in kernels.CLASSES}
-test = {c: nsdata.kernel_table(c, "test", data) for c in kernels.CLASSES}
+train = {c: measured.kernel_table(c, "train", data) for c in sizes.CLASSES}
+test = {c: measured.kernel_table(c, "test", data) for c in sizes.CLASSES}
 spec.name, fastest_new.name
 
 # %% [markdown]
@@ -87,13 +89,13 @@ ex = pd.DataFrame([{"cls": "linear", "op": "linear", "B": 1.0, "M": n, "N": n, "
                   [{"cls": c, "op": op, "B": 4096.0, "M": np.nan, "N": np.nan, "K": np.nan,
                     "H": 1024.0} for c, op in (("elementwise", "add"), ("elementwise", "gelu"),
                                                ("softmax", "softmax"), ("layernorm", "ln"))])
-f, b = kernels.flops_bytes(ex)
+f, b = sizes.flops_bytes(ex)
 ex["kernel"] = [f"GEMM {int(r.M)}^3" if r.cls == "linear" else f"{r.op} 4096x1024"
                 for r in ex.itertuples()]
 ex["intensity"] = f / b
 ridge = spec.peak_gflops / spec.mem_bw
 ex["bound on " + spec.name] = np.where(ex["intensity"] > ridge, "compute", "memory")
-ex["roofline ms"] = kernels.roofline_ms(ex.assign(**{k: v for k, v in spec.columns().items()
+ex["roofline ms"] = sizes.roofline_ms(ex.assign(**{k: v for k, v in spec.columns().items()
                                                      if k != "gpu"}))
 ex.set_index("kernel")[["intensity", "bound on " + spec.name, "roofline ms"]]
 
@@ -103,7 +105,7 @@ ex.set_index("kernel")[["intensity", "bound on " + spec.name, "roofline ms"]]
 # That gap is what every predictor has to learn.
 
 # %%
-pts = pd.concat([train[c][train[c]["gpu"] == spec.name] for c in kernels.CLASSES])
+pts = pd.concat([train[c][train[c]["gpu"] == spec.name] for c in sizes.CLASSES])
 pts = pts.sample(min(sample, len(pts)), random_state=seed)
 pts["I"] = pts["flops"] / pts["bytes"]
 pts["achieved"] = pts["flops"] / (pts["latency_ms"] * 1e-3) / 1e9
@@ -304,7 +306,7 @@ table
 #
 # The right panel below shows the mechanism without any measurement: one kernel, on
 # hypothetical GPUs with the FP32 peak and bandwidth of the fastest new GPU multiplied by up
-# to 16 (built with `nslib.widgets.hypothetical_gpu`). The bounded prediction follows the
+# to 16 (built with `nslib.explore.widgets.hypothetical_gpu`). The bounded prediction follows the
 # roofline down, a constant factor above it; the unbounded one lags far behind, because
 # nothing in it says that twice the FLOP/s should halve the time.
 
@@ -346,14 +348,14 @@ for s in scales:
         **{c: v for c, v in g.columns().items() if c != "gpu"})
     curves["bounded (NeuSight)"].append(bounded.predict(row)[0])
     curves["unbounded MLP"].append(unbounded.predict(row)[0])
-    curves["roofline"].append(kernels.roofline_ms(row)[0])
+    curves["roofline"].append(sizes.roofline_ms(row)[0])
 for label, ys in curves.items():
     ax.plot(scales, ys, "o-" if label != "roofline" else "k:", label=label)
 r = one.iloc[0]
 ax.set(xscale="log", yscale="log", xlabel=f"peak and bandwidth x {fastest_new.name}",
        ylabel="predicted ms",
        title=f"one {demo_class} kernel ({r.M:.0f}x{r.N:.0f}x{r.K:.0f}) on faster GPUs"
-       if demo_class in kernels.GEMM_CLASSES else f"one {demo_class} kernel on faster GPUs")
+       if demo_class in sizes.GEMM_CLASSES else f"one {demo_class} kernel on faster GPUs")
 ax.legend(fontsize=8)
 fig.tight_layout()
 save_figure(fig, "00_extrapolation", out)

@@ -5,6 +5,8 @@
 #     text_representation:
 #       extension: .py
 #       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -31,15 +33,15 @@ import numpy as np
 import pandas as pd
 import seaborn as sns
 
-from nslib import data as nsdata, kernels
-from nslib.evaluate import class_table, gpu_table
-from nslib.figures import save_figure, save_table
-from nslib.gpus import load_gpus
+from nslib.kernels import measured, sizes
+from nslib.evaluation.metrics import class_table, gpu_table
+from nslib.viz.figures import save_figure, save_table
+from nslib.data.gpus import load_gpus
 
 sample = 3000 if quick else 20000
-splits = nsdata.gpu_splits(data)
-train = nsdata.kernel_tables("train", data)
-test = nsdata.kernel_tables("test", data)
+splits = measured.gpu_splits(data)
+train = measured.kernel_tables("train", data)
+test = measured.kernel_tables("test", data)
 splits
 
 # %% [markdown]
@@ -67,8 +69,8 @@ gpus
 def sampled(frame, n):
     return frame.sample(min(n, len(frame)), random_state=seed)
 
-both = pd.concat([sampled(pd.concat([train[c], test[c]]), sample) for c in kernels.CLASSES])
-both["size"] = np.where(both["cls"].isin(kernels.GEMM_CLASSES), both["flops"], both["bytes"])
+both = pd.concat([sampled(pd.concat([train[c], test[c]]), sample) for c in sizes.CLASSES])
+both["size"] = np.where(both["cls"].isin(sizes.GEMM_CLASSES), both["flops"], both["bytes"])
 g = sns.relplot(data=both, x="size", y="latency_ms", hue="gpu", col="cls", col_wrap=3,
                 kind="scatter", s=6, alpha=0.5, linewidth=0,
                 facet_kws={"sharex": False, "sharey": False})
@@ -111,7 +113,7 @@ save_figure(fig, "01_gemm_roofline", out)
 
 # %%
 test_all = pd.concat(test.values(), ignore_index=True)
-roof = kernels.roofline_ms(test_all)
+roof = sizes.roofline_ms(test_all)
 roof_table = class_table(test_all, roof, splits["train_gpus"], splits["new_gpus"])
 save_table(roof_table, "01_roofline_error", out)
 roof_table

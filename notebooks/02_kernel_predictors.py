@@ -35,13 +35,13 @@ import numpy as np
 import pandas as pd
 import seaborn as sns
 
-from nslib import data as nsdata, tiles
-from nslib.evaluate import ape, class_table, gpu_table
-from nslib.figures import save_figure, save_table
-from nslib.kernel_eval import predict_test
-from nslib.training import kernel_eval_frame, trained
+from nslib.kernels import measured, tiles
+from nslib.evaluation.metrics import ape, class_table, gpu_table
+from nslib.viz.figures import save_figure, save_table
+from nslib.evaluation.kernel_level import predict_test
+from nslib.predictors.training import kernel_eval_frame, trained
 
-splits = nsdata.gpu_splits(data)
+splits = measured.gpu_splits(data)
 train_kw = dict(data=data, quick=quick, seed=seed, epochs=epochs)
 splits
 
@@ -83,8 +83,8 @@ per_gpu
 # used (`nslib eval-kernels --logo`; the choices and their evidence: `nslib/predictors/DECISIONS.md`).
 
 # %%
-from nslib.kernel_eval import LOGO_MEAN, evaluate_logo
-from nslib.plots import logo_heatmap
+from nslib.evaluation.kernel_level import LOGO_MEAN, evaluate_logo
+from nslib.viz.plots import logo_heatmap
 
 logo = {n: evaluate_logo(n, **train_kw) for n in names}
 logo_table = pd.concat({n: t[[LOGO_MEAN, "worst held-out GPU"]] for n, t in logo.items()},
@@ -100,11 +100,11 @@ logo_table
 # What no measured GPU can test: scaling peak and bandwidth together by k makes a big kernel
 # k times faster; more of one resource never makes a kernel slower; a GPU with 5x the
 # FLOP/byte balance of every training GPU keeps memory-bound kernels near bytes / bandwidth
-# and GEMMs near their roofline (`nslib.extrapolation`; the same checks are tests).
+# and GEMMs near their roofline (`nslib.evaluation.extrapolation`; the same checks are tests).
 
 # %%
-from nslib.extrapolation import property_checks
-from nslib.gpu_range import training_ranges
+from nslib.evaluation.extrapolation import property_checks
+from nslib.predictors.gpu_range import training_ranges
 
 balance = training_ranges(data)["ranges"]["FLOP/byte"][1]   # FLOP/byte, training GPUs
 props = pd.concat({n: property_checks(trained(n, **train_kw), train_balance=balance)
@@ -148,8 +148,8 @@ save_figure(ax.figure, "02_error_vs_waves", out)
 # For square GEMMs of growing size: utilisation rises with waves and saturates at gamma.
 
 # %%
-from nslib.gpus import load_gpus
-import nslib.kernels as K
+from nslib.data.gpus import load_gpus
+import nslib.kernels.sizes as K
 gpus = load_gpus(data)
 sizes = 2.0 ** np.arange(6, 14)
 rows = []
@@ -206,7 +206,7 @@ ns_err["family"] = ns_err["kernel_name"].str.extract(r"([A-Za-z0-9_]*gemm[A-Za-z
                                                      r"[a-z_]+_kernel|softmax\w*)")[0]
 worst = (ns_err.groupby(["cls", "gpu"])["err"].mean().loc[lambda s: s > 10].index)
 train_waves = {c: f["waves"].max()
-                               for c, f in nsdata.kernel_tables("train", data).items()}
+                               for c, f in measured.kernel_tables("train", data).items()}
 rows = []
 for cls, gpu in worst:
     sub = ns_err[(ns_err["cls"] == cls) & (ns_err["gpu"] == gpu)]

@@ -17,7 +17,7 @@
 # # 03 · NeuSight against the baselines, kernel by kernel
 #
 # Every predictor is trained on exactly the same kernels of the same training GPUs and scored
-# by the same code (`nslib.kernel_eval`) on the held-out test kernels: the paper's baselines
+# by the same code (`nslib.evaluation.kernel_level`) on the held-out test kernels: the paper's baselines
 # (roofline, Habitat, Li et al.), two regressors on NeuSight's own features (linear regression
 # and gradient-boosted trees), the unbounded MLP, and NeuSight.
 
@@ -36,13 +36,13 @@ import numpy as np
 import pandas as pd
 import seaborn as sns
 
-from nslib import data as nsdata
-from nslib.evaluate import ape, class_table
-from nslib.figures import save_figure, save_table
-from nslib.kernel_eval import predict_test
+from nslib.kernels import measured
+from nslib.evaluation.metrics import ape, class_table
+from nslib.viz.figures import save_figure, save_table
+from nslib.evaluation.kernel_level import predict_test
 from nslib.predictors import available
 
-splits = nsdata.gpu_splits(data)
+splits = measured.gpu_splits(data)
 names = [p for p in predictors if p in available()]
 missing = sorted(set(predictors) - set(names))
 print("predictors:", names, "| not available:", missing)
@@ -64,7 +64,7 @@ table.round(1)
 # are made on; the one above is the paper's protocol.
 
 # %%
-from nslib.kernel_eval import LOGO_MEAN, evaluate_logo
+from nslib.evaluation.kernel_level import LOGO_MEAN, evaluate_logo
 
 logo = {n: evaluate_logo(n, data=data, quick=quick, seed=seed)
         for n in logo_predictors if n in names}
@@ -97,7 +97,7 @@ save_figure(g.figure, "03_baselines_error_boxes", out)
 # training GPU.
 
 # %%
-from nslib.gpus import load_gpus, find_gpu
+from nslib.data.gpus import load_gpus, find_gpu
 gpus = load_gpus(data)
 fastest = max(find_gpu(g, gpus).peak_gflops for g in splits["train_gpus"])
 by_gpu = err.pivot_table(index="predictor", columns="gpu", values="err").reindex(names)

@@ -17,7 +17,7 @@
 # # 04 · Inference latency of whole models
 #
 # Each model configuration is traced on the meta device into the kernels it launches
-# (`nslib.graph`), every kernel is predicted, and the sum is compared with the measured
+# (`nslib.model.graph`), every kernel is predicted, and the sum is compared with the measured
 # latency in the label folder (mean of the 5 fastest of 25 runs). GPUs, models and batch sizes
 # come from the labels, so a new GPU's labels join these tables without code changes.
 
@@ -31,9 +31,9 @@ seed = 0
 quick = False      # quick profile: quick-trained predictors, a subset of configurations
 
 # %%
-from nslib.figures import save_figure, save_table
-from nslib.model_eval import report, time_breakdown
-from nslib.plots import pred_vs_measured_bars, share_bars
+from nslib.viz.figures import save_figure, save_table
+from nslib.evaluation.model_level import report, time_breakdown
+from nslib.viz.plots import pred_vs_measured_bars, share_bars
 from nslib.predictors import available
 
 mode = "inf"
@@ -83,7 +83,7 @@ tables["per_class"]
 # operators hide behind kernels and a forecast prices them at zero.
 
 # %%
-from nslib.class_eval import host_overlap
+from nslib.evaluation.per_class import host_overlap
 
 overlap = host_overlap(data)
 overlap_by_gpu = overlap.groupby("gpu_key")[["host_ms", "e2e_over_all", "e2e_over_kernels"]].median()
@@ -94,7 +94,7 @@ overlap_by_gpu
 # ## Summing kernels as a stream, not as separate microbenchmarks
 # Each training kernel was timed alone, so its latency carries the host's dispatch of one op
 # (25-50 us). In a model the host runs ahead of the GPU and a kernel costs its GPU time
-# (`nslib.launch`): the default takes each class's learned floor off, keeping the roofline
+# (`nslib.model.stream`): the default takes each class's learned floor off, keeping the roofline
 # and a 3 us launch gap. `plain sum` adds the microbenchmark latencies as they are. The
 # difference is largest where kernels are small and many: small-batch training, Switch-XL.
 

@@ -5,6 +5,8 @@
 #     text_representation:
 #       extension: .py
 #       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -15,7 +17,7 @@
 # # 06 · Operator fusion
 #
 # The fused measurements (`-fusion` labels: BERT-Large and GPT2-Large inference) ran with
-# chains of elementwise kernels fused into one. `nslib.fusion.fuse` merges, in the traced
+# chains of elementwise kernels fused into one. `nslib.model.fusion.fuse` merges, in the traced
 # kernel graph, every elementwise or memory kernel whose only consumer is another elementwise
 # or memory kernel of the same phase into that consumer's group (never a GEMM). A group moves
 # its external inputs and its output once (FLOPs: the members' sum) and is predicted by the
@@ -42,10 +44,10 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from nslib.figures import save_figure, save_table
-from nslib.fusion import fuse
-from nslib.model_eval import evaluate_variant
-from nslib.predict import traced
+from nslib.viz.figures import save_figure, save_table
+from nslib.model.fusion import fuse
+from nslib.evaluation.model_level import evaluate_variant
+from nslib.model.inputs import traced
 from nslib.predictors import available
 
 prefix = "06"

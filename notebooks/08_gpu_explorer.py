@@ -5,6 +5,8 @@
 #     text_representation:
 #       extension: .py
 #       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -19,7 +21,7 @@
 # datasheet, so it also answers questions about GPUs that do not exist: what if the H100 had
 # twice the memory bandwidth? This notebook asks one such question non-interactively (so a
 # papermill run writes its figures and tables), then opens the interactive explorer
-# (`nslib.widgets`), where GPUs, a hypothetical GPU, the model (or a pasted HuggingFace
+# (`nslib.explore.widgets`), where GPUs, a hypothetical GPU, the model (or a pasted HuggingFace
 # config), batch, sequence length, mode and predictor can be changed freely.
 
 # %% tags=["parameters"]
@@ -41,10 +43,10 @@ import numpy as np
 import pandas as pd
 from IPython.display import Markdown, display
 
-from nslib.figures import save_figure, save_table
-from nslib.predict import resolve_gpu
-from nslib.widgets import (build_explorer, hypothetical_gpu, plot_scenario, scenario,
-                           training_ranges)
+from nslib.viz.figures import save_figure, save_table
+from nslib.model.inputs import resolve_gpu
+from nslib.explore.widgets import (build_explorer, hypothetical_gpu, plot_scenario, scenario,
+    training_ranges)
 
 specs = [resolve_gpu(g, data) for g in gpus]
 base = specs[0]

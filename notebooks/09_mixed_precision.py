@@ -38,11 +38,12 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import seaborn as sns
 
-from nslib import mixed_data
-from nslib.figures import save_figure, save_table
-from nslib.gpus import load_mixed_gpus
-from nslib.mixed_training import KINDS, kind_table, logo_frame, mape_table
-from nslib.plots import logo_heatmap, pred_vs_measured_scatter
+from nslib.data import mixed_data
+from nslib.viz.figures import save_figure, save_table
+from nslib.data.gpus import load_mixed_gpus
+from nslib.evaluation.kernel_level16 import logo_frame, mape_table
+from nslib.predictors.mixed_training import KINDS, kind_table
+from nslib.viz.plots import logo_heatmap, pred_vs_measured_scatter
 
 gpus = load_mixed_gpus(mixed)
 sheets = mixed_data.gpu_frame(gpus).set_index("gpu")
@@ -114,7 +115,7 @@ for kind in KINDS:
 # tokens: of the summed layer and of each op class.
 
 # %%
-from nslib.layer_check import layer_predictions, layer_report, layer_sums
+from nslib.evaluation.layer_check import layer_predictions, layer_report, layer_sums
 
 layers = mixed_data.layer_table(mixed)
 if quick:  # every 8th token count of each (model, TP): the same layers in every quick run
@@ -129,7 +130,7 @@ layer_table.round(1)
 # = predicted too fast).
 
 # %%
-from nslib.layer_check import OP_CLASS
+from nslib.evaluation.layer_check import OP_CLASS
 
 big = checked[checked["num_tokens"] >= 256]
 direction = (big["pred_ms"] / big["latency_ms"]).groupby(
@@ -163,7 +164,7 @@ save_figure(fig, "09_layer_error_by_tokens", out)
 # tables above say how far to trust it.
 
 # %%
-from nslib.predict import predict_model
+from nslib.model.predict import predict_model
 
 unseen = [g for g in gpus.values() if not any(g.name in measured[k] for k in KINDS)]
 rows = []

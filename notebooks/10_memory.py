@@ -19,7 +19,7 @@
 # Before the time of a step, the first question is whether it runs at all. The tracer sees
 # every tensor the step creates, with its size and dtype, and, since the meta device counts
 # references as a GPU does, when PyTorch frees it (after its last use by a kernel, a Python
-# variable or a tensor autograd saved for the backward). `nslib.memory` turns that into the
+# variable or a tensor autograd saved for the backward). `nslib.model.memory` turns that into the
 # memory alive at every kernel and adds what lives for the whole step:
 #
 # - **weights** (parameters and buffers), **grads** (one per trainable parameter, kept between
@@ -28,7 +28,7 @@
 # - **activations**: everything else alive at the peak (saved activations, temporaries,
 #   activation gradients, the outputs the caller holds);
 # - **framework**: the CUDA context and cuBLAS workspace from the datasheet's SM count (the
-#   stack the context reserves for every resident thread, `nslib.memory.framework_bytes`),
+#   stack the context reserves for every resident thread, `nslib.model.memory.framework_bytes`),
 #   not fitted;
 # - per GPU under DP (plus DDP's gradient buckets), TP (shards of the sharded trace) and PP
 #   (each stage's parameters and activations, GPipe micro-batches in flight).
@@ -60,11 +60,11 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from nslib.figures import save_figure, save_table
-from nslib.graph import max_seq, trace
-from nslib.memcheck import SMALL_CONFIGS, compare
-from nslib.memory import (GIB, korthikanti_bytes, largest_batch, layer_saved_bytes, memory_of,
-                          pipeline_memory)
+from nslib.viz.figures import save_figure, save_table
+from nslib.model.graph import max_seq, trace
+from nslib.evaluation.memcheck import SMALL_CONFIGS, compare
+from nslib.model.memory import (GIB, korthikanti_bytes, largest_batch, layer_saved_bytes,
+    memory_of, pipeline_memory)
 
 prefix = "10"
 parts = ["weights", "grads", "optimizer", "activations", "framework", "comm"]
@@ -115,7 +115,7 @@ save_figure(fig, f"{prefix}_breakdown", out)
 # %% [markdown]
 # ## Largest batch that fits, per GPU
 # By bisection over the batch, with every storage's size as a law of batch and sequence from
-# three small traces (`nslib.memory.storage_law`, exact against full traces). 0: not even
+# three small traces (`nslib.model.memory.storage_law`, exact against full traces). 0: not even
 # batch 1 fits (FP32 Adam needs about 20 bytes per parameter before any activation).
 
 # %%

@@ -10,11 +10,11 @@ from pathlib import Path
 import yaml
 from tqdm.auto import tqdm
 
-from . import __version__
-from .data import data_hash
-from .mixed_data import mixed_hash
-from .paths import (PROJECT_ROOT, atomic_write_text, data_root, figures_dir, hash_files,
-                    mixed_root)
+from nslib import __version__
+from nslib.kernels.measured import data_hash
+from nslib.data.mixed_data import mixed_hash
+from nslib.data.paths import (PROJECT_ROOT, atomic_write_text, data_root, figures_dir, hash_files,
+    mixed_root)
 
 NOTEBOOKS = PROJECT_ROOT / "notebooks"
 RESULTS = PROJECT_ROOT / "results"

@@ -23,8 +23,8 @@ def _cache(tmp_path_factory):
 
 
 def _root_or_skip(name: str):
-    """``nslib.paths.<name>()``, or skip the test when that data is not there."""
-    from nslib import paths
+    """``nslib.data.paths.<name>()``, or skip the test when that data is not there."""
+    from nslib.data import paths
     try:
         return getattr(paths, name)()
     except paths.DataNotFoundError as e:

@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from nslib.predictors.attention import (ATTENTION, PREDICTORS, TensorAttention,
-                                        attention_roofline_ms, floor_ms)
+    attention_roofline_ms, floor_ms)
 from nslib.predictors.attention_kind import launch_geometry
 
 GPU = {"gpu": "test", "bf16_gflops": 1e6, "mem_bw": 2000.0, "num_sm": 108.0, "l2_mb": 40.0,
@@ -84,7 +84,7 @@ def test_bad_input_is_a_clear_error():
 
 @pytest.fixture(scope="module")
 def table(mixed_dir):
-    from nslib.mixed_data import attention_table
+    from nslib.data.mixed_data import attention_table
     t = attention_table(mixed_dir)
     return t.groupby("gpu", group_keys=False).sample(1500, random_state=0).reset_index(drop=True)
 
@@ -113,7 +113,7 @@ def test_faster_gpu_scales_big_prefill(trained, table):
 
 
 def test_quick_logo_finite_per_gpu(table):
-    from nslib.mixed_eval import logo_predictions, per_gpu_mape
+    from nslib.evaluation.kernel_level16 import logo_predictions, per_gpu_mape
     pred = logo_predictions(table, lambda: TensorAttention(quick=True), progress=False)
     mape = per_gpu_mape(table, pred)
     assert len(mape) == table["gpu"].nunique() and np.isfinite(mape).all()

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from nslib import kernels
+from nslib.kernels import sizes
 from nslib.predictors import get, predictor_class
 from nslib.predictors.base import by_class
 from nslib.predictors.li import clamp_coefficients, fit_per_gpu
@@ -18,7 +18,7 @@ DATA = Path(os.environ.get("NSLIB_DATA")
             or Path(__file__).resolve().parents[1].parent / "shared" / "neusight")
 N_TRAIN = 2000  # training kernels per class
 N_TEST = 150    # test kernels per class
-BARE = ["cls", "op", "gpu", "B", "M", "N", "K", "H", *kernels.GPU_COLS]
+BARE = ["cls", "op", "gpu", "B", "M", "N", "K", "H", *sizes.GPU_COLS]
 
 # small, fast settings; the algorithms are the defaults'
 PARAMS = {"habitat": {"epochs": 4, "hidden": 64, "layers": 3},
@@ -33,16 +33,17 @@ def frames(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("NSLIB_CACHE", str(tmp_path_factory.mktemp("cache")))
         mp.setenv("NSLIB_DATA", str(DATA))
-        from nslib import data, paths
+        from nslib.kernels import measured
+        from nslib.data import paths
         try:
             paths.data_root()
         except paths.DataNotFoundError:
             pytest.skip(f"no NeuSight data at {DATA}")
-        train = pd.concat([data.kernel_table(c, "train").sample(N_TRAIN, random_state=0)
-                           for c in kernels.CLASSES], ignore_index=True)
-        test = pd.concat([(t := data.kernel_table(c, "test")).sample(min(N_TEST, len(t)),
+        train = pd.concat([measured.kernel_table(c, "train").sample(N_TRAIN, random_state=0)
+                           for c in sizes.CLASSES], ignore_index=True)
+        test = pd.concat([(t := measured.kernel_table(c, "test")).sample(min(N_TEST, len(t)),
                                                                      random_state=0)
-                          for c in kernels.CLASSES], ignore_index=True)
+                          for c in sizes.CLASSES], ignore_index=True)
     return train, test
 
 
@@ -155,7 +156,7 @@ def test_li_forecasts_positive_coefficients_for_unseen_gpu(fitted, frames):
 def test_habitat_missing_reference_warns_and_counts(fitted, frames):
     train, test = frames
     hab = fitted["habitat"]
-    vec = test[test["cls"].isin(kernels.VECTOR_CLASSES)][BARE]
+    vec = test[test["cls"].isin(sizes.VECTOR_CLASSES)][BARE]
     with pytest.warns(UserWarning, match="no reference measurement"):
         hab.predict(vec)
     assert hab.last_missing == len(vec)  # test kernels are larger than any training kernel
@@ -164,7 +165,7 @@ def test_habitat_missing_reference_warns_and_counts(fitted, frames):
 def test_habitat_exact_reference_is_wave_scaled(fitted, frames):
     train, _ = frames
     hab = fitted["habitat"]
-    ref = train[(train["gpu"] == hab.reference) & train["cls"].isin(kernels.VECTOR_CLASSES)]
+    ref = train[(train["gpu"] == hab.reference) & train["cls"].isin(sizes.VECTOR_CLASSES)]
     ref = ref.drop_duplicates(["op", "B", "H"], keep=False).head(40)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # every row has its exact reference: no warning

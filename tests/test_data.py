@@ -7,14 +7,14 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from nslib import data as nsdata, kernels
-from nslib.paths import DataNotFoundError, data_root
+from nslib.kernels import measured, sizes
+from nslib.data.paths import DataNotFoundError, data_root
 
 
 def test_tables_have_the_tidy_columns(data_dir):
-    for cls in kernels.CLASSES:
-        for split in nsdata.SPLITS:
-            df = nsdata.kernel_table(cls, split)
+    for cls in sizes.CLASSES:
+        for split in measured.SPLITS:
+            df = measured.kernel_table(cls, split)
             assert len(df) > 100
             for col in ("op", "gpu", "latency_ms", "kernel_name", "grid_x", "num_sm",
                         "peak_gflops", "mem_bw", "flops", "bytes", "blocks", "waves"):
@@ -25,31 +25,31 @@ def test_tables_have_the_tidy_columns(data_dir):
 
 def test_gemm_tiles_agree_with_the_launch_grid(data_dir):
     # where the grid is the plain tile grid (no split-K), blocks must equal the grid size
-    df = nsdata.kernel_table("bmm", "train")
+    df = measured.kernel_table("bmm", "train")
     grid = df["grid_x"] * df["grid_y"] * df["grid_z"]
     assert (df["blocks"] == grid).mean() > 0.95
 
 
 def test_splits_come_from_the_data(data_dir):
-    s = nsdata.gpu_splits()
+    s = measured.gpu_splits()
     assert len(s["train_gpus"]) == 5
     assert set(s["new_gpus"]) == set(s["test_gpus"]) - set(s["train_gpus"])
     assert s["new_gpus"]  # the test split has GPUs never trained on
 
 
 def test_cache_is_keyed_by_content(data_dir):
-    a = nsdata.table_key("softmax", "test")
-    assert a == nsdata.table_key("softmax", "test")
-    assert a != nsdata.table_key("layernorm", "test")
-    nsdata._cached_table.cache_clear()  # other tests may have filled the in-memory layer
-    nsdata.kernel_table("softmax", "test")
+    a = measured.table_key("softmax", "test")
+    assert a == measured.table_key("softmax", "test")
+    assert a != measured.table_key("layernorm", "test")
+    measured._cached_table.cache_clear()  # other tests may have filled the in-memory layer
+    measured.kernel_table("softmax", "test")
     assert (Path(os.environ["NSLIB_CACHE"]) / "tables" / f"softmax-test-{a}.parquet").is_file()
 
 
 def test_missing_data_folder_says_how_to_get_it(tmp_path, monkeypatch):
     monkeypatch.setenv("NSLIB_DATA", str(tmp_path / "nowhere"))
     with pytest.raises(DataNotFoundError, match="nslib fetch.*NSLIB_DATA"):
-        nsdata.kernel_table("bmm", "test")
+        measured.kernel_table("bmm", "test")
 
 
 def _mirror(src: Path, dst: Path) -> Path:
@@ -74,13 +74,13 @@ def mirror(data_dir, tmp_path, monkeypatch):
 def test_missing_file_and_unexpected_columns(mirror):
     (mirror / "dataset" / "test" / "softmax.csv").unlink()
     with pytest.raises(DataNotFoundError, match="softmax test kernels.*nslib fetch"):
-        nsdata.kernel_table("softmax", "test")
+        measured.kernel_table("softmax", "test")
     ln = mirror / "dataset" / "test" / "ln.csv"
     df = pd.read_csv(ln.resolve()).drop(columns=["Latency"])
     ln.unlink()
     df.to_csv(ln, index=False)
     with pytest.raises(ValueError, match="Latency.*missing"):
-        nsdata.kernel_table("layernorm", "test")
+        measured.kernel_table("layernorm", "test")
 
 
 def test_a_new_gpu_flows_through_without_code_changes(mirror):
@@ -93,9 +93,9 @@ def test_a_new_gpu_flows_through_without_code_changes(mirror):
     extra = df[df["Device"] == "Tesla T4"].head(50).assign(Device="NVIDIA L4")
     path.unlink()
     pd.concat([df, extra]).to_csv(path, index=False)
-    s = nsdata.gpu_splits()
+    s = measured.gpu_splits()
     assert "NVIDIA L4" in s["new_gpus"]
-    t = nsdata.kernel_table("bmm", "test")
+    t = measured.kernel_table("bmm", "test")
     assert (t[t["gpu"] == "NVIDIA L4"]["num_sm"] == 58).all()
 
 
@@ -105,4 +105,4 @@ def test_kernels_of_a_gpu_without_config_are_a_clear_error(mirror):
     path.unlink()
     df.assign(Device="Mystery GPU").to_csv(path, index=False)
     with pytest.raises(ValueError, match="Mystery GPU.*device_configs"):
-        nsdata.kernel_table("layernorm", "test")
+        measured.kernel_table("layernorm", "test")

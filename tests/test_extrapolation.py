@@ -1,5 +1,5 @@
 """NeuSight's forecasts keep their physical properties on synthetic datasheets unlike any
-training GPU (nslib.extrapolation): scaling, monotonicity in every resource, and sanity on a
+training GPU (nslib.evaluation.extrapolation): scaling, monotonicity in every resource, and sanity on a
 GPU with 5x the FLOP/byte balance of every training GPU.
 
 Checked on the shipped (full-profile) predictor: scaling and monotonicity in bandwidth, peak,
@@ -7,9 +7,9 @@ L2 and memory hold by construction of the laws, monotonicity in the SM count (an
 only as trained, and the quick profile's 8 epochs do not always reach it."""
 import pytest
 
-from nslib.extrapolation import kernel_frame, property_checks
-from nslib.gpu_range import training_ranges
-from nslib.training import trained
+from nslib.evaluation.extrapolation import kernel_frame, property_checks
+from nslib.predictors.gpu_range import training_ranges
+from nslib.predictors.training import trained
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ import warnings
 import numpy as np
 import pytest
 
-from nslib.graph import expert_tokens, trace
+from nslib.model.graph import expert_tokens, trace
 
 H, FF, V = 32, 64, 100
 DECODER = dict(hidden_size=H, intermediate_size=FF, num_hidden_layers=1, num_attention_heads=2,
@@ -65,8 +65,8 @@ def test_family_traces(name, mode):
 @pytest.mark.parametrize("name", ["llama", "mistral", "qwen2", "gemma", "phi3", "t5",
                                   "whisper", "vit", "mixtral", "qwen2_moe"])
 def test_family_predicts(data_dir, name):
-    from nslib.gpu_range import DatasheetRangeWarning
-    from nslib.predict import predict_model
+    from nslib.predictors.gpu_range import DatasheetRangeWarning
+    from nslib.model.predict import predict_model
     seq = VIT_SEQ if name == "vit" else SEQ
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DatasheetRangeWarning)

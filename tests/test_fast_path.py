@@ -9,10 +9,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from nslib import data as nsdata, kernels
-from nslib.predictors.neusight import (FORMS, OUTPUTS, make_mlp, tile_features, wave_context,
-                                       wave_ms)
-from nslib.training import trained
+from nslib.kernels import measured, sizes
+from nslib.predictors.neusight import FORMS, OUTPUTS, make_mlp, tile_features, wave_context, wave_ms
+from nslib.predictors.training import trained
 
 ROOT = Path(__file__).resolve().parents[1]
 HEAVY = ("torch", "transformers", "scipy", "matplotlib", "seaborn", "sklearn", "xgboost")
@@ -42,11 +41,11 @@ def _torch_raw(weights: list, z: np.ndarray) -> np.ndarray:
 
 def test_numpy_forward_equals_torch_forward_for_every_class(shipped):
     import torch
-    test = pd.concat([nsdata.kernel_table(c, "test").sample(200, random_state=1)
-                      for c in kernels.CLASSES], ignore_index=True)
+    test = pd.concat([measured.kernel_table(c, "test").sample(200, random_state=1)
+                      for c in sizes.CLASSES], ignore_index=True)
     frame = shipped._pack(shipped._nominal(shipped.tiles.fill(test)))
     forms = set()
-    for cls in kernels.CLASSES:
+    for cls in sizes.CLASSES:
         sub = frame[frame["cls"] == cls]
         form = shipped.configs[cls]["form"]
         forms.add(form)
@@ -78,8 +77,8 @@ def test_every_law_is_the_same_in_numpy_and_torch(form, members):
 
 
 def _run_cli(args: list, env: dict) -> list:
-    """Run ``nslib.cli.main(args)`` in a fresh interpreter; the heavy modules it imported."""
-    code = ("import sys; from nslib.cli import main; rc = main(sys.argv[1:]); "
+    """Run ``nslib.cli.commands.main(args)`` in a fresh interpreter; the heavy modules it imported."""
+    code = ("import sys; from nslib.cli.commands import main; rc = main(sys.argv[1:]); "
             f"print(sorted(m for m in sys.modules if m.split('.')[0] in {set(HEAVY)!r})); "
             "sys.exit(rc)")
     out = subprocess.run([sys.executable, "-c", code, *args], env=env, cwd=ROOT,

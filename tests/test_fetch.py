@@ -1,4 +1,4 @@
-"""Tests of ``nslib.fetch`` on small fake NeuSight archives (no network)."""
+"""Tests of ``nslib.data.fetch`` on small fake NeuSight archives (no network)."""
 from __future__ import annotations
 
 import hashlib
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from nslib import fetch as nsfetch
-from nslib import paths
+from nslib.data import fetch
+from nslib.data import paths
 
 T4 = {"Device": "Tesla T4", "Dev_Mem": 15, "Mem_Bw": 320, "Num_Sm": 40, "Core_Per_SM": 64,
       "Freq": 1590, "SingleFLOPs": 8141, "L2Cache": 4}
@@ -64,28 +64,28 @@ def _clean(dest: Path) -> None:
 def test_fetch_local_archive(tmp_path, dest, kind):
     archive = (_tar(tmp_path / "a.tar.gz", _files()) if kind == "tar"
                else _zip(tmp_path / "a.zip", _files()))
-    assert nsfetch.fetch(dest, source=archive, progress=False) == dest
+    assert fetch.fetch(dest, source=archive, progress=False) == dest
     assert json.loads((dest / CONFIG).read_text()) == T4  # prefix NeuSight-abc/ stripped
     assert paths.data_root(dest) == (dest / "scripts" / "asplos").resolve()
     lock = json.loads((dest.parent / "neusight.lock.json").read_text())
     assert lock["sha256"] == _sha(archive)
     assert lock["source"] == str(archive)
-    assert lock["commit"] == nsfetch.load_registry()["commit"]
+    assert lock["commit"] == fetch.load_registry()["commit"]
     assert lock["fetched_at"]
-    assert nsfetch.read_lock(dest) == lock
+    assert fetch.read_lock(dest) == lock
     assert sorted(p.name for p in dest.parent.iterdir()) == ["neusight", "neusight.lock.json"]
 
 
 def test_fetch_right_sha256_accepted(tmp_path, dest):
     archive = _tar(tmp_path / "a.tgz", _files())
-    nsfetch.fetch(dest, source=archive, sha256=_sha(archive), progress=False)
+    fetch.fetch(dest, source=archive, sha256=_sha(archive), progress=False)
     assert (dest / CONFIG).is_file()
 
 
 def test_wrong_sha256_refused(tmp_path, dest):
     archive = _tar(tmp_path / "a.tar.gz", _files())
     with pytest.raises(ValueError) as err:
-        nsfetch.fetch(dest, source=archive, sha256="0" * 64, progress=False)
+        fetch.fetch(dest, source=archive, sha256="0" * 64, progress=False)
     assert "0" * 64 in str(err.value) and _sha(archive) in str(err.value)
     _clean(dest)
 
@@ -93,7 +93,7 @@ def test_wrong_sha256_refused(tmp_path, dest):
 def test_not_a_neusight_archive_refused(tmp_path, dest):
     archive = _zip(tmp_path / "other.zip", {"other-1.0/setup.py": b"print()\n"})
     with pytest.raises(ValueError, match="not a NeuSight repository"):
-        nsfetch.fetch(dest, source=archive, progress=False)
+        fetch.fetch(dest, source=archive, progress=False)
     _clean(dest)
 
 
@@ -102,7 +102,7 @@ def test_unsafe_member_refused(tmp_path, dest):
     files["NeuSight-abc/../evil"] = b"boom"
     archive = _tar(tmp_path / "evil.tar.gz", files)
     with pytest.raises(ValueError, match="unsafe"):
-        nsfetch.fetch(dest, source=archive, progress=False)
+        fetch.fetch(dest, source=archive, progress=False)
     _clean(dest)
     assert not (tmp_path / "out" / "evil").exists() and not (tmp_path / "evil").exists()
 
@@ -110,7 +110,7 @@ def test_unsafe_member_refused(tmp_path, dest):
 def test_unsafe_zip_member_refused(tmp_path, dest):
     archive = _zip(tmp_path / "evil.zip", {**_files(), "/abs/evil": b"boom"})
     with pytest.raises(ValueError, match="unsafe"):
-        nsfetch.fetch(dest, source=archive, progress=False)
+        fetch.fetch(dest, source=archive, progress=False)
     _clean(dest)
 
 
@@ -119,10 +119,10 @@ def test_existing_dest_needs_force(tmp_path, dest):
     (dest / "keep.txt").write_text("old")
     archive = _tar(tmp_path / "a.tar.gz", _files())
     with pytest.raises(FileExistsError, match="--force"):
-        nsfetch.fetch(dest, source=archive, progress=False)
+        fetch.fetch(dest, source=archive, progress=False)
     assert [p.name for p in dest.iterdir()] == ["keep.txt"]
     assert sorted(p.name for p in dest.parent.iterdir()) == ["neusight"]
-    nsfetch.fetch(dest, source=archive, force=True, progress=False)
+    fetch.fetch(dest, source=archive, force=True, progress=False)
     assert not (dest / "keep.txt").exists() and (dest / CONFIG).is_file()
     assert sorted(p.name for p in dest.parent.iterdir()) == ["neusight", "neusight.lock.json"]
 
@@ -132,7 +132,7 @@ def test_failed_force_keeps_old_copy(tmp_path, dest):
     (dest / "keep.txt").write_text("old")
     archive = _zip(tmp_path / "other.zip", {"other/x.txt": b"x"})
     with pytest.raises(ValueError):
-        nsfetch.fetch(dest, source=archive, force=True, progress=False)
+        fetch.fetch(dest, source=archive, force=True, progress=False)
     assert (dest / "keep.txt").read_text() == "old"
     assert sorted(p.name for p in dest.parent.iterdir()) == ["neusight"]
 
@@ -144,9 +144,9 @@ def test_folder_source(tmp_path, dest, level):
     cfg.parent.mkdir(parents=True)
     cfg.write_text(json.dumps(T4))
     src = repo if level == "repo" else repo / "scripts" / "asplos"
-    nsfetch.fetch(dest, source=src, progress=False)
+    fetch.fetch(dest, source=src, progress=False)
     assert json.loads((paths.data_root(dest) / "data/device_configs/Tesla_T4.json").read_text()) == T4
-    lock = nsfetch.read_lock(dest)
+    lock = fetch.read_lock(dest)
     assert lock["sha256"] is None and lock["source"] == str(src)
     assert cfg.is_file()  # the source is left alone
 
@@ -154,7 +154,7 @@ def test_folder_source(tmp_path, dest, level):
 def test_folder_not_a_repo_refused(tmp_path, dest):
     (tmp_path / "empty").mkdir()
     with pytest.raises(ValueError, match="not a NeuSight repository"):
-        nsfetch.fetch(dest, source=tmp_path / "empty", progress=False)
+        fetch.fetch(dest, source=tmp_path / "empty", progress=False)
     _clean(dest)
 
 
@@ -166,20 +166,20 @@ def test_url_goes_through_pooch(tmp_path, dest, monkeypatch):
         calls.append((url, known_hash, Path(path), progressbar))
         return str(archive)
 
-    monkeypatch.setattr(nsfetch.pooch, "retrieve", fake_retrieve)
-    nsfetch.fetch(dest, sha256=_sha(archive), progress=False)
-    entry = nsfetch.load_registry()
+    monkeypatch.setattr(fetch.pooch, "retrieve", fake_retrieve)
+    fetch.fetch(dest, sha256=_sha(archive), progress=False)
+    entry = fetch.load_registry()
     assert calls == [(entry["url"], _sha(archive), tmp_path / "cache" / "downloads", False)]
-    assert nsfetch.read_lock(dest)["source"] == entry["url"]
-    nsfetch.fetch(dest, source="https://mirror.example/n.tar.gz", force=True, progress=False)
+    assert fetch.read_lock(dest)["source"] == entry["url"]
+    fetch.fetch(dest, source="https://mirror.example/n.tar.gz", force=True, progress=False)
     assert calls[-1][0] == "https://mirror.example/n.tar.gz"
 
 
 def test_registry():
-    entry = nsfetch.load_registry()
+    entry = fetch.load_registry()
     assert entry["repository"] == "sitar-lab/NeuSight" and entry["url"].endswith(".tar.gz")
     with pytest.raises(ValueError, match="Unknown dataset"):
-        nsfetch.load_registry("nope")
+        fetch.load_registry("nope")
 
 
 @pytest.mark.parametrize("kind", ["tar", "zip"])
@@ -188,7 +188,7 @@ def test_truncated_archive_is_a_clear_error(tmp_path, dest, kind):
                else _zip(tmp_path / "a.zip", _files()))
     archive.write_bytes(archive.read_bytes()[: archive.stat().st_size // 2])
     with pytest.raises(ValueError, match="damaged|neither a tar nor a zip"):
-        nsfetch.fetch(dest, source=archive, progress=False)
+        fetch.fetch(dest, source=archive, progress=False)
     _clean(dest)
 
 
@@ -196,7 +196,7 @@ def test_no_network_is_a_clear_error(tmp_path, dest, monkeypatch):
     def offline(url, **kw):
         raise OSError("Failed to establish a new connection: Network is unreachable")
 
-    monkeypatch.setattr(nsfetch.pooch, "retrieve", offline)
+    monkeypatch.setattr(fetch.pooch, "retrieve", offline)
     with pytest.raises(ConnectionError, match="--source"):
-        nsfetch.fetch(dest, progress=False)
+        fetch.fetch(dest, progress=False)
     _clean(dest)

@@ -1,4 +1,4 @@
-"""Tests of ``nslib fetch --mixed`` (``nslib.fetch_mixed``) on fake mirrors and archives, and on
+"""Tests of ``nslib fetch --mixed`` (``nslib.data.fetch_mixed``) on fake mirrors and archives, and on
 the shared copy of the data when there is one (no network)."""
 from __future__ import annotations
 
@@ -13,9 +13,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from nslib import cli, mixed_data
-from nslib import fetch as nsfetch
-from nslib import fetch_mixed as fm
+from nslib import cli
+from nslib.cli import commands
+from nslib.data import mixed_data
+from nslib.data import fetch
+from nslib.data import fetch_mixed
 
 ROOT = Path(__file__).resolve().parents[1]
 GEMM = ("aic-core/src/aiconfigurator_core/systems/data/fake_gpu/gemm/vllm/1.0/"
@@ -50,8 +52,8 @@ def fake(tmp_path, monkeypatch):
     sheets = {"Fake_GPU_7": {"source": "the fake datasheet", "datasheet": SHEET}}
     (tmp_path / "reg.json").write_text(json.dumps(reg))
     (tmp_path / "sheets.json").write_text(json.dumps(sheets))
-    monkeypatch.setattr(fm, "registry_path", lambda: tmp_path / "reg.json")
-    monkeypatch.setattr(fm, "datasheets_path", lambda: tmp_path / "sheets.json")
+    monkeypatch.setattr(fetch_mixed, "registry_path", lambda: tmp_path / "reg.json")
+    monkeypatch.setattr(fetch_mixed, "datasheets_path", lambda: tmp_path / "sheets.json")
     monkeypatch.setenv("NSLIB_CACHE", str(tmp_path / "cache"))
     mirror = tmp_path / "mirror"
     for name, files in trees.items():
@@ -78,11 +80,11 @@ def _check_fake(dest: Path) -> None:
 
 
 def test_fetch_from_mirror_folder(fake):
-    dest = fm.fetch_mixed(fake["dest"], source=fake["mirror"], progress=False)
+    dest = fetch_mixed.fetch_mixed(fake["dest"], source=fake["mirror"], progress=False)
     assert dest == fake["dest"]
     _check_fake(dest)
     assert (dest / "vidur" / "data" / "x.csv").read_bytes() == b"a,b\n1,2\n"
-    lock = nsfetch.read_lock(dest)
+    lock = fetch.read_lock(dest)
     assert lock["repositories"]["vidur"] == {
         "repository": "org/vidur", "commit": "abc123", "source": str(fake["mirror"] / "vidur"),
         "archive_sha256": None, "files": 2}
@@ -115,14 +117,14 @@ def _archives(fake, folder: Path) -> dict[str, Path]:
 
 def test_fetch_from_archives_in_mirror(fake, tmp_path):
     archives = _archives(fake, tmp_path / "arch")
-    dest = fm.fetch_mixed(fake["dest"], source=tmp_path / "arch", progress=False)
+    dest = fetch_mixed.fetch_mixed(fake["dest"], source=tmp_path / "arch", progress=False)
     _check_fake(dest)
-    lock = nsfetch.read_lock(dest)["repositories"]
+    lock = fetch.read_lock(dest)["repositories"]
     assert lock["aiconfigurator"]["archive_sha256"] == _sha(archives["aiconfigurator"].read_bytes())
 
 
 def test_download_goes_through_pooch_cache(fake, tmp_path, monkeypatch):
-    archives = {fm.load_mixed_registry()[n]["url"]: p
+    archives = {fetch_mixed.load_mixed_registry()[n]["url"]: p
                 for n, p in _archives(fake, tmp_path / "arch").items()}
     calls = []
 
@@ -130,9 +132,9 @@ def test_download_goes_through_pooch_cache(fake, tmp_path, monkeypatch):
         calls.append((url, Path(path)))
         return str(archives[url])
 
-    monkeypatch.setattr(nsfetch.pooch, "retrieve", fake_retrieve)
+    monkeypatch.setattr(fetch.pooch, "retrieve", fake_retrieve)
     monkeypatch.setenv("NSLIB_MIXED", str(fake["dest"]))
-    assert fm.fetch_mixed(progress=False) == fake["dest"]  # NSLIB_MIXED is the target
+    assert fetch_mixed.fetch_mixed(progress=False) == fake["dest"]  # NSLIB_MIXED is the target
     _check_fake(fake["dest"])
     assert calls == [(u, tmp_path / "cache" / "downloads") for u in archives]
 
@@ -141,9 +143,9 @@ def test_offline_is_a_clear_error(fake, monkeypatch):
     def offline(url, **kw):
         raise OSError("Network is unreachable")
 
-    monkeypatch.setattr(nsfetch.pooch, "retrieve", offline)
+    monkeypatch.setattr(fetch.pooch, "retrieve", offline)
     with pytest.raises(ConnectionError, match="--source FOLDER"):
-        fm.fetch_mixed(fake["dest"], progress=False)
+        fetch_mixed.fetch_mixed(fake["dest"], progress=False)
     _only(fake["dest"])
 
 
@@ -151,7 +153,7 @@ def test_corrupted_file_is_named_and_nothing_installed(fake):
     bad = fake["mirror"] / "vidur" / "data" / "x.csv"
     bad.write_bytes(b"a,b\n1,3\n")
     with pytest.raises(ValueError) as err:
-        fm.fetch_mixed(fake["dest"], source=fake["mirror"], progress=False)
+        fetch_mixed.fetch_mixed(fake["dest"], source=fake["mirror"], progress=False)
     msg = str(err.value)
     assert "data/x.csv" in msg and "Nothing was installed" in msg
     assert _sha(b"a,b\n1,2\n") in msg and _sha(b"a,b\n1,3\n") in msg  # expected and got
@@ -162,21 +164,21 @@ def test_missing_file_and_lfs_pointer(fake):
     (fake["mirror"] / "vidur" / "LICENSE").unlink()
     (fake["mirror"] / "aiconfigurator" / GEMM).write_bytes(b"version https://git-lfs.github.com")
     with pytest.raises(ValueError) as err:
-        fm.fetch_mixed(fake["dest"], source=fake["mirror"], progress=False)
+        fetch_mixed.fetch_mixed(fake["dest"], source=fake["mirror"], progress=False)
     assert "Git LFS pointer" in str(err.value) and GEMM in str(err.value)
     (fake["mirror"] / "aiconfigurator" / GEMM).write_bytes(_gemm_bytes())
     with pytest.raises(ValueError, match="LICENSE: missing"):
-        fm.fetch_mixed(fake["dest"], source=fake["mirror"], progress=False)
+        fetch_mixed.fetch_mixed(fake["dest"], source=fake["mirror"], progress=False)
     _only(fake["dest"])
 
 
 def test_existing_needs_force_and_failed_force_keeps_old(fake):
-    fm.fetch_mixed(fake["dest"], source=fake["mirror"], progress=False)
+    fetch_mixed.fetch_mixed(fake["dest"], source=fake["mirror"], progress=False)
     with pytest.raises(FileExistsError, match="--force"):
-        fm.fetch_mixed(fake["dest"], source=fake["mirror"], progress=False)
+        fetch_mixed.fetch_mixed(fake["dest"], source=fake["mirror"], progress=False)
     (fake["mirror"] / "vidur" / "LICENSE").write_text("changed")
     with pytest.raises(ValueError, match="LICENSE"):
-        fm.fetch_mixed(fake["dest"], source=fake["mirror"], force=True, progress=False)
+        fetch_mixed.fetch_mixed(fake["dest"], source=fake["mirror"], force=True, progress=False)
     _check_fake(fake["dest"])
     assert (fake["dest"] / "vidur" / "LICENSE").read_text() == "MIT\n"
     _only(fake["dest"], "mixed", "mixed.lock.json")
@@ -184,10 +186,10 @@ def test_existing_needs_force_and_failed_force_keeps_old(fake):
 
 def test_source_must_be_a_folder_with_each_repository(fake, tmp_path):
     with pytest.raises(FileNotFoundError, match="aiconfigurator/ and vidur/"):
-        fm.fetch_mixed(fake["dest"], source=tmp_path / "nope", progress=False)
+        fetch_mixed.fetch_mixed(fake["dest"], source=tmp_path / "nope", progress=False)
     (tmp_path / "half" / "aiconfigurator").mkdir(parents=True)
     with pytest.raises(FileNotFoundError, match="no vidur/ folder nor vidur.tar.gz"):
-        fm.fetch_mixed(fake["dest"], source=tmp_path / "half", progress=False)
+        fetch_mixed.fetch_mixed(fake["dest"], source=tmp_path / "half", progress=False)
     _only(fake["dest"])
 
 
@@ -195,21 +197,21 @@ def test_source_must_be_a_folder_with_each_repository(fake, tmp_path):
                                              ("a//b", "0" * 64, "unsafe path"),
                                              ("ok", "xyz", "bad sha256")])
 def test_bad_registry_refused(fake, tmp_path, rel, digest, what):
-    reg = fm.load_mixed_registry()
+    reg = fetch_mixed.load_mixed_registry()
     reg["vidur"]["files"][rel] = digest
     (tmp_path / "reg.json").write_text(json.dumps(reg))
     with pytest.raises(ValueError, match=what):
-        fm.load_mixed_registry()
+        fetch_mixed.load_mixed_registry()
 
 
 def test_datasheet_without_bf16_refused(fake, tmp_path):
     sheet = {k: v for k, v in SHEET.items() if k != "Bf16FLOPs"}
     (tmp_path / "sheets.json").write_text(json.dumps({"X": {"source": "s", "datasheet": sheet}}))
     with pytest.raises(ValueError, match="Bf16FLOPs"):
-        fm.load_datasheets()
+        fetch_mixed.load_datasheets()
     (tmp_path / "sheets.json").write_text(json.dumps({"X": {"datasheet": SHEET}}))
     with pytest.raises(ValueError, match="source"):
-        fm.load_datasheets()
+        fetch_mixed.load_datasheets()
 
 
 def test_cli_mixed_option_sets_the_root(fake, monkeypatch):
@@ -222,9 +224,9 @@ def test_cli_mixed_option_sets_the_root(fake, monkeypatch):
     assert cli.main(["fetch", "--mixed", str(other), "--source", src]) == 0
     _check_fake(other)
     assert cli.main(["fetch", "--mixed", "--sha256", "0" * 64, "--source", src]) == 2
-    args = cli.build_parser().parse_args(["predictors", "--mixed", "elsewhere"])
+    args = commands.build_parser().parse_args(["predictors", "--mixed", "elsewhere"])
     assert args.mixed == "elsewhere"
-    args = cli.build_parser().parse_args(["--mixed", "before", "predictors"])
+    args = commands.build_parser().parse_args(["--mixed", "before", "predictors"])
     assert args.mixed == "before"
 
 
@@ -238,26 +240,26 @@ def _shared() -> Path:
 
 
 def test_real_registry_is_well_formed():
-    reg = fm.load_mixed_registry()
+    reg = fetch_mixed.load_mixed_registry()
     assert {e["repository"] for e in reg.values()} == {"ai-dynamo/aiconfigurator",
                                                        "microsoft/vidur"}
     for entry in reg.values():
         assert "LICENSE" in entry["files"] and entry["commit"] in entry["url"]
-    assert len(fm.load_datasheets()) == 8
+    assert len(fetch_mixed.load_datasheets()) == 8
 
 
 def test_real_fetch_from_shared_copy(tmp_path, monkeypatch):
     shared = _shared()
     monkeypatch.setenv("NSLIB_CACHE", str(tmp_path / "cache"))
-    dest = fm.fetch_mixed(tmp_path / "mixed", source=shared, progress=False)
-    for name, entry in fm.load_mixed_registry().items():
-        assert fm.pin_files(dest / name) == entry["files"]
+    dest = fetch_mixed.fetch_mixed(tmp_path / "mixed", source=shared, progress=False)
+    for name, entry in fetch_mixed.load_mixed_registry().items():
+        assert fetch_mixed.pin_files(dest / name) == entry["files"]
     written = {p.stem: json.loads(p.read_text()) for p in (dest / "device_configs").glob("*")}
     theirs = {p.stem: json.loads(p.read_text())
               for p in (shared / "device_configs").glob("*.json")}
     assert written == theirs
     ours = set(mixed_data.gemm_table(dest)["gpu"])
-    pinned = {rel.split("/")[5] for rel in fm.load_mixed_registry()["aiconfigurator"]["files"]
+    pinned = {rel.split("/")[5] for rel in fetch_mixed.load_mixed_registry()["aiconfigurator"]["files"]
               if rel.endswith("gemm_perf.parquet")}  # .../systems/data/<gpu>/gemm/...
     assert len(ours) == len(pinned) >= 1
     assert ours <= set(mixed_data.gemm_table(shared)["gpu"])

@@ -1,9 +1,9 @@
-"""nslib.fusion: which kernels merge, and the bytes/FLOPs of a fused kernel, by hand."""
+"""nslib.model.fusion: which kernels merge, and the bytes/FLOPs of a fused kernel, by hand."""
 import numpy as np
 import pandas as pd
 import pytest
 
-from nslib.fusion import fuse, output_bytes
+from nslib.model.fusion import fuse, output_bytes
 
 NAN = np.nan
 
@@ -121,7 +121,7 @@ def test_fuse_rejects_non_trace_frames():
 
 
 def test_fuse_on_a_traced_gpt2_merges_the_gelu(tmp_path):
-    from nslib.graph import trace
+    from nslib.model.graph import trace
     cfg = {"model_type": "gpt2", "n_embd": 64, "n_head": 4, "n_layer": 2, "n_positions": 64,
            "vocab_size": 300}
     tr = trace(cfg, 2, 16, "inf")

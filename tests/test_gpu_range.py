@@ -1,4 +1,4 @@
-"""Datasheet range warnings (nslib.gpu_range): the training GPUs' range comes from the data,
+"""Datasheet range warnings (nslib.predictors.gpu_range): the training GPUs' range comes from the data,
 and every prediction path (Python API, CLI text and JSON, sweep) names the figures outside it."""
 import json
 import warnings
@@ -6,11 +6,11 @@ import warnings
 import pandas as pd
 import pytest
 
-from nslib.cli import main
-from nslib.gpu_range import (CHECKED, DatasheetRangeWarning, figures, out_of_range,
-                             range_warnings, training_ranges)
-from nslib.gpus import find_gpu, load_gpus
-from nslib.widgets import hypothetical_gpu
+from nslib.cli.commands import main
+from nslib.predictors.gpu_range import (CHECKED, DatasheetRangeWarning, figures, out_of_range,
+    range_warnings, training_ranges)
+from nslib.data.gpus import find_gpu, load_gpus
+from nslib.explore.widgets import hypothetical_gpu
 
 TINY = {"model_type": "gpt2", "n_layer": 1, "n_embd": 64, "n_head": 4, "vocab_size": 100,
         "n_positions": 64}
@@ -22,7 +22,7 @@ def gpus(data_dir):
 
 
 def test_ranges_come_from_the_training_split(gpus):
-    from nslib.data import gpu_splits
+    from nslib.kernels.measured import gpu_splits
     r = training_ranges()
     assert r["train_gpus"] == gpu_splits()["train_gpus"]
     sheets = [figures(find_gpu(n, gpus)) for n in r["train_gpus"]]
@@ -51,7 +51,7 @@ def test_messages_say_which_figure_and_how_far(gpus):
 
 
 def test_python_api_warns_and_returns_the_lines(data_dir):
-    from nslib.predict import predict_model
+    from nslib.model.predict import predict_model
     with pytest.warns(DatasheetRangeWarning) as rec:
         _, s = predict_model("H100", TINY, 1, 16, "inf", predictor="roofline")
     assert [str(w.message).split(": the forecast")[0] for w in rec] == s["warnings"]
@@ -75,7 +75,7 @@ def test_cli_text_and_json_carry_the_warnings(data_dir, capsys):
 
 
 def test_sweep_has_a_warnings_column(data_dir):
-    from nslib.sweep import sweep
+    from nslib.model.sweep import sweep
     sc = pd.DataFrame({"gpu": ["H100", "V100"], "batch": [2, 2], "seq": [32, 32]})
     with pytest.warns(DatasheetRangeWarning):
         got = sweep(TINY, "inf", sc, predictor="roofline")

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from nslib.gpus import GPU, find_gpu, gpu_from_dict, load_gpu_file, load_gpus
+from nslib.data.gpus import GPU, find_gpu, gpu_from_dict, load_gpu_file, load_gpus
 
 GOOD = {"Device": "Tesla T4", "Dev_Mem": 15, "Mem_Bw": 320, "Num_Sm": 40, "Core_Per_SM": 64,
         "Freq": 1590, "SingleFLOPs": 8141, "L2Cache": 4}

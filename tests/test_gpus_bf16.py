@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from nslib.gpus import gpu_from_dict, load_gpu_file, load_mixed_gpus
+from nslib.data.gpus import gpu_from_dict, load_gpu_file, load_mixed_gpus
 
 BASE = {"Device": "Fake GPU 7", "Dev_Mem": 16, "Mem_Bw": 1000, "Num_Sm": 10,
         "Core_Per_SM": 128, "Freq": 1500, "SingleFLOPs": 20000, "L2Cache": 8}

@@ -1,4 +1,4 @@
-"""nslib.graph: tracing HuggingFace configs into kernels. Expected numbers are hand arithmetic."""
+"""nslib.model.graph: tracing HuggingFace configs into kernels. Expected numbers are hand arithmetic."""
 from __future__ import annotations
 
 import json
@@ -8,8 +8,8 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from nslib import graph
-from nslib.paths import DataNotFoundError, data_root
+from nslib.model import graph
+from nslib.data.paths import DataNotFoundError, data_root
 
 # tiny GPT-2: 2 layers, width 64, 4 heads (head dim 16), vocab 100
 GPT2 = dict(model_type="gpt2", n_layer=2, n_embd=64, n_head=4, vocab_size=100, n_positions=64,

@@ -15,10 +15,13 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from nslib import cli, data as nsdata, training
-from nslib.checks import check_float, check_int
-from nslib.gpus import gpu_from_dict, load_gpu_file
-from nslib.paths import CacheError, read_cache_entry
+from nslib import cli
+from nslib.cli import commands
+from nslib.kernels import measured
+from nslib.predictors import training
+from nslib.data.checks import check_float, check_int
+from nslib.data.gpus import gpu_from_dict, load_gpu_file
+from nslib.data.paths import CacheError, read_cache_entry
 
 SPEC = {"Device": "Test GPU", "Dev_Mem": 80, "Mem_Bw": 3350, "Num_Sm": 132, "Core_Per_SM": 128,
         "Freq": 1980, "SingleFLOPs": 66900, "L2Cache": 50}
@@ -131,7 +134,7 @@ def test_cli_bad_gpu_spec(case, words, tmp_path, spec_file, capsys):
 
 
 def test_spec_path_is_a_path_whatever_its_suffix(spec_file):
-    from nslib.predict import resolve_gpu
+    from nslib.model.inputs import resolve_gpu
     path = spec_file("spec.txt")
     assert resolve_gpu(str(path)).name == "Test GPU"
     assert resolve_gpu(path).num_sm == 132
@@ -143,9 +146,9 @@ def test_data_and_cache_options_before_or_after_the_subcommand(tmp_path, capsys,
                  ["gpus", "--data", str(tmp_path / "nowhere")]):
         rc, err = run_cli(argv, capsys)
         assert rc == 2 and "No NeuSight data at" in err and "nowhere" in err, err
-    args = cli.build_parser().parse_args(["--data", "A", "gpus"])
+    args = commands.build_parser().parse_args(["--data", "A", "gpus"])
     assert args.data == "A"  # a sub-command without --data keeps the value given before it
-    args = cli.build_parser().parse_args(["gpus", "--cache", "C"])
+    args = commands.build_parser().parse_args(["gpus", "--cache", "C"])
     assert args.cache == "C" and args.data is None
 
 
@@ -159,7 +162,7 @@ def test_data_and_cache_options_before_or_after_the_subcommand(tmp_path, capsys,
     ({"link": float("inf"), "dp": 2}, "link bandwidth (GB/s) must be a finite number"),
 ])
 def test_predict_model_bad_arguments(kw, words, spec_file):
-    from nslib.predict import predict_model
+    from nslib.model.predict import predict_model
     args = {"gpu": spec_file(), "model": "gpt2_large", "batch": 2, "seq": 64, **kw}
     with pytest.raises(ValueError) as e:
         predict_model(**args)
@@ -190,9 +193,9 @@ def small_data(data_dir, tmp_path, monkeypatch):
     src = (data_dir / "data" / "dataset" / "test" / "ln.csv").read_text()
     monkeypatch.setenv("NSLIB_DATA", str(root))
     monkeypatch.setenv("NSLIB_CACHE", str(tmp_path / "cache"))
-    nsdata._cached_table.cache_clear()
+    measured._cached_table.cache_clear()
     yield root / "data" / "dataset" / "test" / "ln.csv", src
-    nsdata._cached_table.cache_clear()
+    measured._cached_table.cache_clear()
 
 
 def _edit_cell(text: str, line: int, col: str, value: str) -> str:
@@ -217,14 +220,14 @@ def test_malformed_kernel_csv_names_file_and_line(small_data, edit, words):
     path, src = small_data
     path.write_text(edit(src))
     with pytest.raises(ValueError) as e:
-        nsdata.kernel_table("layernorm", "test")
+        measured.kernel_table("layernorm", "test")
     assert words in str(e.value) and str(path) in str(e.value)
 
 
 def test_well_formed_copy_still_reads(small_data):
     path, src = small_data
     path.write_text(src)
-    assert len(nsdata.kernel_table("layernorm", "test")) > 100
+    assert len(measured.kernel_table("layernorm", "test")) > 100
 
 
 @pytest.fixture
@@ -246,7 +249,7 @@ def label_data(tmp_path, monkeypatch):
     ('[1, 2]', "no e2e_latency"),
 ])
 def test_malformed_label_names_the_file(label_data, text, words):
-    from nslib.labels import load_labels
+    from nslib.data.labels import load_labels
     (label_data / "gpt2-inf-512-8.json").write_text(text)
     with pytest.raises(ValueError) as e:
         load_labels()
@@ -257,12 +260,12 @@ def test_malformed_label_names_the_file(label_data, text, words):
 def test_damaged_table_is_rebuilt_with_a_note(small_data, capsys):
     path, src = small_data
     path.write_text(src)
-    good = nsdata.kernel_table("layernorm", "test")
+    good = measured.kernel_table("layernorm", "test")
     entry = next(Path(os.environ["NSLIB_CACHE"], "tables").glob("layernorm-test-*.parquet"))
     entry.write_bytes(entry.read_bytes()[:100])  # truncated
-    nsdata._cached_table.cache_clear()
+    measured._cached_table.cache_clear()
     capsys.readouterr()
-    again = nsdata.kernel_table("layernorm", "test")
+    again = measured.kernel_table("layernorm", "test")
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "cached kernel table" in err and "rebuilding" in err
     pd.testing.assert_frame_equal(good, again)
@@ -285,13 +288,13 @@ def test_unwritable_cache_on_a_miss_is_a_clear_error(small_data, monkeypatch, ca
 
     def refuse(*a, **k):
         raise PermissionError(13, "Permission denied")
-    monkeypatch.setattr("nslib.paths.atomic_write_bytes", refuse)
+    monkeypatch.setattr("nslib.data.paths.atomic_write_bytes", refuse)
     with pytest.raises(CacheError, match="cannot write to the cache.*NSLIB_CACHE"):
-        nsdata.kernel_table("layernorm", "test")
+        measured.kernel_table("layernorm", "test")
 
 
 def test_unwritable_cache_folder_is_a_clear_error(tmp_path, monkeypatch):
-    from nslib.paths import cache_dir
+    from nslib.data.paths import cache_dir
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
     monkeypatch.setenv("NSLIB_CACHE", str(blocker))

@@ -2,8 +2,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from nslib import kernels
-from nslib.data import parse_gemm_tile
+from nslib.kernels import sizes
+from nslib.kernels.measured import parse_gemm_tile
 
 
 def gemm(B, M, N, K, tm, tk, cls="bmm", sm=80):
@@ -43,10 +43,10 @@ def test_tile_parsing_unknown_name_is_nan():
 
 def test_gemm_waves_hand_checked():
     # 3 x ceil(300/128)=3 x ceil(200/64)=4 -> 36 blocks on 80 SMs: 1 wave
-    f = kernels.add_features(gemm(3, 300, 50, 200, 128, 64))
+    f = sizes.add_features(gemm(3, 300, 50, 200, 128, 64))
     assert f["blocks"][0] == 36 and f["waves"][0] == 1
     # 64 x 8 x 8 = 4096 blocks on 80 SMs -> ceil(51.2) = 52 waves
-    f = kernels.add_features(gemm(64, 1024, 64, 512, 128, 64))
+    f = sizes.add_features(gemm(64, 1024, 64, 512, 128, 64))
     assert f["blocks"][0] == 4096 and f["waves"][0] == 52
     assert f["flops"][0] == 2 * 64 * 1024 * 64 * 512
     assert f["bytes"][0] == 4 * 64 * (1024 * 64 + 64 * 512 + 1024 * 512)
@@ -55,13 +55,13 @@ def test_gemm_waves_hand_checked():
 
 def test_vector_tiles_and_waves():
     # add of 127 x 168 launched on 42 blocks: 512 outputs per block, 42 blocks, 2 waves on 40 SMs
-    tile = kernels.vector_tile(np.array([127 * 168.0]), np.array([42.0]))
+    tile = sizes.vector_tile(np.array([127 * 168.0]), np.array([42.0]))
     assert tile[0] == 512
     df = pd.DataFrame({"cls": ["elementwise", "softmax"], "op": ["add", "softmax"],
                        "B": [127.0, 1000.0], "H": [168.0, 64.0], "M": np.nan, "N": np.nan,
                        "K": np.nan, "tile": [512.0, np.nan], "num_sm": [40.0, 40.0],
                        "peak_gflops": 5699.0, "mem_bw": 192.0, "mem_gb": 8.0, "l2_mb": 2.0})
-    f = kernels.add_features(df)
+    f = sizes.add_features(df)
     assert f["blocks"].tolist() == [42, 1000] and f["waves"].tolist() == [2, 25]
     assert f["bytes"].tolist() == [127 * 168 * 12, 1000 * 64 * 8]
     assert f["flops"].tolist() == [127 * 168, 1000 * 64 * 5]
@@ -71,7 +71,7 @@ def test_vector_tiles_and_waves():
 def test_roofline_hand_checked():
     f = gemm(1, 1024, 1024, 1024, 128, 128)
     flops, nbytes = 2 * 1024**3, 4 * 3 * 1024**2
-    assert kernels.roofline_ms(f)[0] == pytest.approx(max(flops / 14029e9, nbytes / 900e9) * 1e3)
+    assert sizes.roofline_ms(f)[0] == pytest.approx(max(flops / 14029e9, nbytes / 900e9) * 1e3)
 
 
 @pytest.mark.parametrize("dim", ["B", "M", "N", "K"])
@@ -80,16 +80,16 @@ def test_bad_dims_rejected(dim, val):
     f = gemm(2, 8, 8, 8, 32, 32)
     f[dim] = val
     with pytest.raises(ValueError, match="must be positive"):
-        kernels.add_features(f)
+        sizes.add_features(f)
 
 
 def test_unknown_op_rejected():
     with pytest.raises(ValueError, match="unknown op"):
-        kernels.op_class(pd.Series(["conv"]))
+        sizes.op_class(pd.Series(["conv"]))
 
 
 def test_backward_vector_ops_move_one_more_tensor():
-    from nslib.kernels import FORWARD_OP, OPS, bytes_ratio_to_forward, flops_bytes
+    from nslib.kernels.sizes import FORWARD_OP, OPS, bytes_ratio_to_forward, flops_bytes
     import pandas as pd
     assert bytes_ratio_to_forward("softmax_bw") == 1.5 and bytes_ratio_to_forward("ln") == 1.0
     for bw, fw in FORWARD_OP.items():

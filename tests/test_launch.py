@@ -1,12 +1,13 @@
-"""nslib.launch: microbenchmark latencies to in-stream latencies, against hand arithmetic."""
+"""nslib.model.stream: microbenchmark latencies to in-stream latencies, against hand arithmetic."""
 import numpy as np
 import pandas as pd
 import pytest
 
-from nslib import kernels
-from nslib.gpus import GPU
-from nslib.launch import floors, probe_kernels, stream_ms
-from nslib.predict import kernel_frame, predict_model
+from nslib.kernels import sizes
+from nslib.data.gpus import GPU
+from nslib.model.stream import floors, probe_kernels, stream_ms
+from nslib.model.inputs import kernel_frame
+from nslib.model.predict import predict_model
 
 GPU0 = GPU(name="Test GPU", mem_gb=80, mem_bw=1000, num_sm=100, cores_per_sm=128,
            clock_mhz=1500, peak_gflops=10000, l2_mb=50)
@@ -16,7 +17,7 @@ class Floor:
     """A predictor with a 25 us dispatch floor: 0.025 ms plus 1 ms per 100 GFLOP and per GB."""
 
     def predict(self, frame):
-        f, b = kernels.flops_bytes(frame)
+        f, b = sizes.flops_bytes(frame)
         return 0.025 + f / 1e11 + b / 1e9
 
 
@@ -30,12 +31,12 @@ def frame_of(rows):
 
 
 def test_probes_are_the_smallest_training_kernels(data_dir):
-    from nslib import data as nsdata
+    from nslib.kernels import measured
     probe = probe_kernels()
-    assert set(probe["cls"]) == set(kernels.CLASSES)
-    f, b = kernels.flops_bytes(probe)
+    assert set(probe["cls"]) == set(sizes.CLASSES)
+    f, b = sizes.flops_bytes(probe)
     for cls, size in zip(probe["cls"], f + b):
-        tab = nsdata.kernel_table(cls, "train")
+        tab = measured.kernel_table(cls, "train")
         assert size == (tab["flops"].fillna(0) + tab["bytes"].fillna(0)).min()
     # ratios: the class's smallest kernel against the smallest elementwise one, same GPU
     r = probe.set_index("cls")["ratio"]
@@ -56,9 +57,9 @@ def test_stream_takes_the_floor_off_and_keeps_the_roofline(data_dir):
     raw = pred.predict(df)
     out = stream_ms(pred, df, launch_us=3.0)
     assert out[0] == pytest.approx(0.003)                       # floor off: the launch gap
-    assert out[1] == pytest.approx(max(raw[1] - fl[1], kernels.roofline_ms(df)[1]))
+    assert out[1] == pytest.approx(max(raw[1] - fl[1], sizes.roofline_ms(df)[1]))
     # the GEMM's 100 TFLOP/s is faster than the GPU's 10 TFLOP/s roofline: the bound wins
-    assert out[2] == pytest.approx(kernels.roofline_ms(df)[2])
+    assert out[2] == pytest.approx(sizes.roofline_ms(df)[2])
     assert stream_ms(pred, df, launch_us=None) == pytest.approx(raw)
     with pytest.raises(ValueError, match="launch_us"):
         stream_ms(pred, df, launch_us=-1)

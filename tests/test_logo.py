@@ -6,13 +6,14 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from nslib import data as nsdata, training
-from nslib.kernel_eval import LOGO_MEAN, logo_json, logo_table, predict_logo
+from nslib.kernels import measured
+from nslib.predictors import training
+from nslib.evaluation.kernel_level import LOGO_MEAN, logo_json, logo_table, predict_logo
 
 
 def test_roofline_logo_covers_every_gpu_and_matches_by_hand(data_dir):
     frame = predict_logo("roofline", progress=False)
-    splits = nsdata.gpu_splits()
+    splits = measured.gpu_splits()
     held = sorted(frame.loc[frame["held_out"], "gpu"].unique())
     assert held == splits["train_gpus"]
     assert sorted(frame.loc[~frame["held_out"], "gpu"].unique()) == splits["new_gpus"]
@@ -43,9 +44,9 @@ def test_each_fold_trains_without_its_gpu_and_looks_its_tiles_up(data_dir, monke
         seen.append(tuple(exclude_gpus))
         return Spy(tuple(exclude_gpus))
 
-    monkeypatch.setattr("nslib.kernel_eval.trained", fake_trained)
+    monkeypatch.setattr("nslib.evaluation.kernel_level.trained", fake_trained)
     predict_logo("linreg", progress=False)
-    splits = nsdata.gpu_splits()
+    splits = measured.gpu_splits()
     assert sorted(seen) == sorted([(g,) for g in splits["train_gpus"]] + [()])
     for held, gpus, lookup in calls:
         # a fold predicts only its held-out GPU (the all-GPU model: the new GPUs), never
@@ -58,7 +59,7 @@ def test_folds_have_their_own_cache_key_and_unknown_gpus_are_refused(data_dir, m
     monkeypatch.setattr(training, "cache_key",
                         lambda name, params, data=None: keys.append(params) or "k")
     monkeypatch.setattr(training, "read_cache_entry", lambda *a, **k: object())
-    gpu = nsdata.gpu_splits()["train_gpus"][0]
+    gpu = measured.gpu_splits()["train_gpus"][0]
     training.trained("linreg", exclude_gpus=[gpu])
     training.trained("linreg")
     assert keys[0]["exclude_gpus"] == [gpu] and "exclude_gpus" not in keys[1]
@@ -74,7 +75,7 @@ def test_train_frame_excludes_a_gpu(data_dir):
 
 
 def test_cli_logo_json(data_dir, capsys):
-    from nslib.cli import main
+    from nslib.cli.commands import main
     assert main(["eval-kernels", "--logo", "--predictor", "roofline", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert set(out) == {"bmm", "linear", "elementwise", "softmax", "layernorm"}
@@ -82,7 +83,7 @@ def test_cli_logo_json(data_dir, capsys):
 
 
 def test_host_nodes_by_hand():
-    from nslib.opgraph import host_nodes
+    from nslib.data.reference_graphs import host_nodes
     df = pd.DataFrame({"target": ["size", "<built-in function getitem>", "view", "contiguous",
                                   "transformer.h.0.mlp.c_fc", "<built-in method where of x>"],
                        "dtype": [None, "torch.float32", "torch.float32", "torch.float32",
@@ -91,7 +92,7 @@ def test_host_nodes_by_hand():
 
 
 def test_host_only_operators_overlap_gpu_work(data_dir):
-    from nslib.class_eval import host_overlap
+    from nslib.evaluation.per_class import host_overlap
     h = host_overlap()
     assert len(h) and (h["host_ms"] > 0).all()
     # end to end, the kernel-launching operators alone account for the measured time better

@@ -1,16 +1,15 @@
-"""nslib.memory: peak memory from the trace, checked against PyTorch's real allocations on the
-CPU (nslib.memcheck), against Korthikanti et al.'s activation formula, and per GPU under
+"""nslib.model.memory: peak memory from the trace, checked against PyTorch's real allocations on the
+CPU (nslib.evaluation.memcheck), against Korthikanti et al.'s activation formula, and per GPU under
 DP/TP/PP; fits / does not fit on one GPU."""
 import numpy as np
 import pandas as pd
 import pytest
 
-from nslib.gpus import GPU
-from nslib.graph import trace
-from nslib.memcheck import SMALL_CONFIGS, compare, real_peak
-from nslib.memory import (GIB, OPTIMIZERS, framework_bytes, korthikanti_bytes,
-                          layer_saved_bytes, live_bytes, memory_of, pipeline_memory,
-                          step_memory)
+from nslib.data.gpus import GPU
+from nslib.model.graph import trace
+from nslib.evaluation.memcheck import SMALL_CONFIGS, compare, real_peak
+from nslib.model.memory import (GIB, OPTIMIZERS, framework_bytes, korthikanti_bytes,
+    layer_saved_bytes, live_bytes, memory_of, pipeline_memory, step_memory)
 
 CONFIGS = SMALL_CONFIGS
 TINY = {"model_type": "gpt2", "n_embd": 64, "n_head": 4, "n_layer": 4, "n_positions": 64,
@@ -123,7 +122,7 @@ def test_parallel_per_gpu(data_dir):
 
 
 def test_tp_memory_reuses_the_predicted_shard(data_dir):
-    from nslib.predict import predict_model
+    from nslib.model.predict import predict_model
     frame, _ = predict_model("H100", TINY, 8, 32, "train", predictor="roofline", tp=2)
     a = memory_of("H100", TINY, 8, 32, "train", tp=2)
     b = memory_of("H100", TINY, 8, 32, "train", tp=2, sharded=frame)
@@ -133,7 +132,7 @@ def test_tp_memory_reuses_the_predicted_shard(data_dir):
 def test_predict_cli_reports_memory(data_dir, tmp_path, capsys):
     import json
 
-    from nslib.cli import main
+    from nslib.cli.commands import main
     path = tmp_path / "tiny.json"
     path.write_text(json.dumps(TINY))
     base = ["predict", "--model", str(path), "--seq", "32", "--mode", "train",
@@ -154,7 +153,7 @@ def test_predict_cli_reports_memory(data_dir, tmp_path, capsys):
 
 
 def test_storage_law_sizes_any_scenario_exactly():
-    from nslib.memory import law_memory, storage_law
+    from nslib.model.memory import law_memory, storage_law
     cfg = {**TINY, "n_positions": 256}
     for mode in ("inf", "train"):
         laws = {one: storage_law(cfg, mode, batch_one=one) for one in (True, False)}
@@ -164,8 +163,8 @@ def test_storage_law_sizes_any_scenario_exactly():
 
 
 def test_sweep_memory_columns_and_largest_batch(data_dir):
-    from nslib.memory import largest_batch
-    from nslib.sweep import sweep
+    from nslib.model.memory import largest_batch
+    from nslib.model.sweep import sweep
     sc = pd.DataFrame({"gpu": ["T4", "H100", "T4"], "batch": [2, 2, 16384], "seq": [32, 32, 64]})
     got = sweep(TINY, "train", sc, predictor="roofline")
     assert got["fits"].tolist() == [True, True, False]
@@ -183,7 +182,7 @@ def test_sweep_memory_columns_and_largest_batch(data_dir):
 def test_explorer_marks_a_gpu_the_step_does_not_fit_on(data_dir):
     import matplotlib.pyplot as plt
 
-    from nslib.widgets import memory_table, plot_scenario, scenario
+    from nslib.explore.widgets import memory_table, plot_scenario, scenario
     res = scenario(["P100", "H100"], "gpt2_large", 1, 512, "train", predictor="roofline")
     s = res["summary"].set_index("gpu")
     assert s["fits"].tolist() == [False, True]
@@ -196,7 +195,7 @@ def test_explorer_marks_a_gpu_the_step_does_not_fit_on(data_dir):
     assert fig.axes[3].get_xlabel() == "peak memory per GPU (GB)"
     plt.close(fig)
     # the table the explorer draws is a plain function of the GPUs and the scenario
-    from nslib.predict import resolve_gpu
+    from nslib.model.inputs import resolve_gpu
     specs = [resolve_gpu("P100"), resolve_gpu("H100")]
     tab = memory_table(specs, ["a", "b"], "gpt2_large", 1, 512, "train")
     assert tab["fits"].tolist() == [False, True]
@@ -206,7 +205,7 @@ def test_explorer_marks_a_gpu_the_step_does_not_fit_on(data_dir):
 def test_context_constant_from_the_device_json(data_dir, tmp_path):
     import json
 
-    from nslib.predict import resolve_gpu
+    from nslib.model.inputs import resolve_gpu
     h100 = resolve_gpu("H100")
     fw, src = framework_bytes(h100)
     # by hand: 0.3 GB + 132 SMs x 2,048 threads x 1 KiB of stack + 32 MiB of cuBLAS workspace
@@ -222,8 +221,8 @@ def test_context_constant_from_the_device_json(data_dir, tmp_path):
 
 
 def test_bf16_training_keeps_fp32_adam_states_and_master_weights():
-    from nslib.gpus import GPU
-    from nslib.memory import memory_of
+    from nslib.data.gpus import GPU
+    from nslib.model.memory import memory_of
     gpu = GPU(name="Fake", mem_gb=80, mem_bw=2000, num_sm=100, cores_per_sm=64,
               clock_mhz=1400, peak_gflops=20000, l2_mb=40, bf16_gflops=300000)
     cfg = {"model_type": "llama", "hidden_size": 128, "intermediate_size": 256,

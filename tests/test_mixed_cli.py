@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from nslib import mixed_data
-from nslib.cli import main
+from nslib.data import mixed_data
+from nslib.cli.commands import main
 
 from mixed_fixture import SHEETS, write_gpu, write_mixed
 

@@ -7,10 +7,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from nslib import dtypes, mixed_data
-from nslib.gpus import gpu_from_dict
-from nslib.mixed_eval import resolve_gpus
-from nslib.paths import DataNotFoundError, mixed_root
+from nslib.kernels import dtypes
+from nslib.data import mixed_data
+from nslib.data.gpus import gpu_from_dict
+from nslib.evaluation.kernel_level16 import resolve_gpus
+from nslib.data.paths import DataNotFoundError, mixed_root
 from nslib.predictors.tc_gemm import GEMM
 from nslib.predictors.tensor_baselines import Roofline, RooflineEfficiency, roofline_ms
 
@@ -125,7 +126,7 @@ def test_roofline_needs_bf16_peak(mixed):
 
 
 def test_tensor_ranges_come_from_the_measured_gpus(tmp_path, monkeypatch):
-    from nslib.gpu_range import range_warnings, tensor_ranges
+    from nslib.predictors.gpu_range import range_warnings, tensor_ranges
     root = write_mixed(tmp_path / "m", gpus=("gpu_a", "gpu_b"))
     write_gpu(root, "gpu_c", SHEETS["gpu_c"], tables=False)  # a datasheet-only GPU
     r = tensor_ranges(root)

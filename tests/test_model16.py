@@ -9,8 +9,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from nslib import graph, layer_check, predict16
-from nslib.gpus import GPU
+from nslib.model import graph, predict16
+from nslib.evaluation import layer_check
+from nslib.data.gpus import GPU
 
 from conftest import ROOT
 
@@ -137,7 +138,7 @@ def test_half_needs_bf16flops():
 
 
 def test_cli_bf16_without_bf16flops(tmp_path, capsys):
-    from nslib.cli import main
+    from nslib.cli.commands import main
     spec = {"Device": "Old GPU", "Dev_Mem": 16, "Mem_Bw": 900, "Num_Sm": 80,
             "Core_Per_SM": 64, "Freq": 1500, "SingleFLOPs": 15000, "L2Cache": 6}
     path = tmp_path / "old.json"
@@ -196,14 +197,15 @@ class _Fp32Roof:
     """An FP32 predictor stand-in: the FP32 roofline of each kernel (ms)."""
 
     def predict(self, frame):
-        from nslib import kernels
-        return kernels.roofline_ms(frame)
+        from nslib.kernels import sizes
+        return sizes.roofline_ms(frame)
 
 
-@pytest.mark.filterwarnings("ignore::nslib.gpu_range.DatasheetRangeWarning")
+@pytest.mark.filterwarnings("ignore::nslib.predictors.gpu_range.DatasheetRangeWarning")
 def test_predict_model_bf16_prices_each_kind():
-    from nslib import kernels
-    from nslib.predict import predict_model, traced
+    from nslib.kernels import sizes
+    from nslib.model.predict import predict_model
+    from nslib.model.inputs import traced
     gemm = _Roof(lambda f: 2 * f["m"] * f["n"] * f["k"])
     attn = _Roof(lambda f: 4 * f["batch"] * f["heads"] * f["q_len"] * f["kv_len"]
                  * f["head_dim"])
@@ -217,4 +219,4 @@ def test_predict_model_bf16_prices_each_kind():
     # 16-bit add at its real bytes (2 per element) on the 2000 GB/s bandwidth
     assert add["pred_ms"] == pytest.approx(BATCH * SEQ * HID * 2 * 3 / 2e12 * 1e3)
     assert "attention" not in set(traced(LLAMA, BATCH, SEQ, "inf")["cls"])
-    assert kernels.BYTES_PER_ELEM == 4
+    assert sizes.BYTES_PER_ELEM == 4

@@ -4,7 +4,7 @@ import pandas as pd
 import pytest
 import torch
 
-from nslib import data as nsdata, kernels
+from nslib.kernels import measured, sizes
 from nslib.predictors import PredictorFileError, get
 from nslib.predictors.neusight import NeuSight, roofline_wave_ms
 
@@ -12,10 +12,10 @@ from nslib.predictors.neusight import NeuSight, roofline_wave_ms
 @pytest.fixture(scope="module")
 def small(data_dir):
     """A few hundred training and test kernels of every class."""
-    tr = pd.concat([nsdata.kernel_table(c, "train").sample(400, random_state=0)
-                    for c in kernels.CLASSES], ignore_index=True)
-    te = pd.concat([nsdata.kernel_table(c, "test").sample(150, random_state=0)
-                    for c in kernels.CLASSES], ignore_index=True)
+    tr = pd.concat([measured.kernel_table(c, "train").sample(400, random_state=0)
+                    for c in sizes.CLASSES], ignore_index=True)
+    te = pd.concat([measured.kernel_table(c, "test").sample(150, random_state=0)
+                    for c in sizes.CLASSES], ignore_index=True)
     return tr, te
 
 
@@ -29,9 +29,9 @@ def test_utilisation_in_unit_interval_and_never_beats_roofline(fitted, small):
     u = fitted.utilisation(te)
     assert ((u > 0) & (u <= 1 + 1e-12)).all()
     pred = fitted.predict(te)
-    assert (pred >= kernels.roofline_ms(te) * (1 - 1e-9)).all()
+    assert (pred >= sizes.roofline_ms(te) * (1 - 1e-9)).all()
     # also with looked-up tiles, as on a GPU never profiled
-    assert (fitted.predict(te, lookup=True) >= kernels.roofline_ms(te) * (1 - 1e-9)).all()
+    assert (fitted.predict(te, lookup=True) >= sizes.roofline_ms(te) * (1 - 1e-9)).all()
 
 
 def test_hand_checked_units(fitted):
@@ -40,15 +40,15 @@ def test_hand_checked_units(fitted):
                       "N": [1024.0], "K": [1024.0], "H": [np.nan], "tile_m": [128.0],
                       "tile_k": [128.0], "num_sm": [10.0], "peak_gflops": [10000.0],
                       "mem_bw": [1000.0], "mem_gb": [16.0], "l2_mb": [4.0]})
-    f = kernels.add_features(f)
+    f = sizes.add_features(f)
     assert f["blocks"][0] == 64 and f["waves"][0] == 7
     # tile FLOPs 2*128*1024*128; roofline: compute-bound (intensity 170 FLOP/B > 10)
     wave = roofline_wave_ms(f)[0]
     assert wave == pytest.approx(10 * 2 * 128 * 1024 * 128 / 10e12 * 1e3)
     # the GEMM law is bounded by the kernel's roofline: u is the share of it reached
     u = fitted.utilisation(f)[0]
-    assert fitted.predict(f)[0] == pytest.approx(kernels.roofline_ms(f)[0] / u)
-    assert kernels.roofline_ms(f)[0] == pytest.approx(2 * 1024**3 / 10e12 * 1e3)
+    assert fitted.predict(f)[0] == pytest.approx(sizes.roofline_ms(f)[0] / u)
+    assert sizes.roofline_ms(f)[0] == pytest.approx(2 * 1024**3 / 10e12 * 1e3)
 
 
 def test_save_load_round_trip_and_bad_files(fitted, small, tmp_path):
@@ -90,7 +90,7 @@ def test_traced_style_frame_without_tiles_gets_lookup(fitted):
                       "H": [np.nan, 4096.0, 512.0], "num_sm": 132.0, "peak_gflops": 66908.0,
                       "mem_bw": 3430.0, "mem_gb": 80.0, "l2_mb": 50.0})
     pred = fitted.predict(f)
-    assert np.isfinite(pred).all() and (pred >= kernels.roofline_ms(f)).all()
+    assert np.isfinite(pred).all() and (pred >= sizes.roofline_ms(f)).all()
 
 
 def _ctx(base, waves, mem_ms=(0.0, 0.0), sm_ms=(0.0, 0.0), comp_ms=(0.0, 0.0),

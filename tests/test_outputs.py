@@ -8,7 +8,7 @@ import subprocess
 import pytest
 
 from nslib import cli, reproduce
-from nslib.paths import PROJECT_ROOT
+from nslib.data.paths import PROJECT_ROOT
 
 
 def _tracked_state() -> str:

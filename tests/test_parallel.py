@@ -1,4 +1,4 @@
-"""nslib.parallel: links, DP/TP/PP schedules on a tiny GPT-2 with a constant-latency predictor,
+"""nslib.model.parallel.core: links, DP/TP/PP schedules on a tiny GPT-2 with a constant-latency predictor,
 checked against hand arithmetic; invalid degrees rejected."""
 import json
 
@@ -6,10 +6,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from nslib.gpus import GPU
-from nslib.parallel import (LinkSpec, default_link, dp_schedule, gpipe_time, model_info,
-                            resolve_link, shard_tensor_parallel)
-from nslib.predict import predict_model, traced
+from nslib.data.gpus import GPU
+from nslib.model.parallel.core import (LinkSpec, default_link, dp_schedule, gpipe_time, model_info,
+    resolve_link, shard_tensor_parallel)
+from nslib.model.predict import predict_model
+from nslib.model.inputs import traced
 
 CFG = {"model_type": "gpt2", "n_embd": 64, "n_head": 4, "n_layer": 4, "n_positions": 64,
        "vocab_size": 500}
@@ -50,7 +51,7 @@ def test_link_arithmetic():
 
 
 def test_default_links(data_dir, tmp_path):
-    from nslib.predict import resolve_gpu
+    from nslib.model.inputs import resolve_gpu
     h100, a100 = resolve_gpu("NVIDIA_H100_80GB_HBM3"), resolve_gpu("NVIDIA_A100-SXM4-40GB")
     assert default_link(h100).bandwidth_gbps == 900 and default_link(h100).effective_gbps == 324
     assert default_link(a100).bandwidth_gbps == 600
@@ -231,7 +232,7 @@ def test_defaults_unchanged():
 
 
 def test_cli_parallel_flags(data_dir, capsys):
-    from nslib.cli import main
+    from nslib.cli.commands import main
     args = ["predict", "--gpu", "H100", "--model", "gpt2_med", "--batch", "2", "--seq", "64",
             "--mode", "train", "--predictor", "roofline", "--json"]
     assert main(args + ["--tp", "2", "--link-bw", "100"]) == 0

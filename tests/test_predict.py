@@ -5,10 +5,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from nslib.cli import main
-from nslib.labels import load_labels, parse_tag
-from nslib.predict import predict_model, traced
-from nslib.sweep import sweep
+from nslib.cli.commands import main
+from nslib.data.labels import load_labels, parse_tag
+from nslib.model.predict import predict_model
+from nslib.model.inputs import traced
+from nslib.model.sweep import sweep
 
 TINY = {"model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_head": 4, "vocab_size": 100,
         "n_positions": 64, "architectures": ["GPT2LMHeadModel"]}

@@ -6,18 +6,18 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from nslib import evaluate
-from nslib.cli import main
+from nslib.evaluation import metrics
+from nslib.cli.commands import main
 
 
 def test_ape_and_class_table():
     frame = pd.DataFrame({"cls": ["bmm", "bmm", "linear"], "gpu": ["a", "b", "a"],
                           "latency_ms": [1.0, 2.0, 4.0]})
-    assert evaluate.ape([1.5, 1.0, 4.0], frame["latency_ms"]).tolist() == [50, 50, 0]
-    tab = evaluate.class_table(frame, [1.5, 1.0, 4.0], ["a"], ["b"])
+    assert metrics.ape([1.5, 1.0, 4.0], frame["latency_ms"]).tolist() == [50, 50, 0]
+    tab = metrics.class_table(frame, [1.5, 1.0, 4.0], ["a"], ["b"])
     assert tab.loc["bmm", "train_gpus"] == 50 and tab.loc["bmm", "new_gpus"] == 50
     assert tab.loc["linear", "train_gpus"] == 0 and np.isnan(tab.loc["linear", "new_gpus"])
-    assert evaluate.table_json(tab)["linear"] == {"train_gpus": 0.0, "new_gpus": None, "n": 1}
+    assert metrics.table_json(tab)["linear"] == {"train_gpus": 0.0, "new_gpus": None, "n": 1}
 
 
 def test_eval_kernels_roofline_json_matches_reference(data_dir, capsys):
@@ -42,6 +42,6 @@ def test_cli_gpus_and_errors(data_dir, capsys, tmp_path, monkeypatch):
 
 
 def test_entry_point_runs():
-    out = subprocess.run([sys.executable, "-m", "nslib.cli", "predictors"], capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "nslib.cli.commands", "predictors"], capture_output=True,
                          text=True, check=True).stdout
     assert "roofline" in out and "neusight" in out

@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from nslib.predictors.tc_gemm import GEMM, PREDICTORS, TensorGemm, gemm_terms, law_ms
-from nslib.tc_tiles import choose_tiles
+from nslib.kernels.tc_tiles import choose_tiles
 
 # a datasheet outside the training range (B200-like): 2.25 PFLOP/s, 7.7 TB/s, 126 MB L2
 FAST = {"gpu": "fast", "num_sm": 148, "peak_gflops": 80000.0, "bf16_gflops": 2.25e6,
@@ -43,7 +43,7 @@ def test_tile_choice_by_hand():
 
 @pytest.fixture(scope="module")
 def table(mixed_dir):
-    from nslib.mixed_data import gemm_table
+    from nslib.data.mixed_data import gemm_table
     t = gemm_table(mixed_dir)
     return t.groupby("gpu", group_keys=False).sample(n=1500, random_state=0).reset_index(drop=True)
 
@@ -124,7 +124,7 @@ def test_terms_follow_the_tiles(table):
 
 
 def test_quick_logo_finite_per_gpu(table):
-    from nslib.mixed_eval import logo_predictions, per_gpu_mape
+    from nslib.evaluation.kernel_level16 import logo_predictions, per_gpu_mape
     small = table.groupby("gpu", group_keys=False).head(600).reset_index(drop=True)
     mape = per_gpu_mape(small, logo_predictions(small, lambda: TensorGemm(quick=True),
                                                 progress=False))

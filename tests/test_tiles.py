@@ -1,9 +1,9 @@
-"""nslib.tiles: nearest-neighbour tile lookup, and its cache of answers."""
+"""nslib.kernels.tiles: nearest-neighbour tile lookup, and its cache of answers."""
 import numpy as np
 import pandas as pd
 
-from nslib.paths import cache_dir
-from nslib.tiles import TileLookup
+from nslib.data.paths import cache_dir
+from nslib.kernels.tiles import TileLookup
 
 
 def table():

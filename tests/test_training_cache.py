@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from nslib import data as nsdata, training
+from nslib.kernels import measured
+from nslib.predictors import training
 
 
 @pytest.mark.parametrize("name,quick", [("neusight", False), ("neusight", True),
@@ -44,10 +45,10 @@ def test_bad_epochs(name, epochs, words):
 @pytest.fixture
 def tiny_training(data_dir, tmp_path, monkeypatch):
     """trained() on the small layernorm test table, under a fixed key, in a private folder."""
-    frame = nsdata.kernel_table("layernorm", "test")
+    frame = measured.kernel_table("layernorm", "test")
     monkeypatch.setattr(training, "train_frame", lambda data=None, exclude_gpus=(): frame)
     monkeypatch.setattr(training, "cache_key", lambda name, params, data=None: "k1")
-    monkeypatch.setattr(nsdata, "train_hash", lambda data=None: "h1")
+    monkeypatch.setattr(measured, "train_hash", lambda data=None: "h1")
     return tmp_path / "weights"
 
 
@@ -72,7 +73,7 @@ def test_damaged_weights_are_retrained_with_a_note(tiny_training, capsys):
     pred = training.trained("linreg", out=tiny_training, progress=False)
     err = capsys.readouterr().err
     assert "cached linreg predictor linreg-k1.npz is damaged" in err and "training" in err
-    assert pred.predict(nsdata.kernel_table("layernorm", "test")).shape[0] > 0
+    assert pred.predict(measured.kernel_table("layernorm", "test")).shape[0] > 0
     assert path.stat().st_size > 40
 
 
@@ -96,30 +97,30 @@ def test_a_datasheet_only_gpu_changes_no_table_key(data_dir, tmp_path, monkeypat
     (root / "data" / "dataset" / "test").symlink_to(data_dir / "data" / "dataset" / "test")
     shutil.copytree(data_dir / "data" / "device_configs", root / "data" / "device_configs")
     monkeypatch.setenv("NSLIB_DATA", str(root))
-    before = nsdata.table_key("layernorm", "test")
+    before = measured.table_key("layernorm", "test")
     spec = {"Device": "Datasheet Only GPU", "Dev_Mem": 24, "Mem_Bw": 300, "Num_Sm": 58,
             "Core_Per_SM": 128, "Freq": 2040, "SingleFLOPs": 30300, "L2Cache": 48}
     (root / "data" / "device_configs" / "Datasheet_Only_GPU.json").write_text(json.dumps(spec))
-    assert nsdata.table_key("layernorm", "test") == before
+    assert measured.table_key("layernorm", "test") == before
     # a datasheet of a GPU measured in the table does change it
-    measured = nsdata.measured_devices(nsdata.source_files("layernorm", "test"))
-    from nslib.gpus import find_gpu, load_gpus
-    key = find_gpu(measured[0], load_gpus()).key
+    devices = measured.measured_devices(measured.source_files("layernorm", "test"))
+    from nslib.data.gpus import find_gpu, load_gpus
+    key = find_gpu(devices[0], load_gpus()).key
     cfg = root / "data" / "device_configs" / f"{key}.json"
     raw = json.loads(cfg.read_text())
     cfg.write_text(json.dumps({**raw, "Mem_Bw": raw["Mem_Bw"] * 2}))
-    assert nsdata.table_key("layernorm", "test") != before
+    assert measured.table_key("layernorm", "test") != before
 
 
 def test_training_key_ignores_the_test_split(monkeypatch):
     calls = []
-    real = nsdata.table_key
+    real = measured.table_key
 
     def spy(cls, split, data=None):
         calls.append(split)
         return real(cls, split, data)
-    monkeypatch.setattr(nsdata, "table_key", spy)
-    nsdata.train_hash()
+    monkeypatch.setattr(measured, "table_key", spy)
+    measured.train_hash()
     assert set(calls) == {"train"}
 
 
@@ -135,19 +136,19 @@ def test_train_all_trains_every_learning_predictor(monkeypatch):
 
 def test_damaged_trace_is_rebuilt_with_a_note(monkeypatch, tmp_path, capsys):
     import pandas as pd
-    from nslib import graph, predict
+    from nslib.model import inputs
     monkeypatch.setenv("NSLIB_CACHE", str(tmp_path))
     frame = pd.DataFrame({"op": ["addu"], "inputs": [(1, 2)], "B": [1.0]})
-    for c in predict._TUPLE_COLUMNS:  # a trace's tuple columns (inputs, memory events)
+    for c in inputs.TUPLE_COLUMNS:  # a trace's tuple columns (inputs, memory events)
         if c != "inputs":
             frame[c] = [(3,)]
-    monkeypatch.setattr(graph, "trace", lambda config, batch, seq, mode, **kw: frame.copy())
-    predict._traced.cache_clear()
-    first = predict._traced("k", "{}", 1, 8, "inf")
+    monkeypatch.setattr(inputs, "trace", lambda config, batch, seq, mode, **kw: frame.copy())
+    inputs._traced.cache_clear()
+    first = inputs._traced("k", "{}", 1, 8, "inf")
     entry = tmp_path / "traces" / "k.parquet"
     entry.write_bytes(entry.read_bytes()[:30])
-    predict._traced.cache_clear()
-    again = predict._traced("k", "{}", 1, 8, "inf")
-    predict._traced.cache_clear()
+    inputs._traced.cache_clear()
+    again = inputs._traced("k", "{}", 1, 8, "inf")
+    inputs._traced.cache_clear()
     assert "cached model trace k.parquet is damaged" in capsys.readouterr().err
     assert again["inputs"].tolist() == first["inputs"].tolist() == [(1, 2)]

@@ -1,4 +1,4 @@
-"""The GPU explorer's logic (nslib.widgets): hypothetical GPUs, pasted configs, scenarios,
+"""The GPU explorer's logic (nslib.explore.widgets): hypothetical GPUs, pasted configs, scenarios,
 range warnings, and the ipywidgets UI driven without a browser (quick NeuSight predictor)."""
 import json
 
@@ -6,10 +6,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from nslib import data as nsdata, kernels
-from nslib.gpus import GPU, find_gpu, gpu_from_dict, load_gpus
-from nslib.widgets import (build_explorer, hypothetical_gpu, largest_kernels,
-                           parse_pasted_config, predict_model_args, scenario, training_ranges)
+from nslib.kernels import measured, sizes
+from nslib.data.gpus import GPU, find_gpu, gpu_from_dict, load_gpus
+from nslib.explore.widgets import (build_explorer, hypothetical_gpu, largest_kernels,
+    parse_pasted_config, predict_model_args, scenario, training_ranges)
 
 # a small GPT-2 that traces in well under a second
 TINY = {"model_type": "gpt2", "n_layer": 2, "n_embd": 256, "n_head": 4, "n_positions": 1024,
@@ -28,7 +28,7 @@ def base(gpus):
 
 @pytest.fixture(scope="module")
 def neusight(data_dir):
-    from nslib.widgets import get_predictor
+    from nslib.explore.widgets import get_predictor
     return get_predictor("neusight", quick=True)
 
 
@@ -69,12 +69,12 @@ def _vector_kernels():
     single GPU's rows) plus a grid of small ones, where launch costs dominate."""
     frames = []
     for cls in ("elementwise", "softmax", "layernorm"):
-        t = nsdata.kernel_table(cls, "test")
+        t = measured.kernel_table(cls, "test")
         frames.append(t[t["gpu"] == t["gpu"].iloc[0]][["cls", "op", "B", "H"]])
     grid = pd.DataFrame([{"op": op, "B": float(b), "H": float(h)}
                          for op in ("add", "addu", "mul", "gelu", "tanh", "softmax", "ln")
                          for b in (1, 16, 256, 4096, 16384) for h in (64, 1024, 4096)])
-    grid["cls"] = kernels.op_class(grid["op"])
+    grid["cls"] = sizes.op_class(grid["op"])
     df = pd.concat(frames + [grid], ignore_index=True).drop_duplicates(ignore_index=True)
     for c in ("M", "N", "K"):
         df[c] = np.nan
@@ -91,7 +91,7 @@ def test_twice_the_bandwidth_never_slows_a_memory_bound_kernel(gpus, neusight, n
     fast = hypothetical_gpu(g, mem_bw=2 * g.mem_bw)
     ks = _vector_kernels()
     f1, f2 = _on(ks, g), _on(ks, fast)
-    flops, nbytes = kernels.flops_bytes(f1)
+    flops, nbytes = sizes.flops_bytes(f1)
     memory_bound = flops / nbytes < g.peak_gflops / g.mem_bw
     assert memory_bound.all()                 # every vector kernel is, on every GPU here
     p1, p2 = neusight.predict(f1), neusight.predict(f2)
@@ -122,7 +122,7 @@ def test_twice_the_fp32_peak_never_slows_a_kernel(gpus, neusight, name):
 
 
 def test_dominance_warning_flags_a_better_gpu_predicted_slower(base):
-    from nslib.widgets import dominance_warnings
+    from nslib.explore.widgets import dominance_warnings
     better = hypothetical_gpu(base, name="better", mem_bw=2 * base.mem_bw)
     assert dominance_warnings([base, better], ["base", "better"], [10.0, 9.0]) == []
     hit = dominance_warnings([base, better], ["base", "better"], [10.0, 12.0])
@@ -314,7 +314,7 @@ TINY_LLAMA = {"model_type": "llama", "hidden_size": 256, "intermediate_size": 51
 
 
 def test_scenario_in_bf16_prices_attention_and_halves_memory(mixed_dir):
-    from nslib.widgets import explorer_gpus
+    from nslib.explore.widgets import explorer_gpus
     gpus = explorer_gpus()
     with_bf16 = [g for g in gpus.values() if g.bf16_gflops][:2]
     assert len(with_bf16) == 2  # the 16-bit data's datasheets join the explorer's GPUs
@@ -333,7 +333,7 @@ def test_scenario_bf16_needs_the_tensor_peak(base):
 
 
 def test_explorer_dtype_control(mixed_dir):
-    from nslib.widgets import explorer_gpus
+    from nslib.explore.widgets import explorer_gpus
     key = next(k for k, g in explorer_gpus().items() if g.bf16_gflops)
     ex = build_explorer(gpus=[key], model=TINY_LLAMA, batch=1, seq=64, quick=True, auto=False)
     ex.dtype.value = "bf16"  # the callback recomputes

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from importlib import import_module
 
-from .base import Predictor, PredictorFileError
+from nslib.predictors.base import Predictor, PredictorFileError
 
 # name -> (module, class); modules import lazily so listing predictors stays cheap
 _REGISTRY = {

@@ -27,10 +27,11 @@ import time
 import numpy as np
 import pandas as pd
 
-from .attention_kind import ATTENTION, attention_roofline_ms, check_frame, launch_geometry
-from .base import Predictor
-from .fitting import fit_mlp, log_error
-from .neusight import mlp_forward
+from nslib.predictors.attention_kind import (ATTENTION, attention_roofline_ms, check_frame,
+    launch_geometry)
+from nslib.predictors.base import Predictor
+from nslib.predictors.fitting import fit_mlp, log_error
+from nslib.predictors.neusight import mlp_forward
 
 __all__ = ["ATTENTION", "attention_roofline_ms", "floor_ms", "TensorAttention", "PREDICTORS"]
 

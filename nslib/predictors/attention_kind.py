@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from .tensor_baselines import roofline_ms
+from nslib.predictors.tensor_baselines import roofline_ms
 
 BYTES = 2            # bytes per element, bf16/fp16
 BLOCK_M = 128        # query rows per CTA
@@ -35,7 +35,7 @@ def check_frame(frame: pd.DataFrame, gpu: bool = False, extra: tuple = ()) -> No
     lacking = [c for c in need if c not in frame.columns]
     if lacking:
         raise ValueError(f"attention frame lacks column(s) {lacking}; build it with "
-                         "nslib.mixed_data.attention_table() or add them")
+                         "nslib.data.mixed_data.attention_table() or add them")
     num = [c for c in need if c != "causal"]
     vals = frame[num].to_numpy(float)
     if len(frame) and not (np.isfinite(vals).all() and (vals > 0).all()):

@@ -1,7 +1,7 @@
 """The interface every kernel predictor shares: ``fit(frame)``, ``predict(frame) -> ms``,
 ``save(path)`` and ``load(path)``.
 
-A kernel frame holds one row per kernel with a ``cls`` column (see :mod:`nslib.kernels`);
+A kernel frame holds one row per kernel with a ``cls`` column (see :mod:`nslib.kernels.sizes`);
 predictors split it by class themselves, so callers pass whole mixed frames.
 
 Weights files are numpy ``.npz`` archives (no pickles): the state's arrays, plus its plain
@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..paths import atomic_write_bytes
+from nslib.data.paths import atomic_write_bytes
 
 FORMAT_VERSION = 2  # 2: .npz of arrays and JSON (1 was a torch file)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Callable
 
 import numpy as np
+from nslib.predictors.neusight import make_mlp, mlp_weights
 
 
 def mse(pred, target):
@@ -52,7 +53,6 @@ def fit_mlp(x: np.ndarray, target: np.ndarray, *, hidden: int = 64, layers: int 
     """
     import torch
     from tqdm.auto import tqdm
-    from .neusight import make_mlp, mlp_weights
     rng = np.random.default_rng(seed)
     torch.manual_seed(seed)
     xt = torch.from_numpy(np.array(x, np.float32))  # copies: the caller's arrays stay theirs

@@ -45,9 +45,9 @@ import torch
 from scipy.spatial import cKDTree
 from tqdm.auto import tqdm
 
-from .. import kernels
-from .base import Predictor, by_class
-from .neusight import make_mlp
+from nslib.kernels import sizes
+from nslib.predictors.base import Predictor, by_class
+from nslib.predictors.neusight import make_mlp
 
 GEMM_DIMS = ("B", "M", "N", "K")
 _H_TIEBREAK = 1e-3  # weight of log2 H next to log2 element count in the nearest-kernel search
@@ -55,7 +55,7 @@ _H_TIEBREAK = 1e-3  # weight of log2 H next to log2 element count in the nearest
 
 def gemm_inputs(frame: pd.DataFrame) -> np.ndarray:
     """The (n, 9) raw MLP inputs: log2 of B, M, N, K and of the five GPU datasheet columns."""
-    cols = [frame[c].to_numpy(float) for c in GEMM_DIMS + kernels.GPU_COLS]
+    cols = [frame[c].to_numpy(float) for c in GEMM_DIMS + sizes.GPU_COLS]
     return np.log2(np.column_stack(cols))
 
 
@@ -102,11 +102,11 @@ class Habitat(Predictor):
         torch.set_num_threads(int(self.params.get("threads") or before))
         try:
             for i, (cls, _, sub) in enumerate(by_class(frame)):
-                if cls in kernels.GEMM_CLASSES:
+                if cls in sizes.GEMM_CLASSES:
                     self._fit_mlp(cls, sub.reset_index(drop=True), self.seed + i, progress)
         finally:
             torch.set_num_threads(before)
-        vec = frame[frame["cls"].isin(kernels.VECTOR_CLASSES)]
+        vec = frame[frame["cls"].isin(sizes.VECTOR_CLASSES)]
         if len(vec):
             self._fit_reference(vec)
         return self
@@ -173,7 +173,7 @@ class Habitat(Predictor):
         self.ref_gpu = {"num_sm": float(sub["num_sm"].iloc[0]),
                         "mem_bw": float(sub["mem_bw"].iloc[0])}
         if "blocks" not in sub:
-            sub = kernels.add_features(sub)
+            sub = sizes.add_features(sub)
         grouped = (sub.groupby(["op", "B", "H"], sort=True)
                    .agg(lat=("latency_ms", "mean"), blocks=("blocks", "first")).reset_index())
         self.ref_table = {str(op): {k: g[k].to_numpy(float, copy=True)
@@ -183,18 +183,18 @@ class Habitat(Predictor):
 
     # ----- prediction
     def predict(self, frame: pd.DataFrame) -> np.ndarray:
-        kernels.validate_dims(frame)
+        sizes.validate_dims(frame)
         out = np.empty(len(frame))
         missing = n_vec = 0
         for cls, idx, sub in by_class(frame):
-            if cls in kernels.GEMM_CLASSES:
+            if cls in sizes.GEMM_CLASSES:
                 if cls not in self.models:
                     raise ValueError(f"habitat has no trained {cls} model; train it first")
                 z = (gemm_inputs(sub) - self.norm[cls][0]) / self.norm[cls][1]
                 with torch.no_grad():
                     raw = self.models[cls](torch.from_numpy(z.astype(np.float32)))[:, 0]
                 out[idx] = np.exp(raw.double().numpy())
-            elif cls in kernels.VECTOR_CLASSES:
+            elif cls in sizes.VECTOR_CLASSES:
                 out[idx], miss = self._scale_vector(cls, sub)
                 missing += miss
                 n_vec += len(sub)
@@ -228,7 +228,7 @@ class Habitat(Predictor):
             m = np.flatnonzero(ops == name)
             # a backward op (never measured) is its forward op moving more bytes: Habitat's
             # memory-bound scaling, by the bytes ratio
-            op, more = kernels.FORWARD_OP.get(name, name), kernels.bytes_ratio_to_forward(name)
+            op, more = sizes.FORWARD_OP.get(name, name), sizes.bytes_ratio_to_forward(name)
             if op not in self.ref_table:
                 raise ValueError(f"habitat: op {op!r} was never measured on the reference GPU "
                                  f"{self.reference}; measured ops: {sorted(self.ref_table)}")

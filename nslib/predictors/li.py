@@ -2,7 +2,7 @@
 
 Per training GPU and kernel class a linear model ``latency_ms = a + b * x`` with ``x`` the
 kernel's FLOPs (bmm, linear) or bytes moved (elementwise, softmax, layernorm), computed from the
-dims (:func:`nslib.kernels.flops_bytes`), so no tile is needed. Then, across the training GPUs,
+dims (:func:`nslib.kernels.sizes.flops_bytes`), so no tile is needed. Then, across the training GPUs,
 each coefficient is regressed on GPU datasheet features to give the coefficients of a GPU that
 was never measured:
 
@@ -23,8 +23,8 @@ import numpy as np
 import pandas as pd
 import torch
 
-from .. import kernels
-from .base import Predictor, by_class
+from nslib.kernels import sizes
+from nslib.predictors.base import Predictor, by_class
 
 MIN_INTERCEPT_MS = 1e-3   # 1 us: below any measured kernel (launch overhead alone is ~5 us)
 MIN_SLOPE_FRAC = 1e-6     # slope floor, relative to the median of latency / x
@@ -91,10 +91,10 @@ class LiEtAl(Predictor):
     def __init__(self, features=("peak_gflops", "mem_bw"), ridge: float = 1e-2,
                  weighted: bool = True, use_measured: bool = True, seed: int | None = None):
         """``seed`` is accepted for interface uniformity; the fit is deterministic."""
-        unknown = set(features) - set(kernels.GPU_COLS)
+        unknown = set(features) - set(sizes.GPU_COLS)
         if unknown:
             raise ValueError(f"unknown GPU feature(s) {sorted(unknown)}; known: "
-                             f"{kernels.GPU_COLS}")
+                             f"{sizes.GPU_COLS}")
         self.params = {"features": list(features), "ridge": float(ridge),
                        "weighted": bool(weighted), "use_measured": bool(use_measured)}
         self.per_gpu: dict[str, dict] = {}   # cls -> {"gpu", "specs", "a", "b", "clamped"}
@@ -112,10 +112,10 @@ class LiEtAl(Predictor):
                 a, b = fit_per_gpu(x_all[m], y_all[m], self.params["weighted"])
                 a, b, clamped = clamp_coefficients(a, b, x_all[m], y_all[m])
                 rows.append({"gpu": str(gpu),
-                             "specs": [float(g[c].iloc[0]) for c in kernels.GPU_COLS],
+                             "specs": [float(g[c].iloc[0]) for c in sizes.GPU_COLS],
                              "a": a, "b": b, "clamped": bool(clamped)})
             self.per_gpu[cls] = {k: [r[k] for r in rows] for k in rows[0]}
-            F = np.log(np.array([[r["specs"][kernels.GPU_COLS.index(f)] for f in feats]
+            F = np.log(np.array([[r["specs"][sizes.GPU_COLS.index(f)] for f in feats]
                                  for r in rows]))
             self.coef[cls] = {k: ridge_fit(F, np.log([r[k] for r in rows]),
                                            self.params["ridge"]) for k in ("a", "b")}
@@ -123,8 +123,8 @@ class LiEtAl(Predictor):
 
     @staticmethod
     def _x(cls: str, frame: pd.DataFrame) -> np.ndarray:
-        flops, nbytes = kernels.flops_bytes(frame)
-        return flops if cls in kernels.GEMM_CLASSES else nbytes
+        flops, nbytes = sizes.flops_bytes(frame)
+        return flops if cls in sizes.GEMM_CLASSES else nbytes
 
     # ----- prediction
     def coefficients(self, cls: str, frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
@@ -138,7 +138,7 @@ class LiEtAl(Predictor):
             out.append(np.exp(w[0] + ((F - mean) / std) @ w[1:]))
         a, b = out
         if self.params["use_measured"]:
-            specs = np.column_stack([frame[c].to_numpy(float) for c in kernels.GPU_COLS])
+            specs = np.column_stack([frame[c].to_numpy(float) for c in sizes.GPU_COLS])
             pg = self.per_gpu[cls]
             for s, ga, gb in zip(pg["specs"], pg["a"], pg["b"]):
                 same = np.all(specs == np.asarray(s), axis=1)
@@ -146,7 +146,7 @@ class LiEtAl(Predictor):
         return a, b
 
     def predict(self, frame: pd.DataFrame) -> np.ndarray:
-        kernels.validate_dims(frame)
+        sizes.validate_dims(frame)
         out = np.empty(len(frame))
         for cls, idx, sub in by_class(frame):
             a, b = self.coefficients(cls, sub)

@@ -5,7 +5,7 @@ any seen in training nothing stops it from predicting the old GPUs' speeds.
 """
 from __future__ import annotations
 
-from .neusight import NeuSight
+from nslib.predictors.neusight import NeuSight
 
 
 class UnboundedMLP(NeuSight):

@@ -14,7 +14,7 @@ SM peak)``, never below the kernel's roofline. The defaults (:data:`CLASS_DEFAUL
 kernel laws, chosen on leave-one-GPU-out error (DECISIONS.md). Training minimises the
 symmetric percentage error of the per-wave latency. Kernels without a parsed tile (unprofiled
 GPUs, traced models) take the tile of the nearest measured training kernel
-(:mod:`nslib.tiles`); softmax kernels pack several rows per block (:class:`RowPacking`). A
+(:mod:`nslib.kernels.tiles`); softmax kernels pack several rows per block (:class:`RowPacking`). A
 class may train an :class:`Ensemble` of MLPs from different seeds; their utilisations are
 averaged.
 """
@@ -28,17 +28,17 @@ import sys
 import numpy as np
 import pandas as pd
 
-from .. import kernels
-from ..paths import data_root
-from ..tiles import TileLookup
-from .base import Predictor, by_class
+from nslib.kernels import sizes
+from nslib.data.paths import data_root
+from nslib.kernels.tiles import TileLookup
+from nslib.predictors.base import Predictor, by_class
 
 
 
 FEATURES = ("compute", "load", "dram_footprint", "l2_footprint")  # the paper's four
 DEFAULT_FEATURES = ("compute", "load")
 # Class defaults, chosen on leave-one-GPU-out error over the training GPUs among designs that
-# keep the physical properties of nslib.extrapolation (evidence: DECISIONS.md beside this file).
+# keep the physical properties of nslib.evaluation.extrapolation (evidence: DECISIONS.md beside this file).
 # The MLP sees the kernel's shape and the GPU's SM count only (clipped to the training range);
 # peak, bandwidth and their ratio enter through the law's physical terms, so a datasheet
 # outside the training range moves time the way the hardware would, not an MLP input.
@@ -64,7 +64,7 @@ class TrainConfig:
     range (a GPU with more SMs than any trained on is treated as the largest one seen).
     ``tiles``: ``parsed`` (each training kernel's own tile; looked up on a new GPU) or
     ``nominal`` (trained and predicted with the tile most training GPUs ran for the dims,
-    :class:`nslib.tiles.TileLookup` with ``gpu_free``).
+    :class:`nslib.kernels.tiles.TileLookup` with ``gpu_free``).
     """
 
     layers: int = 4
@@ -161,7 +161,7 @@ class RowPacking:
     block (4 rows of more than 128 elements, more for shorter rows), while
     ``cunn_SoftMaxForward`` runs one row per block. Which one runs depends on the row length H
     only, so an unprofiled GPU takes the rows per block of the training row length nearest in
-    log2 H. ``apply`` turns the one-row tiles of :func:`nslib.kernels.add_features` into packed
+    log2 H. ``apply`` turns the one-row tiles of :func:`nslib.kernels.sizes.add_features` into packed
     tiles: tile FLOPs and bytes times the rows per block, blocks ``ceil(B / rows)``.
     """
 
@@ -251,7 +251,7 @@ def wave_context(frame: pd.DataFrame) -> np.ndarray:
             nbytes / (frame["mem_bw"].to_numpy(float) * 1e9) * 1e3,
             nbytes / (active * per_sm) * 1e3,
             waves * frame["tile_flops"].to_numpy(float) / per_sm * 1e3,
-            kernels.roofline_ms(frame)]
+            sizes.roofline_ms(frame)]
     return np.column_stack(cols).astype(float)
 
 
@@ -319,7 +319,7 @@ def wave_ms(raw, ctx, form: str):
     memory is fast next to few or slow SMs is SM-bound. gamma, kappa and c depend on the
     kernel's shape and the SM count (an MLP input, clipped to the training range), so for a
     given tile, bandwidth and peak enter only through these terms and more of either never
-    makes a kernel slower (SM count and L2: checked, :mod:`nslib.extrapolation`; a
+    makes a kernel slower (SM count and L2: checked, :mod:`nslib.evaluation.extrapolation`; a
     never-profiled GPU's looked-up tile can change with its datasheet). ``series`` (GEMMs): latency = c + max(compute / gamma,
     bytes / (delta * bandwidth)), delta in (0.5, 1), compute the waves of tiles at the FP32
     peak: the tile
@@ -383,10 +383,10 @@ class NeuSight(Predictor):
         footprints: it defaults to the paper's four :data:`FEATURES` instead.
         """
         self.seed = seed
-        base = CLASS_DEFAULTS if self.bounded else {c: {"features": FEATURES} for c in kernels.CLASSES}
+        base = CLASS_DEFAULTS if self.bounded else {c: {"features": FEATURES} for c in sizes.CLASSES}
         self.configs = {c: asdict(TrainConfig(**{**base.get(c, {}), **common,
                                                   **(configs or {}).get(c, {})}))
-                        for c in kernels.CLASSES}
+                        for c in sizes.CLASSES}
         for c, cfg in self.configs.items():
             _check_config(c, cfg, self.bounded)
         # per class, each ensemble member's [W0, b0, W1, b1, ...] (float32 numpy): the

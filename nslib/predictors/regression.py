@@ -3,12 +3,12 @@
 Both predict ``ln(latency in ms)`` with one model per kernel class from
 
 - NeuSight's four per-SM-normalised tile features (:func:`nslib.predictors.neusight.tile_features`),
-- ``log2`` FLOPs and ``log2`` bytes (:func:`nslib.kernels.flops_bytes`),
+- ``log2`` FLOPs and ``log2`` bytes (:func:`nslib.kernels.sizes.flops_bytes`),
 - ``log2`` of the class's dims (``B, M, N, K`` for GEMMs, ``B, H`` for vector ops),
 - ``log2`` of the GPU datasheet columns (``num_sm, peak_gflops, mem_bw, mem_gb, l2_mb``).
 
 Kernels without a tile (traced models, unprofiled GPUs) take the tile of the nearest measured
-training kernel (NeuSight's :class:`nslib.tiles.TileLookup`, fitted on the training frame).
+training kernel (NeuSight's :class:`nslib.kernels.tiles.TileLookup`, fitted on the training frame).
 
 - :class:`LinearRegression`: least squares on standardised features (minimum-norm solution:
   log FLOPs is an exact linear combination of the log dims, so the design is rank deficient).
@@ -22,20 +22,20 @@ import numpy as np
 import pandas as pd
 import torch
 
-from .. import kernels
-from ..tiles import TileLookup
-from .base import Predictor, by_class
-from .neusight import tile_features
+from nslib.kernels import sizes
+from nslib.kernels.tiles import TileLookup
+from nslib.predictors.base import Predictor, by_class
+from nslib.predictors.neusight import tile_features
 
 GEMM_DIMS, VEC_DIMS = ("B", "M", "N", "K"), ("B", "H")
 
 
 def regression_features(frame: pd.DataFrame, cls: str) -> np.ndarray:
     """The (n, d) float64 feature matrix of class ``cls`` (needs tiles and derived columns)."""
-    flops, nbytes = kernels.flops_bytes(frame)
-    dims = GEMM_DIMS if cls in kernels.GEMM_CLASSES else VEC_DIMS
+    flops, nbytes = sizes.flops_bytes(frame)
+    dims = GEMM_DIMS if cls in sizes.GEMM_CLASSES else VEC_DIMS
     extra = np.log2(np.column_stack([flops, nbytes] + [frame[c].to_numpy(float) for c in dims]
-                                    + [frame[c].to_numpy(float) for c in kernels.GPU_COLS]))
+                                    + [frame[c].to_numpy(float) for c in sizes.GPU_COLS]))
     return np.column_stack([tile_features(frame), extra])
 
 

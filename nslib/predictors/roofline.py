@@ -4,8 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from .. import kernels
-from .base import Predictor
+from nslib.kernels import sizes
+from nslib.predictors.base import Predictor
 
 
 class Roofline(Predictor):
@@ -13,4 +13,4 @@ class Roofline(Predictor):
     description = "max(FLOPs / FP32 peak, bytes / memory bandwidth); no training"
 
     def predict(self, frame: pd.DataFrame) -> np.ndarray:
-        return kernels.roofline_ms(frame)
+        return sizes.roofline_ms(frame)

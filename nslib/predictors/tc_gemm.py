@@ -9,7 +9,7 @@ never below its roofline ``max(F / peak, max(B - L2, 0) / bw)``; ``pmax`` is a s
 maximum (p-norm, p = 4, >= the max) of the terms (ms):
 
 - ``comp``: the FLOPs of the waves of tiles the library's heuristic would launch
-  (:mod:`nslib.tc_tiles`), every wave full, at the BF16 peak;
+  (:mod:`nslib.kernels.tc_tiles`), every wave full, at the BF16 peak;
 - ``dram``: the bytes beyond L2, ``max(B - L2, 0)``, at the DRAM bandwidth (``B``: 2 bytes per
   element of A, B and C once): a benchmark repeating one GEMM keeps a working set that fits in
   L2 resident (L40S and RTX PRO 6000 GEMMs under their L2 size run up to 3x faster than their
@@ -33,10 +33,10 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import pandas as pd
 
-from ..tc_tiles import MACS, choose_tiles
-from .base import Predictor
-from .fitting import fit_mlp, log_error
-from .neusight import mlp_forward
+from nslib.kernels.tc_tiles import MACS, choose_tiles
+from nslib.predictors.base import Predictor
+from nslib.predictors.fitting import fit_mlp, log_error
+from nslib.predictors.neusight import mlp_forward
 
 FIXED_MS = 0.002      # scale of the fixed cost c: exp(raw) * 2 us (the smallest GEMMs' time)
 FIXED_CYCLES = 4000.0  # or in SM clocks: exp(raw) * 4000 cycles at the datasheet clock
@@ -71,7 +71,7 @@ GEMM = GemmKind()
 def _dims(frame: pd.DataFrame) -> tuple[np.ndarray, ...]:
     lacking = [c for c in "mnk" if c not in frame.columns]
     if lacking:
-        raise ValueError(f"GEMM frame lacks column(s) {lacking}; pass nslib.mixed_data."
+        raise ValueError(f"GEMM frame lacks column(s) {lacking}; pass nslib.data.mixed_data."
                          "gemm_table() rows (m tokens, [m x k] @ [k x n])")
     return tuple(frame[c].to_numpy(float) for c in "mnk")
 
@@ -81,7 +81,7 @@ def _check_frame(frame: pd.DataFrame, train: bool) -> None:
     lacking = [c for c in need if c not in frame.columns]
     if lacking:
         raise ValueError(f"GEMM frame lacks column(s) {lacking}; join the GPU datasheet "
-                         "columns (nslib.mixed_data.gpu_frame)")
+                         "columns (nslib.data.mixed_data.gpu_frame)")
     bad = [c for c in need if not np.all(np.isfinite(frame[c].to_numpy(float)))
            or np.any(frame[c].to_numpy(float) <= 0)]
     if bad:
@@ -99,7 +99,7 @@ TERMS = {"comp": (0.0, 1.0), "flat": (0.0, 1.0), "dram": (0.5, 1.0), "l2": (0.5,
 
 
 def gemm_terms(frame: pd.DataFrame, l2: bool = True, macs: bool = False) -> dict[str, np.ndarray]:
-    """Per GEMM: the chosen tiles' columns (:func:`nslib.tc_tiles.choose_tiles`; ``macs``:
+    """Per GEMM: the chosen tiles' columns (:func:`nslib.kernels.tc_tiles.choose_tiles`; ``macs``:
     at the datasheet's BF16 multiply-adds per SM clock, else an A100-like SM's), and the
     law's physical terms in ms: ``comp`` (padded waves at the BF16 peak), ``dram`` (DRAM
     bytes at the bandwidth), ``l2`` (L2-resident bytes at the bandwidth), ``tile`` (the bytes

@@ -16,7 +16,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from .base import Predictor
+from nslib.predictors.base import Predictor
+from nslib.predictors.fitting import fit_mlp
+from nslib.predictors.neusight import mlp_forward
 
 DATASHEET = ("num_sm", "bf16_gflops", "mem_bw", "l2_mb")  # learned baselines see these
 
@@ -131,7 +133,6 @@ class MLPBaseline(_KindPredictor):
         self.mean = self.std = None
 
     def fit(self, frame: pd.DataFrame, progress: bool = True) -> "MLPBaseline":
-        from .fitting import fit_mlp
         x = learned_inputs(self.kind, frame)
         self.mean, self.std = x.mean(0), np.maximum(x.std(0), 1e-6)
         y = np.log(frame["latency_ms"].to_numpy(float))[:, None]
@@ -140,7 +141,6 @@ class MLPBaseline(_KindPredictor):
         return self
 
     def predict(self, frame: pd.DataFrame) -> np.ndarray:
-        from .neusight import mlp_forward
         x = (learned_inputs(self.kind, frame) - self.mean) / self.std
         return np.exp(mlp_forward(self.weights, x)[:, 0])
 

@@ -1,0 +1,245 @@
+"""The ``nslib`` command line. Every sub-command is a thin layer over library functions."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import pandas as pd
+
+from nslib.data.checks import arg_int
+
+
+def _gpus(args) -> int:
+    from nslib.data.gpus import load_gpus, load_mixed_gpus_if_present
+    rows = [{"key": k, "data": "neusight", **g.to_json()} for k, g in load_gpus().items()]
+    # then the 16-bit data's datasheets (with Bf16FLOPs), when that folder is there
+    rows += [{"key": k, "data": "mixed", **g.to_json()}
+             for k, g in load_mixed_gpus_if_present().items()]
+    if args.json:
+        print(json.dumps(rows, indent=1))
+    else:
+        print(pd.DataFrame(rows).set_index("key").to_string())
+    return 0
+
+
+def _fetch(args) -> int:
+    from nslib.data.fetch import fetch, read_lock
+    if args.fetch_mixed is not None:
+        from nslib.data.fetch_mixed import fetch_mixed
+        if args.sha256:
+            raise ValueError("--sha256 pins the NeuSight archive; the 16-bit data is checked "
+                             "file by file against datasets/mixed_registry.json: drop --sha256")
+        dest = fetch_mixed(dest=args.fetch_mixed or None, source=args.source, force=args.force)
+        print(f"16-bit data ready at {dest} (every pinned file checked)")
+        return 0
+    dest = fetch(dest=args.data, source=args.source, sha256=args.sha256, force=args.force)
+    lock = read_lock(dest) or {}
+    print(f"NeuSight data ready at {dest} (sha256 {lock.get('sha256')})")
+    return 0
+
+
+def _predictors(args) -> int:
+    from nslib.predictors import available
+    for name, desc in available().items():
+        print(f"{name:10s} {desc}")
+    return 0
+
+
+def _train_kw(args) -> dict:
+    return {"quick": args.quick, "seed": args.seed, "epochs": args.epochs}
+
+
+def _train(args) -> int:
+    from nslib.predictors.training import train_all, trained
+    if args.all:
+        if args.epochs is not None or args.predictor:
+            raise ValueError("--all trains every predictor with its own defaults: drop "
+                             "--epochs and --predictor, or train one with --predictor NAME")
+        names = train_all(quick=args.quick, seed=args.seed, retrain=args.retrain, out=args.out)
+        print(f"trained {', '.join(names)}; cached for every command and notebook")
+        return 0
+    args.predictor = args.predictor or "neusight"
+    trained(args.predictor, out=args.out, retrain=args.retrain, **_train_kw(args))
+    print(f"trained {args.predictor}; cached for every command and notebook")
+    return 0
+
+
+def _eval_kernels_16bit(args) -> int:
+    from nslib.evaluation.kernel_level16 import evaluate_16bit
+    if args.lookup:
+        raise ValueError("--lookup applies to the FP32 kernels only (16-bit kernels have no "
+                         "kernel names to take tiles from): drop it")
+    if args.logo and args.test_gpus:
+        raise ValueError("--logo and --test-gpus are two protocols: give one of them")
+    if args.epochs is not None:
+        raise ValueError("--epochs applies to the FP32 predictors; the 16-bit ones train "
+                         "with their own settings: drop it")
+    res = evaluate_16bit(args.predictor, args.test_gpus, args.seed, args.quick)
+    if args.json:
+        print(json.dumps(res, indent=1))
+        return 0
+    how = (f"trained on every other measured GPU, predicting {', '.join(args.test_gpus)}"
+           if args.test_gpus else "leave-one-GPU-out over the measured GPUs")
+    print(f"MAPE (%) of the {args.dtype} {args.predictor} predictor, {how}")
+    print(pd.DataFrame(res).round(1).to_string())
+    return 0
+
+
+def _eval_kernels(args) -> int:
+    from nslib.kernels.dtypes import check_dtype
+    args.dtype = check_dtype(args.dtype)
+    if args.dtype != "fp32":
+        return _eval_kernels_16bit(args)
+    if args.test_gpus:
+        raise ValueError("--test-gpus applies to the 16-bit kernels (--dtype bf16); the FP32 "
+                         "test GPUs are the data's own split")
+    from nslib.evaluation.metrics import table_json
+    from nslib.evaluation.kernel_level import evaluate_logo, evaluate_predictor, logo_json
+    if args.logo:
+        tab = evaluate_logo(args.predictor, **_train_kw(args))
+        if args.json:
+            print(json.dumps(logo_json(tab), indent=1))
+        else:
+            print(f"Leave-one-GPU-out MAPE (%) of {args.predictor}: each training GPU's test "
+                  "kernels predicted by the predictor trained on the other training GPUs; "
+                  "new GPUs by the one trained on all of them")
+            print(tab.round(1).to_string())
+        return 0
+    tab = evaluate_predictor(args.predictor, lookup=args.lookup, **_train_kw(args))
+    if args.json:
+        print(json.dumps(table_json(tab), indent=1))
+    else:
+        print(f"Mean absolute percentage error (%) of {args.predictor} on the test kernels")
+        print(tab.round(1).to_string())
+    return 0
+
+
+def _reproduce(args) -> int:
+    from nslib.reproduce import output_paths, run
+    recs = run(quick=args.quick, force=args.force, only=args.only or None, out=args.out,
+               results=args.results)
+    print(f"{'notebook':28s} {'status':12s} seconds")
+    for r in recs:
+        print(f"{r['notebook']:28s} {r['status']:12s} {r['seconds']:7.1f}")
+    print(f"total {sum(r['seconds'] for r in recs):.1f} s; figures and tables in "
+          f"{output_paths(args.quick, args.out, args.results)[0]}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="nslib", description=__doc__)
+    p.add_argument("--data", help="NeuSight data root (default: $NSLIB_DATA or datasets/neusight)")
+    p.add_argument("--mixed", help="16-bit measurements root (default: $NSLIB_MIXED or "
+                   "datasets/mixed)")
+    p.add_argument("--cache", help="cache folder (default: $NSLIB_CACHE or ~/.cache/nslib)")
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    s = sub.add_parser("gpus", help="table of known GPUs (NeuSight data, then the 16-bit data)")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=_gpus)
+
+    s = sub.add_parser("fetch", help="download the pinned NeuSight data (or copy a mirror); "
+                       "--mixed: the 16-bit data")
+    s.add_argument("--mixed", dest="fetch_mixed", nargs="?", const="", metavar="PATH",
+                   help="fetch the 16-bit data instead, into PATH (default: $NSLIB_MIXED, "
+                   "or the global --mixed, or datasets/mixed)")
+    s.add_argument("--source", help="mirror URL, local archive or folder (with --mixed: a "
+                   "folder holding each repository as a folder or .tar.gz/.zip)")
+    s.add_argument("--sha256", help="expected SHA-256 of the archive")
+    s.add_argument("--force", action="store_true", help="replace existing data")
+    s.set_defaults(func=_fetch)
+
+    s = sub.add_parser("predictors", help="list the kernel predictors")
+    s.set_defaults(func=_predictors)
+
+    def train_opts(s, default="neusight"):
+        s.add_argument("--predictor", default=default,
+                       help="predictor name (see `nslib predictors`; default neusight)")
+        s.add_argument("--epochs", type=arg_int(), help="training epochs of every class "
+                       "(predictors trained by epochs only)")
+        s.add_argument("--seed", type=arg_int(minimum=0), default=0)
+        s.add_argument("--quick", action="store_true", help="the quick profile (tests)")
+
+    s = sub.add_parser("train", help="train a predictor on the training GPUs (cached)")
+    train_opts(s, default=None)
+    s.add_argument("--all", action="store_true", help="train every predictor (ahead of use)")
+    s.add_argument("--out", help="folder for the weights (default: the cache)")
+    s.add_argument("--retrain", action="store_true", help="train even if cached")
+    s.set_defaults(func=_train)
+
+    s = sub.add_parser("eval-kernels", help="per-class kernel error on the test split")
+    train_opts(s)
+    s.add_argument("--lookup", action="store_true",
+                   help="look every tile up as on an unprofiled GPU (default: only where "
+                        "the GPU was never trained on)")
+    s.add_argument("--logo", action="store_true",
+                   help="leave-one-GPU-out: hold each training GPU out in turn (JSON: "
+                        "{class: {GPU: mape}}); the default protocol in 16 bits")
+    s.add_argument("--dtype", default="fp32",
+                   help="fp32 (the paper's kernels, default), or bf16/fp16: the 16-bit GEMM "
+                        "and attention kernels of the mixed data (classes gemm, attention)")
+    s.add_argument("--test-gpus", nargs="+", metavar="GPU",
+                   help="16-bit only: train on every other measured GPU and report these "
+                        "(Device names or file stems)")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=_eval_kernels)
+
+    s = sub.add_parser("reproduce", help="run every notebook (papermill), write figures/")
+    s.add_argument("--quick", action="store_true", help="the quick profile (minutes)")
+    s.add_argument("--force", action="store_true", help="rerun up-to-date notebooks too")
+    s.add_argument("--only", nargs="*", help="notebook names to run (default: all)")
+    s.add_argument("--out", help="figures folder (default: figures/, or figures/quick/ with "
+                   "--quick)")
+    s.add_argument("--results", help="executed notebooks folder (default: results/<profile>)")
+    s.set_defaults(func=_reproduce)
+
+    try:
+        from nslib.cli.predict import add_predict_parser
+        add_predict_parser(sub)
+    except ImportError:
+        pass
+    _global_options_anywhere(p, sub)
+    return p
+
+
+def _global_options_anywhere(p, sub) -> None:
+    """Accept --data, --mixed and --cache after the sub-command too (``nslib predict --data X``;
+    ``fetch`` has its own ``--mixed [PATH]``).
+
+    SUPPRESS keeps a sub-command that was not given them from resetting the value given
+    before it."""
+    for s in sub.choices.values():
+        for opt in ("--data", "--mixed", "--cache"):
+            if opt in s._option_string_actions:
+                continue
+            s.add_argument(opt, default=argparse.SUPPRESS,
+                           help=next(a.help for a in p._actions if opt in a.option_strings))
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.data:
+        os.environ["NSLIB_DATA"] = args.data
+    if args.mixed:
+        os.environ["NSLIB_MIXED"] = args.mixed
+    if args.cache:
+        os.environ["NSLIB_CACHE"] = args.cache
+    from nslib.data.paths import CacheError, DataNotFoundError
+    try:
+        return args.func(args)
+    except Exception as e:
+        from nslib.reproduce import NotebookFailed
+        if not isinstance(e, (NotebookFailed, DataNotFoundError, FileNotFoundError,
+                              FileExistsError, ValueError, KeyError, CacheError,
+                              ConnectionError)):
+            raise
+        msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
+        print(f"nslib: error: {msg}", file=sys.stderr)
+        return 2
+
+
+
+if __name__ == "__main__":
+    sys.exit(main())

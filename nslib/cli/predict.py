@@ -1,0 +1,151 @@
+"""``nslib predict``: one model on one GPU, as a table or JSON."""
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+from nslib.data.checks import arg_float, arg_int
+from nslib.kernels.dtypes import DTYPES
+from nslib.model.predict import predict_model
+from nslib.predictors.gpu_range import DatasheetRangeWarning
+from nslib.model.memory import memory_of
+
+
+def _predict(args) -> int:
+    if args.gpu and args.gpu_spec:
+        raise ValueError("give one of --gpu NAME and --gpu-spec FILE, not both")
+    if not (args.gpu or args.gpu_spec):
+        raise ValueError("name a GPU with --gpu NAME (see `nslib gpus`) or --gpu-spec FILE.json")
+    # a spec is always a file, whatever its suffix
+    gpu = Path(args.gpu_spec) if args.gpu_spec else args.gpu
+    extra = {}
+    if getattr(args, "fused", False):
+        extra["fused"] = True
+    for k in ("dp", "tp", "pp", "microbatches"):
+        if getattr(args, k, None) is not None:
+            extra[k] = getattr(args, k)
+    if getattr(args, "link_bw", None) is not None:
+        if not any(extra.get(k, 1) > 1 for k in ("dp", "tp", "pp")):
+            raise ValueError("--link-bw applies to a multi-GPU step: add --dp N, --tp N or "
+                             "--pp N")
+        extra["link"] = args.link_bw
+    if getattr(args, "imbalance", None) is not None:
+        extra["imbalance"] = args.imbalance
+    dtype = getattr(args, "dtype", "fp32") or "fp32"
+    if dtype != "fp32":
+        extra["dtype"] = dtype
+        extra["tensor_predictor"] = args.tensor_predictor
+    if getattr(args, "plain_sum", False):
+        extra["launch_us"] = None
+    elif getattr(args, "launch_us", None) is not None:
+        extra["launch_us"] = args.launch_us
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DatasheetRangeWarning)  # printed below, once
+        frame, summary = predict_model(gpu, args.model, args.batch, args.seq, args.mode,
+                                       predictor=args.predictor, quick=args.quick, **extra)
+    mem, per_gpu = _memory(args, gpu, extra, frame)
+    summary = {"gpu": args.gpu_spec or args.gpu, "model": args.model, "batch": args.batch,
+               "seq": args.seq, "mode": args.mode, "predictor": args.predictor, **summary,
+               "memory_gb": mem, "fits": mem["fits"]}
+    if args.json:
+        print(json.dumps(summary, indent=1, allow_nan=False))
+    else:
+        what = (args.predictor if dtype == "fp32" else
+                f"{dtype}: {args.tensor_predictor} tensor cores, {args.predictor} vector")
+        print(f"{args.model} {args.mode} batch {args.batch} seq {args.seq} on {summary['gpu']} "
+              f"({what}): {summary['e2e_ms']:.2f} ms "
+              f"(forward {summary['fw_ms']:.2f}, backward {summary['bw_ms']:.2f})")
+        for k, v in sorted(summary["per_class_ms"].items(), key=lambda kv: -kv[1]):
+            print(f"  {k:12s} {v:10.2f} ms")
+        par = summary.get("parallel")
+        if par:
+            link = par["link"]
+            print(f"  {par['kind']}{par['degree']} on {par['degree']} GPUs, global batch "
+                  f"{par['global_batch']}: communication {summary['comm_ms']:.2f} ms over "
+                  f"{link['bandwidth_gbps']:g} GB/s x {link['utilisation']:g}"
+                  f"{' / 2' if link['halved'] else ''} = {link['effective_gbps']:g} GB/s "
+                  f"({link['source']})")
+            if par["kind"] == "dp":
+                print(f"  gradient all-reduce finishes {par['finish_ms']:.2f} ms into the "
+                      f"backward; exposed {par['exposed_comm_ms']:.2f} ms")
+        elif summary.get("fused"):
+            print(f"  fused: {summary['n_kernels']} kernels "
+                  f"(from {summary['n_kernels_unfused']})")
+        print(_memory_line(mem, per_gpu))
+        for w in summary.get("warnings", []):
+            print(f"warning: {w} (outside the training GPUs: the forecast extrapolates)")
+    return 0
+
+
+def _memory(args, gpu, extra: dict, frame) -> tuple[dict, bool]:
+    """(:func:`nslib.model.memory.memory_of` of the run as a dict, whether it is per GPU of several)."""
+    par = {k: extra[k] for k in ("dp", "tp", "pp", "microbatches", "imbalance", "dtype")
+           if k in extra}
+    if par.get("tp", 1) > 1:
+        par["sharded"] = frame   # the sharded trace predict_model made: not sharded twice
+    mem = memory_of(gpu, args.model, args.batch, args.seq, args.mode, args.optimizer,
+                    kv_cache=args.kv_cache, **par).to_dict()
+    return mem, any(par.get(k, 1) > 1 for k in ("dp", "tp", "pp"))
+
+
+def _memory_line(mem: dict, per_gpu: bool) -> str:
+    """'memory: fits (X GB of Y)' or 'memory: does not fit (needs X GB of Y)', with the parts."""
+    parts = ", ".join(f"{k} {mem[k]:.2f}" for k in ("weights", "grads", "optimizer",
+                                                     "activations", "kv_cache", "framework",
+                                                     "comm") if mem[k] > 0)
+    verdict = (f"fits ({mem['total']:.2f} GB of {mem['capacity']:g})" if mem["fits"] else
+               f"does not fit (needs {mem['total']:.2f} GB of {mem['capacity']:g})")
+    where = " per GPU" if per_gpu else ""
+    return (f"  memory{where}: {verdict}; peak in {mem['peak_phase']} at "
+            f"{mem['peak_module'] or 'kernel ' + str(mem['peak_kid'])}: {parts} GB")
+
+
+def add_predict_parser(sub) -> None:
+    s = sub.add_parser("predict", help="predict a model's inference or training step on a GPU")
+    s.add_argument("--gpu", help="GPU name or alias (see `nslib gpus`)")
+    s.add_argument("--gpu-spec", help="a GPU datasheet JSON in NeuSight's format")
+    s.add_argument("--model", required=True, help="config name in the data, or a JSON path")
+    s.add_argument("--batch", type=arg_int(), required=True)
+    s.add_argument("--seq", type=arg_int(), required=True)
+    s.add_argument("--mode", choices=["inf", "train"], default="inf")
+    s.add_argument("--predictor", default="neusight",
+                   help="kernel predictor (in 16 bits: of the vector and memory kernels)")
+    s.add_argument("--dtype", choices=list(DTYPES), default="fp32",
+                   help="number format of the model (default fp32, the paper's setting); "
+                        "bf16/fp16 trace it with fused attention, priced by the 16-bit GEMM "
+                        "and attention predictors (needs the datasheet's Bf16FLOPs)")
+    s.add_argument("--tensor-predictor", default="neusight", metavar="NAME",
+                   help="16-bit GEMM and attention predictor (default neusight; or a baseline: "
+                        "roofline, roofline_eff, xgboost, mlp)")
+    s.add_argument("--quick", action="store_true", help="use the quick-trained predictor")
+    s.add_argument("--json", action="store_true")
+    s.add_argument("--launch-us", type=arg_float(minimum=0), metavar="US",
+                   help="gap between back-to-back kernels in the model, microseconds "
+                        "(default 3; see nslib.model.stream)")
+    s.add_argument("--plain-sum", action="store_true",
+                   help="sum the kernels' microbenchmark latencies as they are (each with "
+                        "its dispatch floor), as the original tool does")
+    s.add_argument("--imbalance", type=float, metavar="F",
+                   help="mixture-of-experts routing: the busiest expert gets F times its even "
+                        "share of tokens (default 1: balanced)")
+    s.add_argument("--optimizer", default="adam",
+                   choices=["adam", "adamw", "sgd", "sgd_plain", "none"],
+                   help="optimizer states counted in the training memory (default adam; sgd "
+                        "keeps a momentum buffer, sgd_plain none)")
+    s.add_argument("--kv-cache", action="store_true",
+                   help="inference keeps every layer's keys and values (generation) in memory")
+    s.add_argument("--fused", action="store_true",
+                   help="fuse chains of elementwise/memory kernels (nslib.model.fusion)")
+    par = s.add_mutually_exclusive_group()
+    par.add_argument("--dp", type=arg_int(), metavar="N",
+                     help="data parallel on N GPUs (--batch is the global batch)")
+    par.add_argument("--tp", type=arg_int(), metavar="N",
+                     help="tensor parallel (Megatron) on N GPUs")
+    par.add_argument("--pp", type=arg_int(), metavar="N", help="pipeline parallel, N stages")
+    s.add_argument("--microbatches", type=arg_int(), metavar="M",
+                   help="pipeline micro-batches (with --pp; default 1)")
+    s.add_argument("--link-bw", type=arg_float(positive=True), metavar="GBPS",
+                   help="GPU link bandwidth in GB/s (datasheet, both directions; default: "
+                        "the GPU's Link_Bw or its NVLink/PCIe generation), used x 0.72 / 2")
+    s.set_defaults(func=_predict)

@@ -1,0 +1,180 @@
+"""The one place that decides where data, caches and figures live.
+
+Settings (environment variables, each overridable by a CLI option):
+
+- ``NSLIB_DATA``: root of the NeuSight data, either the repository root (it holds
+  ``scripts/asplos``) or the ``scripts/asplos`` folder itself. Default ``datasets/neusight``.
+- ``NSLIB_MIXED``: root of the 16-bit measurements (aiconfigurator and vidur tables plus
+  ``device_configs/`` datasheets with ``Bf16FLOPs``). Default ``datasets/mixed``.
+- ``NSLIB_CACHE``: the user cache folder for built tables, traces and trained weights.
+  Default ``~/.cache/nslib``. The data folder may be read-only, so nothing is written beside it.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import tempfile
+from functools import lru_cache
+from pathlib import Path
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_DATA = PROJECT_ROOT / "datasets" / "neusight"
+ASPLOS = Path("scripts") / "asplos"
+DEFAULT_MIXED = PROJECT_ROOT / "datasets" / "mixed"
+
+
+class DataNotFoundError(FileNotFoundError):
+    """The NeuSight data (or a file inside it) is missing; the message says how to get it."""
+
+
+def _how_to_get() -> str:
+    return (
+        "Get the data with `nslib fetch` (downloads the pinned NeuSight repository into "
+        f"{DEFAULT_DATA}), or point NSLIB_DATA (or --data) at an existing copy, "
+        "e.g. NSLIB_DATA=../shared/neusight."
+    )
+
+
+def data_root(data: str | os.PathLike | None = None) -> Path:
+    """The ``scripts/asplos`` folder of the NeuSight data.
+
+    ``data`` (or ``NSLIB_DATA``, or the default) may name the repository root or the
+    ``scripts/asplos`` folder itself. Raises :class:`DataNotFoundError` when neither is there.
+    """
+    raw = data if data is not None else os.environ.get("NSLIB_DATA") or DEFAULT_DATA
+    root = Path(raw).expanduser()
+    for cand in (root / ASPLOS, root):
+        if (cand / "data" / "device_configs").is_dir():
+            return cand.resolve()
+    raise DataNotFoundError(f"No NeuSight data at {root} (looked for data/device_configs there "
+                            f"and under {ASPLOS}). {_how_to_get()}")
+
+
+def mixed_root(mixed: str | os.PathLike | None = None) -> Path:
+    """The folder of 16-bit measurements (``mixed``, else ``NSLIB_MIXED``, else the default).
+
+    It holds ``device_configs/`` (datasheets with ``Bf16FLOPs``) and the ``aiconfigurator/``
+    and ``vidur/`` tables. Raises :class:`DataNotFoundError` saying how to get it.
+    """
+    raw = mixed if mixed is not None else os.environ.get("NSLIB_MIXED") or DEFAULT_MIXED
+    root = Path(raw).expanduser()
+    if (root / "device_configs").is_dir():
+        return root.resolve()
+    raise DataNotFoundError(
+        f"No 16-bit measurements at {root} (looked for device_configs/ there). Get them with "
+        f"`nslib fetch --mixed` (into {DEFAULT_MIXED}), or point NSLIB_MIXED (or --mixed) at "
+        "an existing copy, e.g. NSLIB_MIXED=../shared/mixed.")
+
+
+def require(path: Path, what: str) -> Path:
+    """Return ``path`` if it exists, else raise :class:`DataNotFoundError` naming ``what``."""
+    if not path.exists():
+        raise DataNotFoundError(f"Missing {what}: {path}. {_how_to_get()}")
+    return path
+
+
+class CacheError(RuntimeError):
+    """The cache folder cannot be written; the message names it and how to choose another."""
+
+
+def _cache_unwritable(path: Path, e: OSError) -> CacheError:
+    return CacheError(f"cannot write to the cache at {path} ({e.strerror or e}): make it "
+                      "writable, or point NSLIB_CACHE (or --cache) at a writable folder")
+
+
+def cache_dir(sub: str | None = None) -> Path:
+    """The user cache folder (``NSLIB_CACHE`` or ``~/.cache/nslib``), or a sub-folder of it."""
+    base = Path(os.environ.get("NSLIB_CACHE") or Path.home() / ".cache" / "nslib").expanduser()
+    path = base / sub if sub else base
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise _cache_unwritable(path, e) from None
+    return path
+
+
+def write_cache_entry(path: Path, data: bytes) -> Path:
+    """:func:`atomic_write_bytes` into the cache; an unwritable cache is a :class:`CacheError`."""
+    try:
+        return atomic_write_bytes(path, data)
+    except OSError as e:
+        raise _cache_unwritable(Path(path).parent, e) from None
+
+
+def read_cache_entry(path: Path, reader, what: str):
+    """``reader(path)``, or None when the entry is missing or unreadable.
+
+    A damaged entry (a truncated file, a crash mid-write on a file system without atomic
+    rename) is deleted with a one-line note on stderr, so the caller rebuilds it.
+    """
+    path = Path(path)
+    if not path.exists():
+        return None
+    try:
+        return reader(path)
+    except Exception as e:  # noqa: BLE001 - any reader error means a damaged entry
+        print(f"nslib: note: cached {what} {path.name} is damaged ({type(e).__name__}); "
+              "rebuilding it", file=sys.stderr)
+        try:
+            path.unlink()
+        except OSError:
+            pass  # read-only cache: the rebuild's write says so
+        return None
+
+
+def figures_dir(out: str | os.PathLike | None = None) -> Path:
+    """Where figures go: ``out`` if given, else the project's ``figures/`` folder."""
+    path = Path(out) if out is not None else PROJECT_ROOT / "figures"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@lru_cache(maxsize=4096)
+def _file_digest(path: str, size: int, mtime_ns: int, inode: int) -> bytes:
+    """SHA-256 of a file's bytes, remembered per process while its size, time stamp and inode
+    stay the same (a command hashes the same data files for several cache keys)."""
+    return hashlib.sha256(Path(path).read_bytes()).digest()
+
+
+def hash_files(paths, extra: object = None) -> str:
+    """SHA-256 (hex, first 16 chars) over the contents of ``paths`` in order, plus ``extra``.
+
+    Cache keys come from content, never from paths or time stamps, so a moved or re-downloaded
+    copy of the same data hits the same cache entry.
+    """
+    h = hashlib.sha256()
+    for p in paths:
+        h.update(Path(p).name.encode())
+        st = os.stat(p)
+        h.update(_file_digest(str(Path(p).resolve()), st.st_size, st.st_mtime_ns, st.st_ino))
+    if extra is not None:
+        h.update(json.dumps(extra, sort_keys=True, default=str).encode())
+    return h.hexdigest()[:16]
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> Path:
+    """Write ``data`` to ``path`` through a temporary file and a rename (never half-written)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())  # on disk before the rename makes it visible
+        # mkstemp makes the file private (0600); give it the umask's usual mode, as open() would
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def atomic_write_text(path: Path, text: str) -> Path:
+    """Text version of :func:`atomic_write_bytes` (UTF-8)."""
+    return atomic_write_bytes(path, text.encode("utf-8"))

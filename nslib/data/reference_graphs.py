@@ -1,0 +1,113 @@
+"""The original tool's parsed operator graphs (``results/opgraph/<tag>.csv``) and the measured
+per-operator latencies beside the labels (``label/<GPU>/<tag>.csv``).
+
+Both hold the embedding and head plus ONE transformer layer (the original repeats it
+``n_layer`` times); :func:`layer_span` finds that layer, :func:`measured_per_class` sums the
+measured per-node latencies (ms) per kernel class with the layer rows repeated.
+"""
+from __future__ import annotations
+
+import re
+
+import pandas as pd
+
+from nslib.data.paths import data_root, require
+
+LAYER0 = re.compile(r"(^|_)(h|layer|layers|block)_0_")
+LAYER1 = re.compile(r"(^|_)(h|layer|layers|block)_1_")
+# FX targets that return a view or a Python value: the host runs them, no kernel is launched
+HOST_TARGETS = re.compile(r"getitem|getattr|^(?:size|dim|view|split|chunk|permute|transpose|t|"
+                          r"unsqueeze|squeeze|expand|narrow|select|detach)$")
+MODULE_ROOTS = re.compile(r"^(transformer|bert|model|cls|lm_head|encoder|decoder|shared|"
+                          r"final_logits)(_|$)")
+
+
+def ref_class(kind: str) -> str:
+    """The nslib kernel class of an original op kind (``Linear``, ``BMM``, ``VECln``, ``MEM``...)."""
+    if kind == "Linear":
+        return "linear"
+    if kind == "BMM":
+        return "bmm"
+    if kind == "VECsoftmax":
+        return "softmax"
+    if kind == "VECln":
+        return "layernorm"
+    if kind.startswith("VEC"):
+        return "elementwise"
+    return "memory"
+
+
+def layer_span(names: list[str]) -> tuple[int, int] | None:
+    """[start, end) of the block-0 nodes in graph order; None when the graph holds every block.
+
+    The layer runs from the first node named after block 0 (``transformer_h_0_...``) to the
+    first later node of another top-level module (``transformer_ln_f``...): unnamed nodes in
+    between (``matmul``, ``softmax``, ``add_10``) belong to the layer.
+    """
+    if any(LAYER1.search(n) for n in names):
+        return None
+    starts = [i for i, n in enumerate(names) if LAYER0.search(n)]
+    if not starts:
+        return None
+    end = len(names)
+    for i in range(starts[-1] + 1, len(names)):
+        if MODULE_ROOTS.match(names[i]) and not LAYER0.search(names[i]):
+            end = i
+            break
+    return starts[0], end
+
+
+def load_opgraph(tag: str, data=None) -> pd.DataFrame:
+    """The original parsed graph of configuration ``tag`` (e.g. ``gpt2_large-inf-1024-4``)."""
+    return pd.read_csv(require(data_root(data) / "results" / "opgraph" / f"{tag}.csv",
+                               f"original operator graph of {tag}"))
+
+
+def measured_per_class(gpu_key: str, tag: str, n_layer: int, data=None) -> pd.Series | None:
+    """Measured ms per kernel class of one configuration, or None when the label has no CSV.
+
+    Node classes come from the original graph's ``OpName``; nodes that launch no kernel but
+    were timed one by one go to ``host`` (:func:`host_nodes`: views, getitems, sizes; the
+    original graph files getitems under memory ops) and the graph's other ``misc`` nodes to
+    ``other``; layer nodes count ``n_layer`` times.
+    """
+    df = measured_nodes(gpu_key, tag, data)
+    if df is None:
+        return None
+    rep = layer_repeats(df, n_layer)
+    op = df["OpName"].fillna("misc").astype(str)
+    cls = op.map(lambda k: "other" if k == "misc" else ref_class(k))
+    cls = cls.where(~host_nodes(df), "host")
+    return (df["latency"] * rep).groupby(cls).sum()
+
+
+def layer_repeats(df: pd.DataFrame, n_layer: int) -> pd.Series:
+    """How many times each node of a one-layer graph runs: ``n_layer`` for the layer's nodes
+    (:func:`layer_span`), 1 for the others."""
+    span = layer_span(df["Name"].astype(str).tolist())
+    rep = pd.Series(1, index=df.index)
+    if span is not None:
+        rep.iloc[span[0]:span[1]] = n_layer
+    return rep
+
+
+def host_nodes(df: pd.DataFrame) -> pd.Series:
+    """True for the label CSV's nodes that launch no kernel: a non-tensor result (no dtype)
+    or one of the view targets of :data:`HOST_TARGETS`."""
+    return df["dtype"].isna() | df["target"].astype(str).str.contains(HOST_TARGETS)
+
+
+def measured_nodes(gpu_key: str, tag: str, data=None) -> pd.DataFrame | None:
+    """The label CSV's timed nodes (Name, target, dtype, latency ms) with the original graph's
+    ``OpName``; None when the label has no CSV."""
+    path = data_root(data) / "label" / gpu_key / f"{tag}.csv"
+    if not path.exists():
+        return None
+    meas = pd.read_csv(path)
+    missing = [c for c in ("Name", "target", "dtype", "latency") if c not in meas.columns]
+    if missing:
+        raise ValueError(f"{path}: per-operator label CSV without columns {missing}; is this "
+                         "a NeuSight label CSV?")
+    meas = meas[["Name", "target", "dtype", "latency"]]
+    graph = load_opgraph(tag.removesuffix("-fusion"), data)[["Name", "OpName"]]
+    return meas.merge(graph, on="Name", how="left")

@@ -1,0 +1,93 @@
+"""Kernel-level evaluation of any registered predictor on the test split (method.md section 8),
+with the paper's protocol and leave-one-GPU-out beside it."""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+from tqdm.auto import tqdm
+
+from nslib.kernels import measured
+from nslib.evaluation.metrics import ape, class_table, order_classes
+from nslib.predictors.training import kernel_eval_frame, trained
+
+LOGO_MEAN = "mean (training GPUs held out)"
+
+
+def _predict(pred, frame: pd.DataFrame, unseen: np.ndarray) -> np.ndarray:
+    """Latency (ms) of every row; rows of GPUs the predictor never trained on (``unseen``)
+    take looked-up tiles, as a GPU that was never profiled would."""
+    if not hasattr(pred, "tiles"):
+        return pred.predict(frame)
+    out = np.empty(len(frame))
+    if (~unseen).any():
+        out[~unseen] = pred.predict(frame[~unseen])
+    if unseen.any():
+        out[unseen] = pred.predict(frame[unseen], lookup=True)
+    return out
+
+
+def predict_test(name: str, lookup: bool = False, data=None, **train_kw) -> pd.DataFrame:
+    """The test kernels with a ``pred_ms`` column from predictor ``name``.
+
+    Kernels of GPUs that are not training GPUs take looked-up tiles (as on a GPU never
+    profiled); ``lookup=True`` looks up every kernel's tile.
+    """
+    frame = kernel_eval_frame(data)
+    splits = measured.gpu_splits(data)
+    pred = trained(name, data=data, **train_kw)
+    unseen = ~frame["gpu"].isin(splits["train_gpus"]).to_numpy() | lookup
+    return frame.assign(pred_ms=_predict(pred, frame, unseen))
+
+
+def evaluate_predictor(name: str, lookup: bool = False, data=None, **train_kw) -> pd.DataFrame:
+    """Per-class mean APE (%) on training GPUs and new GPUs, as ``nslib eval-kernels`` prints."""
+    frame = predict_test(name, lookup=lookup, data=data, **train_kw)
+    splits = measured.gpu_splits(data)
+    return class_table(frame, frame["pred_ms"], splits["train_gpus"], splits["new_gpus"])
+
+
+def predict_logo(name: str, data=None, progress: bool = True, **train_kw) -> pd.DataFrame:
+    """Leave-one-GPU-out predictions of the test kernels of every GPU with measured kernels.
+
+    Each training GPU is held out in turn: the predictor is trained on the other training GPUs
+    (cached per fold) and predicts the held-out GPU's test kernels with looked-up tiles. GPUs
+    without training kernels (the new GPUs) are predicted by the predictor trained on every
+    training GPU, as in the paper's protocol. Adds ``pred_ms`` and ``held_out`` (True for the
+    training GPUs' folds, False for the new GPUs).
+    """
+    frame = kernel_eval_frame(data)
+    splits = measured.gpu_splits(data)
+    parts = []
+    folds = [[g] for g in splits["train_gpus"]] + [[]]
+    for held in tqdm(folds, desc=f"{name} leave-one-GPU-out", disable=not progress):
+        pred = trained(name, data=data, exclude_gpus=held, progress=False, **train_kw)
+        gpus = held or splits["new_gpus"]
+        sub = frame[frame["gpu"].isin(gpus)]
+        if len(sub):
+            parts.append(sub.assign(pred_ms=_predict(pred, sub, np.ones(len(sub), bool)),
+                                    held_out=bool(held)))
+    return pd.concat(parts, ignore_index=True)
+
+
+def logo_table(frame: pd.DataFrame) -> pd.DataFrame:
+    """Mean APE (%) per class (rows) and GPU (columns) of :func:`predict_logo` output, with
+    the mean over the held-out training GPUs and the worst of them as the last columns."""
+    df = frame.assign(err=ape(frame["pred_ms"], frame["latency_ms"]))
+    tab = df.pivot_table(index="cls", columns="gpu", values="err", aggfunc="mean")
+    held = sorted(df.loc[df["held_out"], "gpu"].unique())
+    tab = tab[held + sorted(c for c in tab.columns if c not in held)]
+    tab[LOGO_MEAN] = tab[held].mean(axis=1)
+    tab["worst held-out GPU"] = tab[held].max(axis=1)
+    return order_classes(tab)
+
+
+def logo_json(tab: pd.DataFrame) -> dict:
+    """``{class: {GPU Device name: mape}}`` of a :func:`logo_table` (GPU columns only)."""
+    gpus = [c for c in tab.columns if c not in (LOGO_MEAN, "worst held-out GPU")]
+    return {cls: {g: round(float(row[g]), 4) for g in gpus if pd.notna(row[g])}
+            for cls, row in tab.iterrows()}
+
+
+def evaluate_logo(name: str, data=None, **train_kw) -> pd.DataFrame:
+    """:func:`logo_table` of :func:`predict_logo`: what ``nslib eval-kernels --logo`` prints."""
+    return logo_table(predict_logo(name, data=data, **train_kw))

@@ -1,0 +1,250 @@
+"""End-to-end evaluation against the measured labels (method.md section 8).
+
+For every single-GPU, non-fused label of the chosen mode, predict the model with each
+predictor and compare with the measured ``e2e_ms``. GPUs, models and configurations all come
+from the label folder, so a new GPU's labels join the tables without code changes.
+"""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pandas as pd
+from tqdm.auto import tqdm
+
+from nslib.kernels import measured
+from nslib.evaluation.metrics import ape
+from nslib.data.gpus import load_gpus
+from nslib.data.labels import load_labels
+from nslib.model.stream import LAUNCH_US
+from nslib.model.predict import predict_model
+from nslib.evaluation.per_class import per_class_results, per_class_table
+from nslib.viz.figures import save_table
+
+# Models the paper treats as out of distribution (never in the original tool's training).
+OOD_MODELS = ("gpt3_xl", "gpt3_27", "opt_13")
+
+
+def label_configs(mode: str, data=None, gpus=None, models=None, variant: str = "") -> pd.DataFrame:
+    """The labels of ``mode`` (and ``variant``) whose GPU has a spec, filtered by name lists."""
+    lab = load_labels(data)
+    lab = lab[(lab["mode"] == mode) & (lab["variant"] == variant)]
+    specs = load_gpus(data)
+    lab = lab[lab["gpu_key"].isin(list(specs))]
+    if gpus:
+        lab = lab[lab["gpu_key"].isin(list(gpus)) | lab["gpu_key"].map(
+            lambda k: specs[k].name).isin(list(gpus))]
+    if models:
+        lab = lab[lab["model"].isin(list(models))]
+    lab = lab.assign(gpu=lab["gpu_key"].map(lambda k: specs[k].name))
+    return lab.sort_values(["gpu_key", "model", "batch"]).reset_index(drop=True)
+
+
+def evaluate_models(mode: str, predictors, data=None, gpus=None, models=None,
+                    quick: bool = False, progress: bool = True,
+                    launch_us: float | None = LAUNCH_US) -> pd.DataFrame:
+    """One row per (label, predictor): measured and predicted ms, APE, and whether the GPU
+    and model are in distribution. Configurations the tracer cannot handle are reported in a
+    ``note`` column, not dropped silently. ``launch_us``: as in
+    :func:`nslib.model.predict.predict_model` (``None``: plain sums of kernel latencies)."""
+    lab = label_configs(mode, data, gpus, models)
+    new = set(measured.gpu_splits(data)["new_gpus"])
+    rows = []
+    for _, r in tqdm(list(lab.iterrows()), desc=f"{mode} configs", disable=not progress):
+        for name in predictors:
+            rec = {**r.to_dict(), "predictor": name}
+            try:
+                _, s = predict_model(r["gpu_key"], r["model"], r["batch"], r["seq"], mode,
+                                     predictor=name, data=data, quick=quick,
+                                     launch_us=launch_us)
+                rec.update(pred_ms=s["e2e_ms"], pred_fw_ms=s["fw_ms"], pred_bw_ms=s["bw_ms"],
+                           note="")
+            except (ValueError, NotImplementedError, RuntimeError) as e:
+                rec.update(pred_ms=np.nan, pred_fw_ms=np.nan, pred_bw_ms=np.nan,
+                           note=str(e)[:200])
+            rows.append(rec)
+    out = pd.DataFrame(rows)
+    if out.empty:
+        return out
+    out["err"] = ape(out["pred_ms"], out["e2e_ms"])
+    out["new_gpu"] = out["gpu"].isin(new)
+    out["ood_model"] = out["model"].isin(OOD_MODELS)
+    out["config"] = out["model"] + " b" + out["batch"].astype(str)
+    return out
+
+
+def time_breakdown(results: pd.DataFrame, gpu_key: str, predictor: str, data=None,
+                   quick: bool = False) -> pd.DataFrame:
+    """Predicted ms per kernel class (columns) for each configuration (rows) of ``results``
+    on one GPU."""
+    rows = []
+    for _, r in results[results["gpu_key"] == gpu_key].drop_duplicates("tag").iterrows():
+        _, s = predict_model(gpu_key, r["model"], r["batch"], r["seq"], r["mode"],
+                             predictor=predictor, data=data, quick=quick)
+        rows.append({"config": r["config"], **s["per_class_ms"]})
+    return pd.DataFrame(rows).set_index("config").fillna(0.0)
+
+
+def aggregation_table(mode: str, predictors, data=None, gpus=None, models=None,
+                      quick: bool = False, results: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Mean error (%) per predictor and GPU with kernels summed as a stream (the default,
+    :mod:`nslib.model.stream`) and as plain sums of microbenchmark latencies (the original tool's
+    aggregation): rows (predictor, aggregation), columns GPUs and ``all``. ``results``: the
+    default :func:`evaluate_models` output when already computed."""
+    if results is None:
+        results = evaluate_models(mode, predictors, data, gpus, models, quick, progress=False)
+    plain = evaluate_models(mode, predictors, data, gpus, models, quick, progress=False,
+                            launch_us=None)
+    both = pd.concat([results.assign(aggregation="stream"), plain.assign(aggregation="plain sum")])
+    tab = both.pivot_table(index=["predictor", "aggregation"], columns="gpu", values="err")
+    tab["all"] = both.groupby(["predictor", "aggregation"])["err"].mean()
+    return tab
+
+
+def paper_table(results: pd.DataFrame) -> pd.DataFrame:
+    """Rows predictors, columns (GPU, model x batch), cells percent error: the paper's layout."""
+    return results.pivot_table(index="predictor", columns=["gpu", "config"], values="err")
+
+
+def summary_table(results: pd.DataFrame) -> pd.DataFrame:
+    """Mean error per predictor and GPU, plus in/out-of-distribution means."""
+    by_gpu = results.pivot_table(index="predictor", columns="gpu", values="err")
+    ood = results["new_gpu"] | results["ood_model"]
+    by_gpu["in-distribution"] = results[~ood].groupby("predictor")["err"].mean()
+    by_gpu["out-of-distribution"] = results[ood].groupby("predictor")["err"].mean()
+    by_gpu["all"] = results.groupby("predictor")["err"].mean()
+    return by_gpu
+
+
+# --------------------------------------------------------------------------------------------
+# Fused and multi-GPU label variants
+# --------------------------------------------------------------------------------------------
+
+_DIST_VARIANT = re.compile(r"^(?P<kind>dp|tp|pp)(?P<n>\d+)(?:_(?P<m>\d+))?$")
+
+
+def variant_args(variant: str) -> dict:
+    """The :func:`nslib.model.predict.predict_model` arguments a label variant stands for.
+
+    ``fusion`` -> ``fused=True``; ``dp4`` / ``tp4`` -> ``dp=4`` / ``tp=4``; ``pp4_<m>`` ->
+    ``pp=4, microbatches=m`` (``pp4`` alone: one micro-batch). The batch in a label's name is
+    the global batch: the original tool's graphs show it (``-dp4`` at batch 4 runs 1024-token
+    GEMMs per GPU, ``-tp4`` and ``-pp4_1`` 4096-token ones)."""
+    if variant == "fusion":
+        return {"fused": True}
+    m = _DIST_VARIANT.match(variant or "")
+    if not m:
+        raise ValueError(f"unknown label variant {variant!r}: expected 'fusion', 'dp<n>', "
+                         f"'tp<n>' or 'pp<n>_<microbatches>'")
+    n = int(m["n"])
+    if m["kind"] == "pp":
+        return {"pp": n, "microbatches": int(m["m"] or 1)}
+    if m["m"]:
+        raise ValueError(f"label variant {variant!r}: only pipeline variants take a "
+                         f"micro-batch count")
+    return {m["kind"]: n}
+
+
+def variant_labels(kind: str, data=None, gpus=None, models=None) -> pd.DataFrame:
+    """Labels of a variant kind: ``"fusion"``, ``"distributed"`` (every dp/tp/pp variant) or
+    one variant name (``"tp4"``), in both modes, on GPUs with a spec; with ``kind``
+    (fusion/dp/tp/pp), ``degree`` and ``microbatches`` columns."""
+    lab = load_labels(data)
+    present = sorted(v for v in lab["variant"].unique() if v)
+    if kind == "fusion":
+        variants = [v for v in present if v == "fusion"]
+    elif kind == "distributed":
+        variants = [v for v in present if _DIST_VARIANT.match(v)]
+    else:
+        variant_args(kind)
+        variants = [kind]
+    parts = [label_configs(mode, data, gpus, models, variant=v)
+             for v in variants for mode in ("inf", "train")]
+    parts = [p for p in parts if len(p)]
+    if not parts:
+        return pd.DataFrame(columns=list(lab.columns) + ["gpu", "kind", "degree",
+                                                         "microbatches"])
+    out = pd.concat(parts, ignore_index=True)
+    args = out["variant"].map(variant_args)
+    out["kind"] = args.map(lambda a: "fusion" if a.get("fused") else
+                           next(k for k in ("dp", "tp", "pp") if k in a))
+    out["degree"] = args.map(lambda a: int(a.get("dp", a.get("tp", a.get("pp", 1)))))
+    out["microbatches"] = args.map(lambda a: int(a.get("microbatches", 1)))
+    return out.sort_values(["kind", "gpu_key", "model", "batch"]).reset_index(drop=True)
+
+
+def evaluate_variant(kind: str, predictors, data=None, gpus=None, models=None,
+                     quick: bool = False, progress: bool = True, with_base: bool = False,
+                     link=None) -> pd.DataFrame:
+    """One row per (variant label, predictor): measured and predicted ms and APE.
+
+    ``kind``: see :func:`variant_labels`. ``with_base``: also predict the single-GPU,
+    non-fused configuration behind the variant as ``base_pred_ms`` (for DP the per-GPU batch
+    ``batch / dp``, in ``base_batch``; otherwise the same batch), with the plain label's
+    ``base_e2e_ms`` where one exists, to separate the single-GPU prediction error from the
+    fusion/parallel modelling. ``link``: passed to predict_model (None: each GPU's default).
+    Failures are reported in ``note``, not dropped."""
+    lab = variant_labels(kind, data, gpus, models)
+    plain = load_labels(data)
+    plain = plain[plain["variant"] == ""].set_index(["gpu_key", "model", "mode", "seq",
+                                                     "batch"])["e2e_ms"]
+    new = set(measured.gpu_splits(data)["new_gpus"])
+    rows = []
+    for _, r in tqdm(list(lab.iterrows()), desc=f"{kind} configs", disable=not progress):
+        args = variant_args(r["variant"])
+        if not args.get("fused"):
+            args["link"] = link
+        for name in predictors:
+            rec = {**r.to_dict(), "predictor": name}
+            try:
+                _, s = predict_model(r["gpu_key"], r["model"], r["batch"], r["seq"],
+                                     r["mode"], predictor=name, data=data, quick=quick, **args)
+                rec.update(pred_ms=s["e2e_ms"], pred_fw_ms=s["fw_ms"], pred_bw_ms=s["bw_ms"],
+                           comm_ms=s.get("comm_ms", 0.0), note="")
+            except (ValueError, NotImplementedError, RuntimeError) as e:
+                rec.update(pred_ms=np.nan, pred_fw_ms=np.nan, pred_bw_ms=np.nan,
+                           comm_ms=np.nan, note=str(e)[:200])
+            if with_base:
+                b0 = int(r["batch"]) // int(args.get("dp", 1))
+                key = (r["gpu_key"], r["model"], r["mode"], r["seq"], b0)
+                rec["base_batch"] = b0
+                rec["base_e2e_ms"] = float(plain.get(key, np.nan))
+                try:
+                    _, s0 = predict_model(r["gpu_key"], r["model"], b0, r["seq"],
+                                          r["mode"], predictor=name, data=data, quick=quick)
+                    rec["base_pred_ms"] = s0["e2e_ms"]
+                except (ValueError, NotImplementedError, RuntimeError):
+                    rec["base_pred_ms"] = np.nan
+            rows.append(rec)
+    out = pd.DataFrame(rows)
+    if out.empty:
+        return out
+    out["err"] = ape(out["pred_ms"], out["e2e_ms"])
+    if with_base:
+        out["base_err"] = ape(out["base_pred_ms"], out["base_e2e_ms"])
+    out["new_gpu"] = out["gpu"].isin(new)
+    out["ood_model"] = out["model"].isin(OOD_MODELS)
+    out["config"] = out["model"] + " b" + out["batch"].astype(str)
+    return out
+
+
+def report(mode: str, predictors, prefix: str, data=None, gpus=None, models=None,
+           quick: bool = False, out=None) -> dict:
+    """Evaluate ``mode`` and save the model-level tables as ``<prefix>_<mode>_<name>``.
+
+    Returns ``{"results", "paper", "summary", "per_class", "aggregation"}`` frames (see the
+    functions above; ``per_class`` is :func:`nslib.evaluation.per_class.per_class_table` for the first
+    predictor, ``aggregation`` :func:`aggregation_table`).
+    """
+    results = evaluate_models(mode, predictors, data=data, gpus=gpus, models=models, quick=quick)
+    per_class = per_class_results(results, predictors[0], data=data, quick=quick)
+    tables = {"results": results, "paper": paper_table(results),
+              "summary": summary_table(results), "per_class": per_class_table(per_class),
+              "aggregation": aggregation_table(mode, predictors, data, gpus, models, quick,
+                                               results=results)}
+    save_table(results.drop(columns=["note"]).set_index(["gpu", "config", "predictor"]),
+               f"{prefix}_{mode}_results", out, digits=2)
+    for name in ("paper", "summary", "per_class", "aggregation"):
+        stem = {"paper": "error_table", "per_class": "per_class_error"}.get(name, name)
+        save_table(tables[name], f"{prefix}_{mode}_{stem}", out)
+    return tables

@@ -1,0 +1,95 @@
+"""Per-class model-level errors: predicted ms per kernel class against the measured per-node
+latencies of the one-layer label CSVs (repeated n_layer times; see :mod:`nslib.data.reference_graphs`)."""
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+
+from nslib.evaluation.metrics import ape
+from nslib.model.graph import load_model_config
+from nslib.data.labels import load_labels
+from nslib.data.reference_graphs import (host_nodes, layer_repeats, measured_nodes,
+    measured_per_class)
+from nslib.model.predict import predict_model
+
+CLASSES = ("linear", "bmm", "elementwise", "softmax", "layernorm", "memory")
+# Streaming kernels, whichever of the two classes an operator lands in: the original graphs
+# apply the causal mask with a per-layer `where` (memory op), transformers today with an
+# `add` of the mask (elementwise), so the two classes trade milliseconds between the label
+# and the trace while the kernels are the same kind of memory stream.
+STREAMING = ("elementwise", "memory")
+
+
+def host_overlap(data=None) -> pd.DataFrame:
+    """Whether the label CSVs' host-only nodes (views, getitems, sizes, timed one by one at
+    7-9 us each) add to the end-to-end time: per single-GPU, unfused label with a CSV, the
+    measured e2e over the sum of every timed node (layer nodes times the layer count) and over
+    the sum of the kernel-launching nodes only (:func:`nslib.data.reference_graphs.host_nodes`).
+
+    A ratio near 1 for kernels only, below 1 for all nodes, says the host ops overlap GPU work
+    (the host runs ahead of the GPU) and cost nothing end to end. Columns: gpu_key, tag,
+    e2e_ms, all_nodes_ms, kernel_nodes_ms, host_ms, e2e_over_all, e2e_over_kernels.
+    """
+    labs = load_labels(data)
+    labs = labs[labs["variant"] == ""]
+    rows = []
+    for _, lab in labs.iterrows():
+        df = measured_nodes(lab["gpu_key"], lab["tag"], data)
+        if df is None:
+            continue
+        rep = layer_repeats(df, _n_layer(load_model_config(lab["model"], data)))
+        ms, host = df["latency"] * rep, host_nodes(df)
+        rows.append({"gpu_key": lab["gpu_key"], "tag": lab["tag"], "e2e_ms": lab["e2e_ms"],
+                     "all_nodes_ms": ms.sum(), "kernel_nodes_ms": ms[~host].sum(),
+                     "host_ms": ms[host].sum()})
+    out = pd.DataFrame(rows)
+    if len(out):
+        out["e2e_over_all"] = out["e2e_ms"] / out["all_nodes_ms"]
+        out["e2e_over_kernels"] = out["e2e_ms"] / out["kernel_nodes_ms"]
+    return out
+
+
+def _n_layer(config: dict) -> int:
+    for k in ("n_layer", "num_hidden_layers", "num_layers"):
+        if k in config:
+            return int(config[k])
+    raise ValueError("model config has no layer count (n_layer / num_hidden_layers)")
+
+
+def per_class_results(results: pd.DataFrame, predictor: str, data=None,
+                      quick: bool = False) -> pd.DataFrame:
+    """One row per (label with a CSV, class): measured ms, predicted ms, APE, ood flag.
+
+    ``results`` is :func:`nslib.evaluation.model_level.evaluate_models` output (its rows name the labels).
+    """
+    rows = []
+    labs = results[results["predictor"] == predictor].drop_duplicates(["gpu_key", "tag"])
+    for _, r in labs.iterrows():
+        meas = measured_per_class(r["gpu_key"], r["tag"],
+                                  _n_layer(load_model_config(r["model"], data)), data)
+        if meas is None:
+            continue
+        _, s = predict_model(r["gpu_key"], r["model"], r["batch"], r["seq"], r["mode"],
+                             predictor=predictor, data=data, quick=quick)
+        pred = s["per_class_ms"]
+        groups = [(c, (c,)) for c in CLASSES] + [(" + ".join(STREAMING), STREAMING)]
+        for name, members in groups:
+            measured = sum(float(meas.get(c, 0.0)) for c in members)
+            if measured > 0:
+                rows.append({"gpu": r["gpu"], "tag": r["tag"], "cls": name,
+                             "measured_ms": measured,
+                             "pred_ms": sum(pred.get(c, 0.0) for c in members),
+                             "ood": bool(r["new_gpu"] or r["ood_model"])})
+    out = pd.DataFrame(rows)
+    if len(out):
+        out["err"] = ape(out["pred_ms"], out["measured_ms"])
+    return out
+
+
+def per_class_table(per_class: pd.DataFrame) -> pd.DataFrame:
+    """Mean APE per class, in-distribution vs out-of-distribution columns."""
+    if per_class.empty:
+        return pd.DataFrame(columns=["in-distribution", "out-of-distribution"])
+    tab = per_class.pivot_table(index="cls", columns="ood", values="err", aggfunc="mean")
+    return tab.rename(columns={False: "in-distribution", True: "out-of-distribution"})

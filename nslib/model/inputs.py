@@ -1,0 +1,131 @@
+"""What a model prediction starts from: the GPU (name, spec file or :class:`GPU`), the model's
+kernel trace (cached by config content), the trace as predictor input, and the predictor.
+
+The single-GPU and multi-GPU predictions (:mod:`nslib.model.predict`,
+:mod:`nslib.model.parallel`) and the sweeps and memory model all start here.
+"""
+from __future__ import annotations
+
+import io
+import json
+import os
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from nslib import __version__
+from nslib.data.checks import check_int
+from nslib.data.gpus import GPU, find_gpu, load_gpu_file, load_gpus
+from nslib.data.paths import cache_dir, hash_files, read_cache_entry, write_cache_entry
+from nslib.kernels.dtypes import check_dtype
+from nslib.model.graph import TRACE_VERSION, expert_tokens, load_model_config, trace
+from nslib.predictors.training import trained
+
+MODES = ("inf", "train")
+
+
+def resolve_gpu(gpu: str | GPU | os.PathLike, data=None) -> GPU:
+    """A GPU from a :class:`GPU`, a spec file path (any suffix), or a name/alias in the data."""
+    if isinstance(gpu, GPU):
+        return gpu
+    if not isinstance(gpu, (str, os.PathLike)):
+        raise TypeError(f"gpu must be a name, a spec file path or a GPU, not "
+                        f"{type(gpu).__name__}")
+    path = spec_path(gpu)
+    return load_gpu_file(path) if path is not None else find_gpu(str(gpu), load_gpus(data))
+
+
+def spec_path(gpu) -> Path | None:
+    """``gpu`` as a spec file path, or None when it is a name (or a :class:`GPU`).
+
+    A path whatever its suffix (``spec.txt``): a ``Path``, anything ending in ``.json`` or
+    holding a path separator (GPU names never do), or an existing file or folder.
+    """
+    if isinstance(gpu, os.PathLike):
+        return Path(gpu)
+    if not isinstance(gpu, str):
+        return None
+    if gpu.endswith(".json") or "/" in gpu or os.sep in gpu or Path(gpu).expanduser().exists():
+        return Path(gpu)
+    return None
+
+
+def traced(model, batch: int, seq: int, mode: str, data=None,
+           imbalance: float = 1.0, dtype: str = "fp32") -> pd.DataFrame:
+    """The kernel trace of a model (name, path or config dict), cached by config content.
+
+    ``imbalance``: the mixture-of-experts routing (:func:`nslib.model.graph.expert_tokens`);
+    ``dtype``: ``fp32`` (default) or a 16-bit format (:func:`nslib.model.graph.trace`).
+    """
+    batch, seq = check_int("batch", batch), check_int("seq", seq)
+    expert_tokens(1, 1, 1, imbalance)  # validates it
+    dtype = check_dtype(dtype)
+    config = load_model_config(model, data)
+    extra = [config, int(batch), int(seq), mode, __version__, TRACE_VERSION]
+    if imbalance != 1.0:
+        extra.append(float(imbalance))
+    if dtype != "fp32":  # FP32 keys stay those of the traces cached before the dtype existed
+        extra.append(dtype)
+    key = hash_files([], extra=extra)
+    return _traced(key, json.dumps(config, sort_keys=True), int(batch), int(seq), mode,
+                   imbalance, dtype).copy()
+
+
+# trace columns holding tuples of ints (parquet stores them as lists)
+TUPLE_COLUMNS = ("inputs", "allocs", "frees")
+
+
+@lru_cache(maxsize=64)
+def _traced(key: str, config_json: str, batch: int, seq: int, mode: str,
+            imbalance: float = 1.0, dtype: str = "fp32") -> pd.DataFrame:
+    path = cache_dir("traces") / f"{key}.parquet"
+    df = read_cache_entry(path, _read_trace, "model trace")
+    if df is not None:
+        return df
+    df = trace(json.loads(config_json), batch, seq, mode, imbalance=imbalance, dtype=dtype)
+    buf = io.BytesIO()
+    df.assign(**{c: df[c].map(list) for c in TUPLE_COLUMNS}).to_parquet(buf, index=False)
+    write_cache_entry(path, buf.getvalue())
+    return df
+
+
+def _read_trace(path: Path) -> pd.DataFrame:
+    df = pd.read_parquet(path)
+    for c in TUPLE_COLUMNS:
+        df[c] = df[c].map(lambda v: tuple(int(i) for i in v))
+    return df
+
+
+def kernel_frame(trace: pd.DataFrame, gpu: GPU) -> pd.DataFrame:
+    """Trace rows as predictor input on ``gpu``: GPU columns added, memory ops as copies.
+
+    Memory ops (copies, gathers, concatenations) are predicted as a one-input elementwise
+    kernel (``addu``: read one element, write one) over the elements they write.
+    """
+    df = trace.copy()
+    mem = (df["cls"] == "memory").to_numpy()
+    if mem.any():
+        n = np.maximum(df.loc[mem, "bytes"].to_numpy(float) / 8.0, 1.0)
+        df.loc[mem, ["cls", "op"]] = ["elementwise", "addu"]
+        df.loc[mem, "B"], df.loc[mem, "H"] = 1.0, np.ceil(n)
+    for k, v in gpu.columns().items():
+        df[k] = v
+    df["kernel_class"] = np.where(mem, "memory", trace["cls"].to_numpy())
+    return df
+
+
+def get_predictor(predictor, data=None, quick: bool = False):
+    """``predictor`` itself when fitted; a registered name is trained (or read from the cache)."""
+    if not isinstance(predictor, str):
+        return predictor
+    # training on first use is announced and shows its bars (minutes of silence look a hang)
+    return trained(predictor, data=data, quick=quick, progress=True)
+
+
+
+# (batch, seq) points a scaling law is fitted at (:func:`nslib.model.sweep.scaling_law`,
+# :func:`nslib.model.memory.storage_law`): three traces pin a law linear in batch and seq
+LAW_POINTS = ((2, 32), (3, 32), (2, 48))
+LAW_POINTS_ONE = ((1, 32), (1, 32), (1, 48))  # the same with batch held at 1

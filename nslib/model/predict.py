@@ -1,0 +1,127 @@
+"""Model-level prediction: trace a model into kernels, predict every kernel, sum.
+
+``predict_model(gpu, model, batch, seq, mode, predictor)`` returns the kernel frame (one row
+per launched kernel with ``pred_ms``) and a summary: ``e2e_ms``, ``fw_ms``, ``bw_ms`` and ms
+per kernel class. All kernels of a class are predicted in one batched call. ``fused=True``
+predicts the trace after :func:`nslib.model.fusion.fuse`; ``dp``/``tp``/``pp`` (with
+``microbatches`` and ``link``) a multi-GPU step through :mod:`nslib.model.parallel.core`.
+"""
+from __future__ import annotations
+
+import pandas as pd
+
+from nslib.data.checks import check_float, check_int
+from nslib.data.gpus import GPU
+from nslib.kernels.dtypes import check_dtype
+from nslib.model.inputs import MODES, get_predictor, kernel_frame, resolve_gpu, traced
+from nslib.model.stream import LAUNCH_US, stream_ms
+from nslib.predictors.gpu_range import tensor_ranges, warn_out_of_range
+from nslib.model import predict16
+from nslib.model.parallel.core import predict_parallel
+from nslib.model.fusion import fuse
+
+
+def summarize(frame: pd.DataFrame) -> dict:
+    """``{e2e_ms, fw_ms, bw_ms, per_class_ms: {...}, n_kernels}`` of a predicted frame."""
+    fw = float(frame.loc[frame["phase"] == "fw", "pred_ms"].sum())
+    bw = float(frame.loc[frame["phase"] == "bw", "pred_ms"].sum())
+    per = frame.groupby("kernel_class")["pred_ms"].sum()
+    return {"e2e_ms": fw + bw, "fw_ms": fw, "bw_ms": bw,
+            "per_class_ms": {k: float(v) for k, v in per.items()}, "n_kernels": int(len(frame))}
+
+
+def predict_model(gpu, model, batch: int, seq: int, mode: str = "inf",
+                  predictor="neusight", data=None, quick: bool = False, *,
+                  fused: bool = False, dp: int = 1, tp: int = 1, pp: int = 1,
+                  microbatches: int = 1, link=None, launch_us: float | None = LAUNCH_US,
+                  imbalance: float = 1.0, dtype: str = "fp32",
+                  tensor_predictor="neusight"):
+    """Predict one inference (``mode="inf"``) or training step (``"train"``) of ``model``.
+
+    ``gpu``: name/alias, spec file or :class:`GPU`; ``model``: a config name in the data
+    (``gpt3_27``), a JSON path or a config dict; ``predictor``: a registered name (trained and
+    cached on first use) or a fitted predictor. Returns ``(kernels frame, summary dict)``.
+
+    ``fused``: merge elementwise/memory chains first (:func:`nslib.model.fusion.fuse`; the summary
+    gains ``fused`` and ``n_kernels_unfused``). ``dp``/``tp``/``pp`` (one of them > 1) and
+    ``microbatches`` (pipeline only): predict a step on that many GPUs with ``batch`` the
+    global batch, and ``link`` (None: the GPU's default; a bandwidth in GB/s; a
+    :class:`nslib.model.parallel.core.LinkSpec`) for the communication; see :mod:`nslib.model.parallel.core`. The
+    summary then gains ``comm_ms`` and ``parallel``.
+
+    ``launch_us``: kernels are timed as launched back to back in the model, with this launch
+    gap in microseconds (:func:`nslib.model.stream.stream_ms`: the dispatch floor that every
+    microbenchmark carries is taken off); ``None`` sums the predictor's microbenchmark
+    latencies as they are (the original tool's aggregation). The summary records it.
+
+    ``imbalance``: routing of top-k mixture-of-experts layers (1 = tokens spread evenly over
+    the experts; see :func:`nslib.model.graph.expert_tokens`); single-GPU steps only.
+
+    ``dtype``: ``fp32`` (default, the paper's setting) or ``bf16``/``fp16``: the model is traced
+    in that format with fused attention and its tensor-core GEMMs and attention are priced by
+    the 16-bit predictors named ``tensor_predictor`` (a name of
+    :func:`nslib.predictors.mixed_training.predictors`, or a ``(gemm, attention)`` pair of fitted ones),
+    the rest by ``predictor`` at the kernels' real bytes (:mod:`nslib.model.predict16`). 16-bit needs
+    the datasheet's ``Bf16FLOPs`` and a single GPU without fusion.
+
+    The summary's ``warnings`` lists the datasheet figures of the GPU outside the training
+    GPUs' range (:mod:`nslib.predictors.gpu_range`); each is also issued as a
+    :class:`nslib.predictors.gpu_range.DatasheetRangeWarning`.
+    """
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    batch, seq = check_int("batch", batch), check_int("seq", seq)
+    dp, tp, pp = check_int("dp", dp), check_int("tp", tp), check_int("pp", pp)
+    microbatches = check_int("microbatches", microbatches)
+    if launch_us is not None:
+        launch_us = check_float("launch_us (microseconds)", launch_us, minimum=0)
+    if isinstance(link, (int, float)) and not isinstance(link, bool):
+        link = check_float("link bandwidth (GB/s)", link, positive=True)
+    dtype = check_dtype(dtype)
+    spec = resolve_gpu(gpu, data)
+    if dtype != "fp32":
+        return _predict_half(spec, model, batch, seq, mode, predictor, data, quick,
+                             fused or dp != 1 or tp != 1 or pp != 1 or microbatches != 1,
+                             launch_us, imbalance, dtype, tensor_predictor)
+    notes = warn_out_of_range(spec, data)
+    if dp != 1 or tp != 1 or pp != 1 or microbatches != 1:
+        if imbalance != 1.0:
+            raise ValueError("imbalance applies to single-GPU predictions for now: drop "
+                             "dp/tp/pp or the imbalance")
+        frame, summ = predict_parallel(gpu, model, batch, seq, mode, predictor, data, quick,
+                                       fused=fused, dp=dp, tp=tp, pp=pp,
+                                       microbatches=microbatches, link=link,
+                                       launch_us=launch_us)
+        return frame, {**summ, "warnings": notes}
+    if fused:
+        tr = traced(model, batch, seq, mode, data, imbalance)
+        frame = kernel_frame(fuse(tr, prologues=True), spec)
+        pred = get_predictor(predictor, data, quick)
+        frame["pred_ms"] = stream_ms(pred, frame, launch_us, data)
+        return frame, {**summarize(frame), "fused": True, "n_kernels_unfused": int(len(tr)),
+                       "launch_us": launch_us, "warnings": notes}
+    frame = kernel_frame(traced(model, batch, seq, mode, data, imbalance), spec)
+    pred = get_predictor(predictor, data, quick)
+    frame["pred_ms"] = stream_ms(pred, frame, launch_us, data)
+    return frame, {**summarize(frame), "launch_us": launch_us, "warnings": notes}
+
+
+def _predict_half(spec: GPU, model, batch, seq, mode, predictor, data, quick, multi: bool,
+                  launch_us, imbalance, dtype, tensor_predictor):
+    """:func:`predict_model` in a 16-bit ``dtype`` (single GPU, unfused)."""
+    if multi:
+        raise ValueError(f"--dtype {dtype} predicts one GPU without fusion for now: drop "
+                         f"--fused / --dp / --tp / --pp / --microbatches, or use --dtype fp32")
+    predict16.datasheet_columns(spec)  # a datasheet without Bf16FLOPs fails before the trace
+    # tensor-core kernels against the 16-bit data's GPUs; vector kernels (FP32-trained
+    # predictors) against the NeuSight training GPUs
+    notes = (warn_out_of_range(spec, ranges=tensor_ranges()) +
+             [f"vector kernels: {n}" for n in warn_out_of_range(spec, data)])
+    frame = kernel_frame(traced(model, batch, seq, mode, data, imbalance, dtype), spec)
+    tensor = (predict16.tensor_predictors(tensor_predictor, quick)
+              if isinstance(tensor_predictor, str) else tuple(tensor_predictor))
+    pred = get_predictor(predictor, data, quick)
+    frame["pred_ms"] = predict16.stream_ms_half(pred, frame, spec, tensor, launch_us, data)
+    return frame, {**summarize(frame), "launch_us": launch_us, "dtype": dtype,
+                   "tensor_predictor": tensor_predictor if isinstance(tensor_predictor, str)
+                   else type(tensor[0]).__name__, "warnings": notes}

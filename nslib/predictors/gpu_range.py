@@ -1,0 +1,193 @@
+"""Datasheet range checks: which figures of a GPU lie outside those of the training GPUs.
+
+The predictors learned from the training GPUs only (``train_gpus`` of
+:func:`nslib.kernels.measured.gpu_splits`, read from the data, never listed in code). A GPU whose
+datasheet leaves their range is an extrapolation, and every prediction says so:
+:func:`out_of_range` lists the figures, :func:`warn_out_of_range` also issues them as
+:class:`DatasheetRangeWarning` (a ``UserWarning``) for the Python API.
+
+Checked figures: the datasheet numbers the predictors read (SM count, FP32 peak, memory
+bandwidth, device memory, L2; see :data:`nslib.kernels.sizes.GPU_COLS`) and the machine balance
+``SingleFLOPs / Mem_Bw`` (FLOP per byte), which decides where kernels turn compute-bound.
+The 16-bit GEMM and attention predictors learned from the GPUs measured in the 16-bit data:
+:func:`tensor_ranges` and :data:`CHECKED_16` (tensor-core peak and its balance) check those.
+"""
+from __future__ import annotations
+
+import json
+import math
+import warnings
+from dataclasses import dataclass
+
+from nslib.data.gpus import GPU, find_gpu, load_gpus
+from nslib.data.paths import atomic_write_text, cache_dir, data_root
+from nslib.kernels.measured import data_hash, gpu_splits
+from nslib.data.gpus import load_mixed_gpus
+from nslib.data.mixed_data import attention_table, gemm_table, mixed_hash
+
+__all__ = ["CHECKED", "CHECKED_16", "DatasheetRangeWarning", "OutOfRange", "figures",
+           "training_ranges", "tensor_ranges", "out_of_range", "range_warnings",
+           "warn_out_of_range"]
+
+# figure name (NeuSight JSON key, or the derived ratio) -> (GPU attribute or None, unit)
+CHECKED = {
+    "Num_Sm": ("num_sm", ""),
+    "SingleFLOPs": ("peak_gflops", "GFLOP/s"),
+    "Mem_Bw": ("mem_bw", "GB/s"),
+    "Dev_Mem": ("mem_gb", "GB"),
+    "L2Cache": ("l2_mb", "MB"),
+    "FLOP/byte": (None, "FLOP/B"),
+}
+# the same for the 16-bit tensor-core predictors (trained on the 16-bit data's GPUs)
+CHECKED_16 = {
+    "Num_Sm": ("num_sm", ""),
+    "Bf16FLOPs": ("bf16_gflops", "GFLOP/s"),
+    "Mem_Bw": ("mem_bw", "GB/s"),
+    "L2Cache": ("l2_mb", "MB"),
+    "BF16 FLOP/byte": (None, "FLOP/B"),
+}
+_TOL = 1e-9          # relative slack so a training GPU's own figures are always in range
+_MEMO: dict = {}     # data root -> ranges, for the life of the process
+
+
+class DatasheetRangeWarning(UserWarning):
+    """A prediction for a GPU whose datasheet lies outside the training GPUs' range."""
+
+
+@dataclass(frozen=True)
+class OutOfRange:
+    """One datasheet figure of ``gpu`` outside the training GPUs' ``[lo, hi]``."""
+
+    gpu: str
+    figure: str
+    value: float
+    lo: float
+    hi: float
+    unit: str = ""
+    who: str = "training GPU"  # whose range: "16-bit training GPU" for the tensor-core one
+
+    @property
+    def above(self) -> bool:
+        return self.value > self.hi
+
+    @property
+    def factor(self) -> float:
+        """How far out: ``value / hi`` above the range, ``lo / value`` below it (>= 1)."""
+        return self.value / self.hi if self.above else self.lo / self.value
+
+    def message(self) -> str:
+        """E.g. ``"Mem_Bw 34,300 GB/s is 22x the largest training GPU's (1,555 GB/s)"``."""
+        unit = f" {self.unit}" if self.unit else ""
+        f = self.factor
+        times = f"{f:.0f}x" if f >= 10 else f"{f:.2g}x"
+        if self.above:
+            return (f"{self.gpu}: {self.figure} {_num(self.value)}{unit} is {times} the largest "
+                    f"{self.who}'s ({_num(self.hi)}{unit})")
+        return (f"{self.gpu}: {self.figure} {_num(self.value)}{unit} is {times} below the "
+                f"smallest {self.who}'s ({_num(self.lo)}{unit})")
+
+
+def _num(v: float) -> str:
+    return f"{v:,.0f}" if abs(v) >= 100 else f"{v:,.3g}"
+
+
+def figures(gpu: GPU, checked: dict = CHECKED) -> dict[str, float]:
+    """The checked figures of one datasheet, keyed as ``checked`` (:data:`CHECKED` or
+    :data:`CHECKED_16`; a missing tensor-core peak is NaN)."""
+    out = {k: float(getattr(gpu, attr) or math.nan) for k, (attr, _) in checked.items() if attr}
+    if "FLOP/byte" in checked:
+        out["FLOP/byte"] = gpu.peak_gflops / gpu.mem_bw
+    if "BF16 FLOP/byte" in checked:
+        out["BF16 FLOP/byte"] = float(gpu.bf16_gflops or math.nan) / gpu.mem_bw
+    return out
+
+
+def _compute_ranges(data) -> dict:
+    names = gpu_splits(data)["train_gpus"]
+    gpus = load_gpus(data)
+    sheets = [figures(find_gpu(n, gpus)) for n in names]
+    if not sheets:
+        raise ValueError("the training split names no GPU: the data's training tables are empty")
+    return {"train_gpus": names, "ranges": _span(sheets, CHECKED)}
+
+
+def _span(sheets: list[dict], checked: dict) -> dict:
+    """``{figure: [min, max]}`` over the :func:`figures` of several datasheets."""
+    return {k: [min(s[k] for s in sheets), max(s[k] for s in sheets)] for k in checked}
+
+
+def _cached(memo_key, name: str, checked: dict, compute) -> dict:
+    """Ranges from memory, else from ``<cache>/ranges/<name>.json``, else ``compute()`` (then
+    written there): a cached prediction pays a file read, not a table scan."""
+    hit = _MEMO.get(memo_key)
+    if hit is None:
+        path = cache_dir("ranges") / f"{name}.json"
+        try:
+            hit = json.loads(path.read_text())
+            if set(hit.get("ranges", {})) != set(checked):
+                raise ValueError("stale")
+        except (OSError, ValueError):
+            hit = compute()
+            atomic_write_text(path, json.dumps(hit, indent=1))
+        _MEMO[memo_key] = hit
+    return hit
+
+
+def training_ranges(data=None) -> dict:
+    """``{"train_gpus": [Device names], "ranges": {figure: [min, max]}}`` of the training GPUs.
+
+    Read from the data once and cached on disk by the data's content hash (and in memory for
+    the process).
+    """
+    root = str(data_root(data))
+    if root in _MEMO:  # a cached prediction skips even the data hash
+        return _MEMO[root]
+    return _cached(root, f"gpu_range_{data_hash(data)}", CHECKED,
+                   lambda: _compute_ranges(data))
+
+def out_of_range(gpu: GPU, data=None, ranges: dict | None = None) -> list[OutOfRange]:
+    """The figures of ``gpu`` outside the training GPUs' range (empty when it is inside).
+
+    ``ranges``: the result of :func:`training_ranges` (default: read from ``data``) or of
+    :func:`tensor_ranges` (the 16-bit figures, then).
+    """
+    ranges = ranges or training_ranges(data)
+    checked, who = ((CHECKED_16, "16-bit training GPU") if ranges.get("kind") == "tensor"
+                    else (CHECKED, "training GPU"))
+    out = []
+    for k, v in figures(gpu, checked).items():
+        lo, hi = ranges["ranges"][k]
+        if math.isfinite(v) and (v < lo * (1 - _TOL) or v > hi * (1 + _TOL)):
+            out.append(OutOfRange(gpu.name, k, v, float(lo), float(hi), checked[k][1], who))
+    return out
+
+
+def tensor_ranges(mixed=None) -> dict:
+    """``{"kind": "tensor", "train_gpus": [...], "ranges": {figure: [min, max]}}`` over the
+    GPUs measured in the 16-bit data (GEMM or attention tables), for :data:`CHECKED_16`;
+    cached on disk and in memory by the data's content hash."""
+
+    def compute() -> dict:
+        names = set(gemm_table(mixed)["gpu"]) | set(attention_table(mixed)["gpu"])
+        sheets = [figures(g, CHECKED_16) for g in load_mixed_gpus(mixed).values()
+                  if g.name in names]
+        return {"kind": "tensor", "train_gpus": sorted(names),
+                "ranges": _span(sheets, CHECKED_16)}
+
+    digest = mixed_hash(mixed)
+    return _cached(("tensor", digest), f"tensor_range_{digest}", CHECKED_16, compute)
+
+
+def range_warnings(gpu: GPU, data=None, ranges: dict | None = None) -> list[str]:
+    """:func:`out_of_range` as one line per figure."""
+    return [o.message() for o in out_of_range(gpu, data, ranges)]
+
+
+def warn_out_of_range(gpu: GPU, data=None, ranges: dict | None = None,
+                      stacklevel: int = 3) -> list[str]:
+    """:func:`range_warnings`, each also issued as a :class:`DatasheetRangeWarning`."""
+    lines = range_warnings(gpu, data, ranges)
+    for line in lines:
+        warnings.warn(f"{line}: the forecast extrapolates beyond the training GPUs",
+                      DatasheetRangeWarning, stacklevel=stacklevel)
+    return lines

@@ -1,0 +1,125 @@
+"""Train the 16-bit kernel predictors (BF16 GEMMs, FlashAttention) and cache them by content.
+
+Two kinds, each with its table and its NeuSight-style predictor plus the generic baselines of
+:mod:`nslib.predictors.tensor_baselines`. :func:`trained_tensor` returns a predictor trained on
+every measured GPU but the excluded ones, from the cache when the table files, datasheets, the
+parameters and the code that trains it are unchanged. :func:`kind_table` is the table a kind
+trains and is evaluated on (the quick profile keeps a fixed, seeded subsample per GPU).
+"""
+from __future__ import annotations
+
+import importlib
+import inspect
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from nslib import __version__
+from nslib.data import mixed_data
+from nslib.kernels import tc_tiles
+from nslib.data.checks import check_int
+from nslib.data.paths import atomic_write_text, cache_dir, hash_files, read_cache_entry
+from nslib.predictors import tensor_baselines
+
+# kind name -> (module, kind object, NeuSight-style class in the module's PREDICTORS, table)
+KINDS = {"gemm": ("nslib.predictors.tc_gemm", "GEMM", mixed_data.gemm_table),
+         "attention": ("nslib.predictors.attention", "ATTENTION", mixed_data.attention_table)}
+QUICK_ROWS = 1500  # rows per GPU in the quick profile (tests, --quick)
+
+
+def check_kind(kind: str) -> str:
+    """``kind`` if known, else a ValueError listing the kinds."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown 16-bit kernel kind {kind!r}; known: {', '.join(KINDS)}")
+    return kind
+
+
+def kind_object(kind: str):
+    """The kind object (FLOPs, bytes, shape features) of ``kind``."""
+    module, attr, _ = KINDS[check_kind(kind)]
+    return getattr(importlib.import_module(module), attr)
+
+
+def predictors(kind: str) -> dict[str, type]:
+    """Predictor classes of ``kind`` by name: the kind's own (``neusight``) and the baselines."""
+    module = importlib.import_module(KINDS[check_kind(kind)][0])
+    return {**module.PREDICTORS, **tensor_baselines.BASELINES}
+
+
+def kind_table(kind: str, quick: bool = False, mixed=None) -> pd.DataFrame:
+    """The measured table of ``kind``; with ``quick``, :data:`QUICK_ROWS` rows per GPU drawn
+    with a fixed seed (so the quick profile is the same everywhere)."""
+    table = KINDS[check_kind(kind)][2](mixed)
+    if quick:
+        # one sample per GPU (a handful of groups); groupby.apply drops the grouping column
+        # under pandas 3, so the groups are concatenated by hand
+        table = pd.concat([g.sample(min(len(g), QUICK_ROWS), random_state=0)
+                           for _, g in table.groupby("gpu", sort=False)])
+    return table.reset_index(drop=True)
+
+
+def make(kind: str, name: str, seed: int = 0, quick: bool = False):
+    """A fresh, untrained predictor ``name`` of ``kind``; unknown names list the known ones."""
+    classes = predictors(kind)
+    if name not in classes:
+        raise ValueError(f"unknown {kind} predictor {name!r}; known: {', '.join(classes)}")
+    seed = check_int("seed", seed, minimum=0)
+    cls = classes[name]
+    if name in tensor_baselines.BASELINES:
+        extra = {"epochs": 8} if quick and name == "mlp" else {}
+        extra.update({"rounds": 60} if quick and name == "xgboost" else {})
+        return cls(kind_object(kind), seed=seed, **extra)
+    return cls(seed=seed, quick=quick)
+
+
+def _key(kind: str, name: str, seed: int, quick: bool, exclude: list, mixed) -> str:
+    """Content key of a trained 16-bit predictor: its code, parameters, the kind's table files
+    and the datasheets (:func:`nslib.data.mixed_data.table_files`), and the library version."""
+    # every file a 16-bit predictor's training can run: its package (fit loop, baselines,
+    # kinds), the tile heuristic, this module and the table loaders
+    package = Path(inspect.getfile(tensor_baselines)).parent
+    sources = sorted([*package.glob("*.py"), Path(inspect.getfile(tc_tiles)),
+                      Path(__file__),
+                      Path(inspect.getfile(mixed_data))])
+    data = mixed_data.table_files(kind, mixed)
+    root = mixed_data.mixed_root(mixed)
+    return hash_files(sources + data, extra=[kind, name, seed, quick, exclude, __version__,
+                                             [str(p.relative_to(root)) for p in data]])
+
+
+def trained_tensor(kind: str, name: str = "neusight", seed: int = 0, quick: bool = False,
+                   exclude_gpus=(), mixed=None, progress: bool = True, table=None):
+    """Predictor ``name`` of ``kind`` trained on every measured GPU except ``exclude_gpus``
+    (Device names), cached by content (see module doc). A cached predictor is loaded without
+    reading the tables; ``table``: the kind's :func:`kind_table` when the caller holds it."""
+    exclude = sorted(exclude_gpus)
+    if table is None and exclude:
+        table = kind_table(kind, quick, mixed)
+    unknown = [g for g in exclude if g not in set(table["gpu"])]
+    if unknown:
+        raise ValueError(f"cannot leave out {unknown}: not measured in the {kind} table "
+                         f"(measured: {mixed_data.measured_gpus(table)})")
+    pred = make(kind, name, seed, quick)
+    if name == "roofline":
+        return pred
+    path = cache_dir("mixed") / f"{kind}-{name}-{_key(kind, name, seed, quick, exclude, mixed)}.npz"
+    loaded = read_cache_entry(path, type(pred).load, f"{kind} {name} predictor")
+    if loaded is not None:
+        if hasattr(pred, "kind"):
+            loaded.kind = pred.kind  # baselines keep their kind object, not in the file
+        return loaded
+    print(f"nslib: training the 16-bit {kind} {name} predictor ({'quick' if quick else 'full'}"
+          f" profile{', without ' + ', '.join(exclude) if exclude else ''}); cached afterwards",
+          file=sys.stderr, flush=True)
+    t0 = time.time()
+    table = kind_table(kind, quick, mixed) if table is None else table
+    pred.fit(table[~table["gpu"].isin(exclude)].reset_index(drop=True), progress=progress)
+    pred.save(path)
+    meta = {"kind": kind, "predictor": name, "seed": seed, "quick": quick, "exclude": exclude,
+            "seconds": round(time.time() - t0, 1), "nslib": __version__}
+    atomic_write_text(path.with_suffix(".json"), json.dumps(meta, indent=1))
+    return pred

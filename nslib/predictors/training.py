@@ -1,0 +1,176 @@
+"""Train predictors on the training GPUs' kernels, and cache them by content.
+
+``trained(name, ...)`` is what every command and notebook calls: it returns the predictor
+trained on the current data with the given parameters, loading it from the cache (or ``out``)
+when the data hash, the parameters and the library version match, training it otherwise.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from nslib import __version__
+from nslib.kernels import measured, sizes
+from nslib.data.checks import check_int
+from nslib.data.paths import CacheError, atomic_write_text, cache_dir, hash_files, read_cache_entry
+from nslib.predictors import get, predictor_class
+from nslib.kernels import tiles
+from nslib.predictors import available
+
+# Per-predictor default parameters, and the quick profile used by tests and --quick runs.
+DEFAULTS: dict[str, dict] = {
+    # NeuSight: ensembles of 3 (utilisations averaged) for bmm, linear and softmax; epochs per
+    # class. Set before the leave-one-GPU-out protocol and kept (nslib/predictors/DECISIONS.md).
+    "neusight": {"epochs": 30, "configs": {"bmm": {"ensemble": 3},
+                                           "linear": {"epochs": 15, "ensemble": 3},
+                                           "softmax": {"ensemble": 3},
+                                           "layernorm": {"epochs": 60}}},
+    "mlp": {"epochs": 40},
+    # n_jobs 1: same trees as 2 threads, but 13x faster on a shared 2-core machine (OpenMP
+    # threads spin-wait when the cores are oversubscribed)
+    "xgboost": {"rounds": 600, "n_jobs": 1},
+    "habitat": {"epochs": 60},
+}
+QUICK: dict[str, dict] = {
+    "neusight": {"epochs": 8, "batch": 512},
+    "mlp": {"epochs": 6, "batch": 512},
+    "xgboost": {"rounds": 60, "n_jobs": 1},
+    "habitat": {"epochs": 6},
+}
+
+
+def train_frame(data=None, exclude_gpus=()) -> pd.DataFrame:
+    """All training-split kernels of every class in one frame, without ``exclude_gpus``
+    (Device strings: the GPU a leave-one-GPU-out fold holds out)."""
+    frame = pd.concat(measured.kernel_tables("train", data).values(), ignore_index=True)
+    if exclude_gpus:
+        frame = frame[~frame["gpu"].isin(list(exclude_gpus))].reset_index(drop=True)
+    return frame
+
+
+# Rough training times in seconds (full, quick profile) on a shared 2-core machine, for the
+# note printed before training when no earlier training of the predictor was recorded.
+ROUGH_SECONDS = {"neusight": (600, 60), "mlp": (300, 40), "habitat": (300, 40),
+                 "xgboost": (120, 15), "li": (10, 10), "linreg": (10, 10)}
+
+
+def epoch_predictors() -> list[str]:
+    """Predictors trained for a number of epochs (the others reject ``epochs``)."""
+    return sorted(n for n, p in DEFAULTS.items() if "epochs" in p)
+
+
+def params_for(name: str, quick: bool = False, seed: int = 0, **overrides) -> dict:
+    """The full parameter set of a predictor: defaults (or the quick profile), seed, overrides.
+
+    An ``epochs`` override applies to every kernel class (per-class epochs of the defaults
+    give way to it); it must be a positive integer, and predictors without epochs reject it.
+    """
+    base = (QUICK if quick else DEFAULTS).get(name, {})
+    overrides = {k: v for k, v in overrides.items() if v is not None}
+    if "epochs" in overrides:
+        if name not in epoch_predictors():
+            raise ValueError(f"predictor {name!r} is not trained in epochs, so --epochs does not "
+                             f"apply to it (it does to: {', '.join(epoch_predictors())})")
+        overrides["epochs"] = check_int("epochs", overrides["epochs"], minimum=1)
+        if "configs" in base:
+            base = {**base, "configs": {c: {k: v for k, v in cfg.items() if k != "epochs"}
+                                        for c, cfg in base["configs"].items()}}
+    params = {**base, **overrides}
+    if name != "roofline":
+        params["seed"] = check_int("seed", seed, minimum=0)
+    return params
+
+
+def cache_key(name: str, params: dict, data=None) -> str:
+    """Content key of a trained predictor: data hash, parameters, library version and the
+    source of the code that trains it (so an edited predictor never loads stale weights)."""
+    import inspect
+    sources = {Path(inspect.getfile(m)) for m in (predictor_class(name), sizes, tiles, measured)}
+    sources.add(Path(inspect.getfile(predictor_class(name).__mro__[1])))
+    return hash_files(sorted(sources), extra=[name, params, measured.train_hash(data),
+                                              __version__])
+
+
+def trained(name: str, data=None, quick: bool = False, seed: int = 0, out=None,
+            progress: bool = True, retrain: bool = False, exclude_gpus=(), **overrides):
+    """The predictor ``name`` trained on the training split (cached; see module doc).
+
+    ``exclude_gpus``: Device strings left out of training (a leave-one-GPU-out fold).
+    Training (no cached weights for this data and these parameters) is announced on stderr
+    with what, why and roughly how long; ``progress`` shows the fit's bars. Weights are saved
+    only after a fit that finished.
+    """
+    cls = predictor_class(name)
+    params = params_for(name, quick, seed, **overrides)
+    if name == "roofline":
+        return get(name)
+    exclude = sorted(exclude_gpus)
+    if exclude:
+        known = measured.gpu_splits(data)["train_gpus"]
+        unknown = [g for g in exclude if g not in known]
+        if unknown:
+            raise ValueError(f"cannot leave out {unknown}: not training GPUs (Device names "
+                             f"{known})")
+    key = cache_key(name, {**params, "exclude_gpus": exclude} if exclude else params, data)
+    folder = Path(out) if out is not None else cache_dir("predictors")
+    path = folder / f"{name}-{key}.npz"
+    if not retrain:
+        pred = read_cache_entry(path, cls.load, f"{name} predictor")
+        if pred is not None:
+            return pred
+    why = "--retrain asked for it" if retrain else "no cached weights for this training data " \
+        "and these parameters"
+    print(f"nslib: training the {name} predictor ({'quick' if quick else 'full'} profile, "
+          f"key {key}): {why}. Roughly {_rough_time(name, quick, folder)}; cached afterwards "
+          "(`nslib train --all` trains every predictor ahead).", file=sys.stderr, flush=True)
+    t0 = time.time()
+    pred = get(name, **params).fit(train_frame(data, exclude), progress=progress)
+    secs = round(time.time() - t0, 1)
+    try:
+        pred.save(path)
+    except OSError as e:
+        raise CacheError(f"cannot save the trained {name} predictor to {path} "
+                         f"({e.strerror or e}): choose a writable --out or NSLIB_CACHE") from None
+    meta = {"predictor": name, "params": params, "exclude_gpus": exclude, "profile": "quick" if quick else "full",
+            "train_hash": measured.train_hash(data), "nslib": __version__, "train_seconds": secs}
+    atomic_write_text(path.with_suffix(".json"), json.dumps(meta, indent=1, default=str))
+    print(f"nslib: trained {name} in {secs:.0f} s", file=sys.stderr)
+    return pred
+
+
+def _rough_time(name: str, quick: bool, folder: Path) -> str:
+    """How long training takes: the median of earlier trainings recorded in ``folder`` (same
+    predictor and profile), else :data:`ROUGH_SECONDS`."""
+    profile = "quick" if quick else "full"
+    past = []
+    for meta in folder.glob(f"{name}-*.json"):
+        try:
+            m = json.loads(meta.read_text())
+            if m.get("profile") == profile:
+                past.append(float(m["train_seconds"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    secs = float(np.median(past)) if past else ROUGH_SECONDS.get(name, (300, 60))[quick]
+    return f"{secs:.0f} s" if secs < 90 else f"{secs / 60:.0f} min"
+
+
+def train_all(quick: bool = False, seed: int = 0, retrain: bool = False, out=None) -> list[str]:
+    """Train (or find cached) every registered predictor that learns; returns their names."""
+    names = [n for n in available() if n != "roofline"]
+    for n in names:
+        trained(n, quick=quick, seed=seed, retrain=retrain, out=out)
+    return names
+
+
+def kernel_eval_frame(data=None) -> pd.DataFrame:
+    """All test-split kernels of every class in one frame."""
+    return pd.concat(measured.kernel_tables("test", data).values(), ignore_index=True)
+
+
+__all__ = ["trained", "train_all", "train_frame", "kernel_eval_frame", "params_for", "DEFAULTS",
+           "QUICK"]

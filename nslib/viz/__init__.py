@@ -1,0 +1,1 @@
+"""Figures and tables: the one helper notebooks write through, and plots several draw."""
