@@ -17,7 +17,7 @@
 # # 07 · Distributed training on one server
 #
 # Training steps on 4 GPUs (`-dp4`, `-tp4`, `-pp4_1` labels: GPT2-Large at global batch 4
-# and 16, GPT3-XL at 4, on 4 x A100-SXM4-40GB and 4 x H100), predicted by `nslib.model.parallel.core`
+# and 16, GPT3-XL at 4, on 4 x A100-SXM4-40GB and 4 x H100), predicted by `nslib.model.parallel`
 # from the single-GPU kernel trace:
 #
 # - **DP**: each GPU runs batch / 4; every block's gradients are all-reduced (ring) as soon as
@@ -58,7 +58,7 @@ from matplotlib.ticker import NullFormatter
 
 from nslib.viz.figures import save_figure, save_table
 from nslib.evaluation.model_level import evaluate_variant
-from nslib.model.parallel.core import default_link
+from nslib.model.parallel import default_link
 from nslib.model.predict import predict_model
 from nslib.model.inputs import resolve_gpu
 from nslib.predictors import available

@@ -1,4 +1,4 @@
-"""nslib.model.parallel.core: links, DP/TP/PP schedules on a tiny GPT-2 with a constant-latency predictor,
+"""nslib.model.parallel: links, DP/TP/PP schedules on a tiny GPT-2 with a constant-latency predictor,
 checked against hand arithmetic; invalid degrees rejected."""
 import json
 
@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from nslib.data.gpus import GPU
-from nslib.model.parallel.core import (LinkSpec, default_link, dp_schedule, gpipe_time, model_info,
+from nslib.model.parallel import (LinkSpec, default_link, dp_schedule, gpipe_time, model_info,
     resolve_link, shard_tensor_parallel)
 from nslib.model.predict import predict_model
 from nslib.model.inputs import traced

@@ -31,7 +31,7 @@ per cent) is not modelled.
 Several GPUs (per GPU, ``batch`` the global batch): **DP** runs the trace at ``batch / dp``
 with whole copies of weights, gradients and optimizer states, plus the buckets. **TP** scales
 every storage by how much of its producing kernel one GPU runs
-(:func:`nslib.model.parallel.core.shard_tensor_parallel`: column/row-split GEMM outputs, sharded vector
+(:func:`nslib.model.parallel.shard_tensor_parallel`: column/row-split GEMM outputs, sharded vector
 kernels), and every parameter by how much of the weight its first reader holds (split
 linears 1/n, vocabulary-parallel embeddings 1/n, the rest replicated). **PP** gives each stage
 the parameters its kernels read first and the activations its kernels allocate, for one
@@ -52,7 +52,7 @@ from itertools import chain
 
 import numpy as np
 import pandas as pd
-from nslib.model.parallel.core import check_degrees, model_info, pipeline_stages, raw_spec, shard_tensor_parallel
+from nslib.model.parallel import check_degrees, model_info, pipeline_stages, raw_spec, shard_tensor_parallel
 from nslib.kernels.dtypes import bytes_per_elem, check_dtype
 from nslib.model.inputs import LAW_POINTS, LAW_POINTS_ONE, resolve_gpu, spec_path, traced
 from nslib.model.graph import load_model_config
@@ -308,7 +308,7 @@ def tp_scales(trace: pd.DataFrame, n: int, info: dict, vocab_parallel: bool = Tr
     """(activation share, parameter share) of one of ``n`` tensor-parallel GPUs per row of
     ``trace``: how much of each kernel's output it writes and of the parameters it reads
     first (see the module docstring). ``sharded``: the unfused frame
-    :func:`nslib.model.parallel.core.shard_tensor_parallel` made of this trace, when the caller has it
+    :func:`nslib.model.parallel.shard_tensor_parallel` made of this trace, when the caller has it
     (the frame of a TP ``predict_model``), to save sharding again."""
     if sharded is None or "fused_from" in sharded or \
             not np.isin(trace["kid"].to_numpy(), sharded["kid"].to_numpy()).all():

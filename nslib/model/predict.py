@@ -4,7 +4,7 @@
 per launched kernel with ``pred_ms``) and a summary: ``e2e_ms``, ``fw_ms``, ``bw_ms`` and ms
 per kernel class. All kernels of a class are predicted in one batched call. ``fused=True``
 predicts the trace after :func:`nslib.model.fusion.fuse`; ``dp``/``tp``/``pp`` (with
-``microbatches`` and ``link``) a multi-GPU step through :mod:`nslib.model.parallel.core`.
+``microbatches`` and ``link``) a multi-GPU step through :mod:`nslib.model.parallel`.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from nslib.model.inputs import MODES, get_predictor, kernel_frame, resolve_gpu, 
 from nslib.model.stream import LAUNCH_US, stream_ms
 from nslib.predictors.gpu_range import tensor_ranges, warn_out_of_range
 from nslib.model import predict16
-from nslib.model.parallel.core import predict_parallel
+from nslib.model.parallel import predict_parallel
 from nslib.model.fusion import fuse
 
 
@@ -46,7 +46,7 @@ def predict_model(gpu, model, batch: int, seq: int, mode: str = "inf",
     gains ``fused`` and ``n_kernels_unfused``). ``dp``/``tp``/``pp`` (one of them > 1) and
     ``microbatches`` (pipeline only): predict a step on that many GPUs with ``batch`` the
     global batch, and ``link`` (None: the GPU's default; a bandwidth in GB/s; a
-    :class:`nslib.model.parallel.core.LinkSpec`) for the communication; see :mod:`nslib.model.parallel.core`. The
+    :class:`nslib.model.parallel.LinkSpec`) for the communication; see :mod:`nslib.model.parallel`. The
     summary then gains ``comm_ms`` and ``parallel``.
 
     ``launch_us``: kernels are timed as launched back to back in the model, with this launch
