@@ -21,7 +21,8 @@ from nslib.kernels import measured
 from nslib.predictors import training
 from nslib.data.checks import check_float, check_int
 from nslib.data.gpus import gpu_from_dict, load_gpu_file
-from nslib.data.paths import CacheError, read_cache_entry
+from nslib.data.cache import read_cache_entry
+from nslib.data.paths import CacheError
 
 SPEC = {"Device": "Test GPU", "Dev_Mem": 80, "Mem_Bw": 3350, "Num_Sm": 132, "Core_Per_SM": 128,
         "Freq": 1980, "SingleFLOPs": 66900, "L2Cache": 50}

@@ -14,7 +14,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import sys
 import tempfile
 from functools import lru_cache
 from pathlib import Path
@@ -79,7 +78,8 @@ class CacheError(RuntimeError):
     """The cache folder cannot be written; the message names it and how to choose another."""
 
 
-def _cache_unwritable(path: Path, e: OSError) -> CacheError:
+def cache_unwritable(path: Path, e: OSError) -> CacheError:
+    """The :class:`CacheError` for a cache folder ``path`` that could not be written."""
     return CacheError(f"cannot write to the cache at {path} ({e.strerror or e}): make it "
                       "writable, or point NSLIB_CACHE (or --cache) at a writable folder")
 
@@ -91,37 +91,8 @@ def cache_dir(sub: str | None = None) -> Path:
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise _cache_unwritable(path, e) from None
+        raise cache_unwritable(path, e) from None
     return path
-
-
-def write_cache_entry(path: Path, data: bytes) -> Path:
-    """:func:`atomic_write_bytes` into the cache; an unwritable cache is a :class:`CacheError`."""
-    try:
-        return atomic_write_bytes(path, data)
-    except OSError as e:
-        raise _cache_unwritable(Path(path).parent, e) from None
-
-
-def read_cache_entry(path: Path, reader, what: str):
-    """``reader(path)``, or None when the entry is missing or unreadable.
-
-    A damaged entry (a truncated file, a crash mid-write on a file system without atomic
-    rename) is deleted with a one-line note on stderr, so the caller rebuilds it.
-    """
-    path = Path(path)
-    if not path.exists():
-        return None
-    try:
-        return reader(path)
-    except Exception as e:  # noqa: BLE001 - any reader error means a damaged entry
-        print(f"nslib: note: cached {what} {path.name} is damaged ({type(e).__name__}); "
-              "rebuilding it", file=sys.stderr)
-        try:
-            path.unlink()
-        except OSError:
-            pass  # read-only cache: the rebuild's write says so
-        return None
 
 
 def figures_dir(out: str | os.PathLike | None = None) -> Path:

@@ -9,8 +9,6 @@ the training split is ``train/collect/<op>/<version>/<GPU>.csv``, the test split
 """
 from __future__ import annotations
 
-import io
-import json
 import os
 from functools import lru_cache
 from pathlib import Path
@@ -20,8 +18,8 @@ import pandas as pd
 
 from nslib.kernels import sizes
 from nslib.data.gpus import GPU, find_gpu, load_gpus
-from nslib.data.paths import (DataNotFoundError, cache_dir, data_root, hash_files,
-    read_cache_entry, require, write_cache_entry)
+from nslib.data.cache import JSON, cached
+from nslib.data.paths import DataNotFoundError, data_root, hash_files, require
 
 SCHEMA_VERSION = 4  # bump when the built tables change shape or meaning
 TEST_FILES = {"bmm": "bmm.csv", "linear": "linear.csv", "elementwise": "elem.csv",
@@ -180,19 +178,18 @@ def measured_devices(files: list[Path]) -> list[str]:
     """The sorted ``Device`` strings found in kernel CSVs, remembered in the cache by the
     files' content hash (reading the column of every CSV on each command would be slow)."""
     key = hash_files(files, extra=["devices-1"])
-    path = cache_dir("tables") / f"devices-{key}.json"
-    found = read_cache_entry(path, lambda p: json.loads(p.read_text()), "device list")
-    if isinstance(found, list):
-        return found
+    return cached("tables", f"devices-{key}", lambda: _read_devices(files), "device list",
+                  JSON, valid=lambda v: isinstance(v, list))
+
+
+def _read_devices(files: list[Path]) -> list[str]:
     names = set()
     for f in files:
         try:
             names.update(pd.read_csv(f, usecols=["Device"])["Device"].dropna().astype(str))
         except (ValueError, pd.errors.ParserError):
             pass  # a broken file: build_table's reader names the problem
-    found = sorted(names)
-    write_cache_entry(path, json.dumps(found).encode())
-    return found
+    return sorted(names)
 
 
 def kernel_table(cls: str, split: str, data=None) -> pd.DataFrame:
@@ -203,15 +200,8 @@ def kernel_table(cls: str, split: str, data=None) -> pd.DataFrame:
 
 @lru_cache(maxsize=32)
 def _cached_table(cls: str, split: str, key: str, root: str) -> pd.DataFrame:
-    path = cache_dir("tables") / f"{cls}-{split}-{key}.parquet"
-    df = read_cache_entry(path, pd.read_parquet, "kernel table")
-    if df is not None:
-        return df
-    df = build_table(cls, split, root)
-    buf = io.BytesIO()
-    df.to_parquet(buf, index=False)
-    write_cache_entry(path, buf.getvalue())
-    return df
+    return cached("tables", f"{cls}-{split}-{key}", lambda: build_table(cls, split, root),
+                  "kernel table")
 
 
 def kernel_tables(split: str, data=None, classes=sizes.CLASSES) -> dict[str, pd.DataFrame]:

@@ -7,13 +7,12 @@ once. Softmax and layernorm need no lookup: their tile is always one row (H).
 from __future__ import annotations
 
 import hashlib
-import io
 
 import numpy as np
 import pandas as pd
 
 from nslib.kernels import sizes
-from nslib.data.paths import atomic_write_bytes, cache_dir
+from nslib.data.cache import NPY, cached
 
 LOOKUP_GPU_COLS = ("num_sm", "peak_gflops", "mem_bw", "mem_gb", "l2_mb")
 TILE_COLS = {"bmm": ("tile_m", "tile_k"), "linear": ("tile_m", "tile_k"), "elementwise": ("tile",)}
@@ -102,20 +101,13 @@ class TileLookup:
         """
         h = self._table_hash(cls)
         h.update(np.ascontiguousarray(keys, dtype=float).tobytes())
-        path = cache_dir("tiles") / f"{cls}-{h.hexdigest()[:24]}.npy"
-        if path.exists():
-            try:
-                idx = np.load(path)
-                if idx.shape == (len(keys),):
-                    return idx
-            except (OSError, ValueError):
-                pass  # unreadable: answer again and overwrite
+        return cached("tiles", f"{cls}-{h.hexdigest()[:24]}", lambda: self._query(cls, keys),
+                      "tile answers", NPY, valid=lambda idx: idx.shape == (len(keys),))
+
+    def _query(self, cls: str, keys: np.ndarray) -> np.ndarray:
         tree, scale = self._tree(cls)
         _, idx = tree.query(keys / scale)
-        buf = io.BytesIO()
-        np.save(buf, np.asarray(idx, np.int64))
-        atomic_write_bytes(path, buf.getvalue())
-        return idx
+        return np.asarray(idx, np.int64)
 
     def lookup(self, frame: pd.DataFrame) -> pd.DataFrame:
         """Return a copy of ``frame`` with its tile columns replaced by looked-up tiles."""

@@ -6,7 +6,6 @@ The single-GPU and multi-GPU predictions (:mod:`nslib.model.predict`,
 """
 from __future__ import annotations
 
-import io
 import json
 import os
 from functools import lru_cache
@@ -18,7 +17,8 @@ import pandas as pd
 from nslib import __version__
 from nslib.data.checks import check_int
 from nslib.data.gpus import GPU, find_gpu, load_gpu_file, load_gpus
-from nslib.data.paths import cache_dir, hash_files, read_cache_entry, write_cache_entry
+from nslib.data.cache import PARQUET, Format, cached
+from nslib.data.paths import hash_files
 from nslib.kernels.dtypes import check_dtype
 from nslib.model.graph import TRACE_VERSION, expert_tokens, load_model_config, trace
 from nslib.predictors.training import trained
@@ -80,15 +80,9 @@ TUPLE_COLUMNS = ("inputs", "allocs", "frees")
 @lru_cache(maxsize=64)
 def _traced(key: str, config_json: str, batch: int, seq: int, mode: str,
             imbalance: float = 1.0, dtype: str = "fp32") -> pd.DataFrame:
-    path = cache_dir("traces") / f"{key}.parquet"
-    df = read_cache_entry(path, _read_trace, "model trace")
-    if df is not None:
-        return df
-    df = trace(json.loads(config_json), batch, seq, mode, imbalance=imbalance, dtype=dtype)
-    buf = io.BytesIO()
-    df.assign(**{c: df[c].map(list) for c in TUPLE_COLUMNS}).to_parquet(buf, index=False)
-    write_cache_entry(path, buf.getvalue())
-    return df
+    return cached("traces", key, lambda: trace(json.loads(config_json), batch, seq, mode,
+                                               imbalance=imbalance, dtype=dtype),
+                  "model trace", TRACE_FORMAT)
 
 
 def _read_trace(path: Path) -> pd.DataFrame:
@@ -96,6 +90,11 @@ def _read_trace(path: Path) -> pd.DataFrame:
     for c in TUPLE_COLUMNS:
         df[c] = df[c].map(lambda v: tuple(int(i) for i in v))
     return df
+
+
+# parquet stores tuple columns as lists
+TRACE_FORMAT = Format(".parquet", lambda df: PARQUET.to_bytes(
+    df.assign(**{c: df[c].map(list) for c in TUPLE_COLUMNS})), _read_trace)
 
 
 def kernel_frame(trace: pd.DataFrame, gpu: GPU) -> pd.DataFrame:

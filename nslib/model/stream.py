@@ -22,7 +22,6 @@ original tool's aggregation). Units: ms throughout, ``launch_us`` in microsecond
 """
 from __future__ import annotations
 
-import io
 import warnings
 from functools import lru_cache
 
@@ -31,7 +30,8 @@ import pandas as pd
 
 from nslib.kernels import sizes
 from nslib.kernels import measured
-from nslib.data.paths import atomic_write_bytes, cache_dir, data_root, hash_files
+from nslib.data.cache import cached
+from nslib.data.paths import data_root, hash_files
 
 # Back-to-back kernel launch gap on the GPU, us (a few us on CUDA GPUs). Not fitted: the
 # mean end-to-end errors moved by under half a point between 3 and 6 us when this was tried.
@@ -45,9 +45,10 @@ def _probes(root: str) -> pd.DataFrame:
     five class tables costs more than a whole cached prediction)."""
     key = hash_files([], extra=["probes-2", *(measured.table_key(c, "train", root)
                                               for c in sizes.CLASSES)])
-    path = cache_dir("tables") / f"probes-{key}.parquet"
-    if path.exists():
-        return pd.read_parquet(path)
+    return cached("tables", f"probes-{key}", lambda: _build_probes(root), "probe table")
+
+
+def _build_probes(root: str) -> pd.DataFrame:
     rows, lat = [], {}
     for cls, tab in measured.kernel_tables("train", root).items():
         if len(tab):
@@ -62,9 +63,6 @@ def _probes(root: str) -> pd.DataFrame:
                          "floor of every class is measured against the smallest of them")
     out["ratio"] = [float((lat[c] / lat["elementwise"]).median()) for c in out["cls"]]
     out["ratio"] = out["ratio"].fillna(1.0)   # a class never measured beside elementwise ops
-    buf = io.BytesIO()
-    out.to_parquet(buf, index=False)
-    atomic_write_bytes(path, buf.getvalue())
     return out
 
 

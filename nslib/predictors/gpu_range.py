@@ -20,7 +20,8 @@ import warnings
 from dataclasses import dataclass
 
 from nslib.data.gpus import GPU, find_gpu, load_gpus
-from nslib.data.paths import atomic_write_text, cache_dir, data_root
+from nslib.data.cache import JSON, cached
+from nslib.data.paths import data_root
 from nslib.kernels.measured import data_hash, gpu_splits
 from nslib.data.gpus import load_mixed_gpus
 from nslib.data.mixed_data import attention_table, gemm_table, mixed_hash
@@ -121,14 +122,8 @@ def _cached(memo_key, name: str, checked: dict, compute) -> dict:
     written there): a cached prediction pays a file read, not a table scan."""
     hit = _MEMO.get(memo_key)
     if hit is None:
-        path = cache_dir("ranges") / f"{name}.json"
-        try:
-            hit = json.loads(path.read_text())
-            if set(hit.get("ranges", {})) != set(checked):
-                raise ValueError("stale")
-        except (OSError, ValueError):
-            hit = compute()
-            atomic_write_text(path, json.dumps(hit, indent=1))
+        hit = cached("ranges", name, compute, "training ranges", JSON,
+                     valid=lambda v: set(v.get("ranges", {})) == set(checked))
         _MEMO[memo_key] = hit
     return hit
 
