@@ -14,7 +14,6 @@ The 16-bit GEMM and attention predictors learned from the GPUs measured in the 1
 """
 from __future__ import annotations
 
-import json
 import math
 import warnings
 from dataclasses import dataclass
