@@ -16,13 +16,12 @@ from nslib.kernels import measured
 from nslib.evaluation.metrics import ape
 from nslib.data.gpus import load_gpus
 from nslib.data.labels import load_labels
+from nslib.data.protocol import ood_models
 from nslib.model.stream import LAUNCH_US
 from nslib.model.predict import predict_model
 from nslib.evaluation.per_class import per_class_results, per_class_table
 from nslib.viz.figures import save_table
 
-# Models the paper treats as out of distribution (never in the original tool's training).
-OOD_MODELS = ("gpt3_xl", "gpt3_27", "opt_13")
 
 
 def label_configs(mode: str, data=None, gpus=None, models=None, variant: str = "") -> pd.DataFrame:
@@ -68,7 +67,7 @@ def evaluate_models(mode: str, predictors, data=None, gpus=None, models=None,
         return out
     out["err"] = ape(out["pred_ms"], out["e2e_ms"])
     out["new_gpu"] = out["gpu"].isin(new)
-    out["ood_model"] = out["model"].isin(OOD_MODELS)
+    out["ood_model"] = out["model"].isin(ood_models())
     out["config"] = out["model"] + " b" + out["batch"].astype(str)
     return out
 
@@ -223,7 +222,7 @@ def evaluate_variant(kind: str, predictors, data=None, gpus=None, models=None,
     if with_base:
         out["base_err"] = ape(out["base_pred_ms"], out["base_e2e_ms"])
     out["new_gpu"] = out["gpu"].isin(new)
-    out["ood_model"] = out["model"].isin(OOD_MODELS)
+    out["ood_model"] = out["model"].isin(ood_models())
     out["config"] = out["model"] + " b" + out["batch"].astype(str)
     return out
 

@@ -11,9 +11,9 @@ from nslib.model.graph import load_model_config
 from nslib.data.labels import load_labels
 from nslib.data.reference_graphs import (host_nodes, layer_repeats, measured_nodes,
     measured_per_class)
+from nslib.kernels.sizes import MODEL_CLASSES
 from nslib.model.predict import predict_model
 
-CLASSES = ("linear", "bmm", "elementwise", "softmax", "layernorm", "memory")
 # Streaming kernels, whichever of the two classes an operator lands in: the original graphs
 # apply the causal mask with a per-layer `where` (memory op), transformers today with an
 # `add` of the mask (elementwise), so the two classes trade milliseconds between the label
@@ -73,7 +73,7 @@ def per_class_results(results: pd.DataFrame, predictor: str, data=None,
         _, s = predict_model(r["gpu_key"], r["model"], r["batch"], r["seq"], r["mode"],
                              predictor=predictor, data=data, quick=quick)
         pred = s["per_class_ms"]
-        groups = [(c, (c,)) for c in CLASSES] + [(" + ".join(STREAMING), STREAMING)]
+        groups = [(c, (c,)) for c in MODEL_CLASSES] + [(" + ".join(STREAMING), STREAMING)]
         for name, members in groups:
             measured = sum(float(meas.get(c, 0.0)) for c in members)
             if measured > 0:

@@ -21,6 +21,9 @@ import pandas as pd
 CLASSES = ("bmm", "linear", "elementwise", "softmax", "layernorm")
 GEMM_CLASSES = ("bmm", "linear")
 VECTOR_CLASSES = ("elementwise", "softmax", "layernorm")
+# A model's kernels in the order its per-class tables and plots list them: the paper's FC, BMM,
+# EW, softmax, LN, then memory ops (copies, gathers), which the trace adds to CLASSES
+MODEL_CLASSES = ("linear", "bmm", "elementwise", "softmax", "layernorm", "memory")
 DIM_COLS = ("B", "M", "N", "K", "H")
 GPU_COLS = ("num_sm", "peak_gflops", "mem_bw", "mem_gb", "l2_mb")
 BYTES_PER_ELEM = 4  # FP32: the NeuSight measurements (16-bit traces: see elem_bytes)

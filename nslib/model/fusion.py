@@ -110,21 +110,51 @@ def fuse(trace_frame: pd.DataFrame, prologues: bool = False) -> pd.DataFrame:
     """
     _check(trace_frame)
     df = trace_frame.reset_index(drop=True)
-    n = len(df)
     kids = df["kid"].to_numpy()
     pos = {int(k): i for i, k in enumerate(kids)}
     inputs = [tuple(int(k) for k in ins if int(k) in pos) for ins in df["inputs"]]
-    cls = df["cls"].to_numpy()
-    phase = df["phase"].to_numpy()
-    fusible = np.isin(cls, FUSIBLE)
+    root = _roots(df, pos, inputs, prologues)
+    members: dict[int, list[int]] = {}
+    for i in range(len(df)):
+        members.setdefault(int(root[i]), []).append(i)
+    order = sorted(members)  # roots in launch order
+    new_kid = {r: j for j, r in enumerate(order)}
+    group_of = {int(kids[i]): new_kid[int(root[i])] for i in range(len(df))}
+    rows = df.iloc[order].copy().reset_index(drop=True)
+    cols = {c: rows[c].to_numpy(float).copy() for c in ("B", "M", "N", "K", "H", "flops",
+                                                          "bytes")}
+    for c in ("op", "cls", "aten"):
+        if c in rows:
+            cols[c] = rows[c].to_numpy(object).copy()
+    out_b = output_bytes(df)
+    fused_from, new_inputs = [], []
+    for j, r in enumerate(order):
+        mem = members[r]
+        fused_from.append(tuple(sorted(int(kids[i]) for i in mem)))
+        ext = {group_of[k] for i in mem for k in inputs[i]} - {j}
+        new_inputs.append(tuple(sorted(ext)))
+        if len(mem) > 1:
+            _merge_group(df, cols, j, r, mem, _group_bytes(mem, r, inputs, pos, df, out_b),
+                         out_b[r])
+    rows["kid"] = np.arange(len(rows), dtype=np.int64)
+    for c, v in cols.items():
+        rows[c] = v
+    rows["inputs"] = new_inputs
+    rows["fused_from"] = fused_from
+    return rows
 
+
+def _roots(df: pd.DataFrame, pos: dict, inputs: list, prologues: bool) -> np.ndarray:
+    """Row index of each kernel's group root: a fusible kernel with one consumer (a later one
+    in its phase that can root a group) joins that consumer's group."""
+    n = len(df)
+    cls, phase = df["cls"].to_numpy(), df["phase"].to_numpy()
+    fusible = np.isin(cls, FUSIBLE)
     consumers: list[set] = [set() for _ in range(n)]
     for i, ins in enumerate(inputs):
         for k in ins:
-            j = pos[k]
-            if j != i:
-                consumers[j].add(i)
-
+            if pos[k] != i:
+                consumers[pos[k]].add(i)
     parent = np.full(n, -1)
     can_root = fusible | (np.isin(cls, REDUCTIONS) if prologues else False)
     for i in range(n):
@@ -136,75 +166,49 @@ def fuse(trace_frame: pd.DataFrame, prologues: bool = False) -> pd.DataFrame:
     for i in range(n - 1, -1, -1):  # consumers come later: their roots are already final
         if parent[i] >= 0:
             root[i] = root[parent[i]]
+    return root
 
-    members: dict[int, list[int]] = {}
-    for i in range(n):
-        members.setdefault(int(root[i]), []).append(i)
-    order = sorted(members)  # roots in launch order
-    new_kid = {r: j for j, r in enumerate(order)}
-    group_of = {int(kids[i]): new_kid[int(root[i])] for i in range(n)}
 
-    out_b = output_bytes(df)
+def _group_bytes(mem: list[int], r: int, inputs: list, pos: dict, df: pd.DataFrame,
+                 out_b: np.ndarray) -> float:
+    """DRAM bytes of a fused group (bytes): each outside producer's output read once, reads
+    that no producer in the trace explains, and the root's output written."""
     nbytes = df["bytes"].to_numpy(float)
-    flops = df["flops"].to_numpy(float)
-    rows = df.iloc[order].copy().reset_index(drop=True)
-    new_bytes = rows["bytes"].to_numpy(float).copy()
-    new_flops = rows["flops"].to_numpy(float).copy()
-    new_ops = rows["op"].to_numpy(object).copy()
-    new_cls = rows["cls"].to_numpy(object).copy()
-    new_aten = rows["aten"].to_numpy(object).copy() if "aten" in rows else None
-    Bs = rows["B"].to_numpy(float).copy()
-    Hs = rows["H"].to_numpy(float).copy()
-    Ms, Ns, Ks = (rows[c].to_numpy(float).copy() for c in ("M", "N", "K"))
-    fused_from, new_inputs = [], []
-    for j, r in enumerate(order):
-        mem = members[r]
-        fused_from.append(tuple(sorted(int(kids[i]) for i in mem)))
-        ext = set()
-        for i in mem:
-            ext.update(group_of[k] for k in inputs[i])
-        ext.discard(j)
-        new_inputs.append(tuple(sorted(ext)))
-        if len(mem) == 1:
-            continue
-        inside = set(mem)
-        ext_reads: dict[int, float] = {}
-        other = 0.0
-        for i in mem:
-            reads = max(nbytes[i] - out_b[i], 0.0)
-            prods = [pos[k] for k in inputs[i] if pos[k] != i]
-            total = float(sum(out_b[p] for p in prods))
-            scale = 1.0 if total <= reads or total == 0 else reads / total
-            other += max(reads - total, 0.0)
-            for p in prods:
-                if p not in inside:
-                    ext_reads[p] = max(ext_reads.get(p, 0.0), out_b[p] * scale)
-        out_root = out_b[r]
-        b = sum(ext_reads.values()) + other + out_root
-        new_bytes[j] = b
-        new_flops[j] = float(flops[mem].sum())
-        if new_aten is not None:
-            new_aten[j] = "fused(" + ",".join(str(df.at[i, "aten"]) for i in mem) + ")"
-        if cls[r] in REDUCTIONS:  # a prologue merged into a softmax/layernorm: keep its dims
-            continue
-        op, h_root = _fused_op(df.at[r, "op"], cls[r], b, out_root), df.at[r, "H"]
-        n_in = sizes.OPS[op][1]
-        count = max(float(np.round(b / (sizes.BYTES_PER_ELEM * (n_in + 1)))), 1.0)
-        if cls[r] != "memory" and np.isfinite(h_root) and h_root > 0 and count % h_root == 0:
-            Bs[j], Hs[j] = count / h_root, float(h_root)
-        else:
-            Bs[j], Hs[j] = 1.0, count
-        Ms[j] = Ns[j] = Ks[j] = np.nan
-        new_ops[j], new_cls[j] = op, "elementwise"
-    rows["kid"] = np.arange(len(rows), dtype=np.int64)
-    rows["cls"], rows["op"] = new_cls, new_ops
-    rows["B"], rows["M"], rows["N"], rows["K"], rows["H"] = Bs, Ms, Ns, Ks, Hs
-    rows["flops"], rows["bytes"] = new_flops, new_bytes
-    rows["inputs"] = new_inputs
-    if new_aten is not None:
-        rows["aten"] = new_aten
-    rows["fused_from"] = fused_from
-    return rows
+    inside = set(mem)
+    ext_reads: dict[int, float] = {}
+    other = 0.0
+    for i in mem:
+        reads = max(nbytes[i] - out_b[i], 0.0)
+        prods = [pos[k] for k in inputs[i] if pos[k] != i]
+        total = float(sum(out_b[p] for p in prods))
+        scale = 1.0 if total <= reads or total == 0 else reads / total
+        other += max(reads - total, 0.0)
+        for p in prods:
+            if p not in inside:
+                ext_reads[p] = max(ext_reads.get(p, 0.0), out_b[p] * scale)
+    return sum(ext_reads.values()) + other + out_b[r]
+
+
+def _merge_group(df: pd.DataFrame, cols: dict, j: int, r: int, mem: list[int],
+                 b: float, out_root: float) -> None:
+    """Write fused group ``j`` (root row ``r`` writing ``out_root`` bytes, rows ``mem``, ``b``
+    bytes in all) into ``cols``."""
+    cls = df["cls"].to_numpy()
+    cols["bytes"][j] = b
+    cols["flops"][j] = float(df["flops"].to_numpy(float)[mem].sum())
+    if "aten" in cols:
+        cols["aten"][j] = "fused(" + ",".join(str(df.at[i, "aten"]) for i in mem) + ")"
+    if cls[r] in REDUCTIONS:  # a prologue merged into a softmax/layernorm: keep its dims
+        return
+    op, h_root = _fused_op(df.at[r, "op"], cls[r], b, out_root), df.at[r, "H"]
+    n_in = sizes.OPS[op][1]
+    count = max(float(np.round(b / (sizes.BYTES_PER_ELEM * (n_in + 1)))), 1.0)
+    if cls[r] != "memory" and np.isfinite(h_root) and h_root > 0 and count % h_root == 0:
+        cols["B"][j], cols["H"][j] = count / h_root, float(h_root)
+    else:
+        cols["B"][j], cols["H"][j] = 1.0, count
+    cols["M"][j] = cols["N"][j] = cols["K"][j] = np.nan
+    cols["op"][j], cols["cls"][j] = op, "elementwise"
 
 
 def _fused_op(root_op: str, root_cls: str, nbytes: float, out_root: float) -> str:
