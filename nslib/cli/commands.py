@@ -135,7 +135,17 @@ def build_parser() -> argparse.ArgumentParser:
                    "datasets/mixed)")
     p.add_argument("--cache", help="cache folder (default: $NSLIB_CACHE or ~/.cache/nslib)")
     sub = p.add_subparsers(dest="cmd", required=True)
+    _add_data_commands(sub)
+    _add_kernel_commands(sub)
+    _add_reproduce(sub)
+    from nslib.cli.predict import add_predict_parser
+    add_predict_parser(sub)
+    _global_options_anywhere(p, sub)
+    return p
 
+
+def _add_data_commands(sub) -> None:
+    """``gpus``, ``fetch`` and ``predictors``."""
     s = sub.add_parser("gpus", help="table of known GPUs (NeuSight data, then the 16-bit data)")
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=_gpus)
@@ -154,23 +164,27 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("predictors", help="list the kernel predictors")
     s.set_defaults(func=_predictors)
 
-    def train_opts(s, default="neusight"):
-        s.add_argument("--predictor", default=default,
-                       help="predictor name (see `nslib predictors`; default neusight)")
-        s.add_argument("--epochs", type=arg_int(), help="training epochs of every class "
-                       "(predictors trained by epochs only)")
-        s.add_argument("--seed", type=arg_int(minimum=0), default=0)
-        s.add_argument("--quick", action="store_true", help="the quick profile (tests)")
 
+def _train_opts(s, default="neusight") -> None:
+    s.add_argument("--predictor", default=default,
+                   help="predictor name (see `nslib predictors`; default neusight)")
+    s.add_argument("--epochs", type=arg_int(), help="training epochs of every class "
+                   "(predictors trained by epochs only)")
+    s.add_argument("--seed", type=arg_int(minimum=0), default=0)
+    s.add_argument("--quick", action="store_true", help="the quick profile (tests)")
+
+
+def _add_kernel_commands(sub) -> None:
+    """``train`` and ``eval-kernels``."""
     s = sub.add_parser("train", help="train a predictor on the training GPUs (cached)")
-    train_opts(s, default=None)
+    _train_opts(s, default=None)
     s.add_argument("--all", action="store_true", help="train every predictor (ahead of use)")
     s.add_argument("--out", help="folder for the weights (default: the cache)")
     s.add_argument("--retrain", action="store_true", help="train even if cached")
     s.set_defaults(func=_train)
 
     s = sub.add_parser("eval-kernels", help="per-class kernel error on the test split")
-    train_opts(s)
+    _train_opts(s)
     s.add_argument("--lookup", action="store_true",
                    help="look every tile up as on an unprofiled GPU (default: only where "
                         "the GPU was never trained on)")
@@ -186,6 +200,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=_eval_kernels)
 
+
+def _add_reproduce(sub) -> None:
     s = sub.add_parser("reproduce", help="run every notebook (papermill), write figures/")
     s.add_argument("--quick", action="store_true", help="the quick profile (minutes)")
     s.add_argument("--force", action="store_true", help="rerun up-to-date notebooks too")
@@ -194,14 +210,6 @@ def build_parser() -> argparse.ArgumentParser:
                    "--quick)")
     s.add_argument("--results", help="executed notebooks folder (default: results/<profile>)")
     s.set_defaults(func=_reproduce)
-
-    try:
-        from nslib.cli.predict import add_predict_parser
-        add_predict_parser(sub)
-    except ImportError:
-        pass
-    _global_options_anywhere(p, sub)
-    return p
 
 
 def _global_options_anywhere(p, sub) -> None:

@@ -19,6 +19,24 @@ def _predict(args) -> int:
         raise ValueError("name a GPU with --gpu NAME (see `nslib gpus`) or --gpu-spec FILE.json")
     # a spec is always a file, whatever its suffix
     gpu = Path(args.gpu_spec) if args.gpu_spec else args.gpu
+    extra = _options(args)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DatasheetRangeWarning)  # printed below, once
+        frame, summary = predict_model(gpu, args.model, args.batch, args.seq, args.mode,
+                                       predictor=args.predictor, quick=args.quick, **extra)
+    mem, per_gpu = _memory(args, gpu, extra, frame)
+    summary = {"gpu": args.gpu_spec or args.gpu, "model": args.model, "batch": args.batch,
+               "seq": args.seq, "mode": args.mode, "predictor": args.predictor, **summary,
+               "memory_gb": mem, "fits": mem["fits"]}
+    if args.json:
+        print(json.dumps(summary, indent=1, allow_nan=False))
+    else:
+        _print_summary(args, summary, mem, per_gpu)
+    return 0
+
+
+def _options(args) -> dict:
+    """The keyword arguments of :func:`predict_model` that the command line was given."""
     extra = {}
     if getattr(args, "fused", False):
         extra["fused"] = True
@@ -40,42 +58,35 @@ def _predict(args) -> int:
         extra["launch_us"] = None
     elif getattr(args, "launch_us", None) is not None:
         extra["launch_us"] = args.launch_us
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DatasheetRangeWarning)  # printed below, once
-        frame, summary = predict_model(gpu, args.model, args.batch, args.seq, args.mode,
-                                       predictor=args.predictor, quick=args.quick, **extra)
-    mem, per_gpu = _memory(args, gpu, extra, frame)
-    summary = {"gpu": args.gpu_spec or args.gpu, "model": args.model, "batch": args.batch,
-               "seq": args.seq, "mode": args.mode, "predictor": args.predictor, **summary,
-               "memory_gb": mem, "fits": mem["fits"]}
-    if args.json:
-        print(json.dumps(summary, indent=1, allow_nan=False))
-    else:
-        what = (args.predictor if dtype == "fp32" else
-                f"{dtype}: {args.tensor_predictor} tensor cores, {args.predictor} vector")
-        print(f"{args.model} {args.mode} batch {args.batch} seq {args.seq} on {summary['gpu']} "
-              f"({what}): {summary['e2e_ms']:.2f} ms "
-              f"(forward {summary['fw_ms']:.2f}, backward {summary['bw_ms']:.2f})")
-        for k, v in sorted(summary["per_class_ms"].items(), key=lambda kv: -kv[1]):
-            print(f"  {k:12s} {v:10.2f} ms")
-        par = summary.get("parallel")
-        if par:
-            link = par["link"]
-            print(f"  {par['kind']}{par['degree']} on {par['degree']} GPUs, global batch "
-                  f"{par['global_batch']}: communication {summary['comm_ms']:.2f} ms over "
-                  f"{link['bandwidth_gbps']:g} GB/s x {link['utilisation']:g}"
-                  f"{' / 2' if link['halved'] else ''} = {link['effective_gbps']:g} GB/s "
-                  f"({link['source']})")
-            if par["kind"] == "dp":
-                print(f"  gradient all-reduce finishes {par['finish_ms']:.2f} ms into the "
-                      f"backward; exposed {par['exposed_comm_ms']:.2f} ms")
-        elif summary.get("fused"):
-            print(f"  fused: {summary['n_kernels']} kernels "
-                  f"(from {summary['n_kernels_unfused']})")
-        print(_memory_line(mem, per_gpu))
-        for w in summary.get("warnings", []):
-            print(f"warning: {w} (outside the training GPUs: the forecast extrapolates)")
-    return 0
+    return extra
+
+
+def _print_summary(args, summary: dict, mem: dict, per_gpu: bool) -> None:
+    dtype = getattr(args, "dtype", "fp32") or "fp32"
+    what = (args.predictor if dtype == "fp32" else
+            f"{dtype}: {args.tensor_predictor} tensor cores, {args.predictor} vector")
+    print(f"{args.model} {args.mode} batch {args.batch} seq {args.seq} on {summary['gpu']} "
+          f"({what}): {summary['e2e_ms']:.2f} ms "
+          f"(forward {summary['fw_ms']:.2f}, backward {summary['bw_ms']:.2f})")
+    for k, v in sorted(summary["per_class_ms"].items(), key=lambda kv: -kv[1]):
+        print(f"  {k:12s} {v:10.2f} ms")
+    par = summary.get("parallel")
+    if par:
+        link = par["link"]
+        print(f"  {par['kind']}{par['degree']} on {par['degree']} GPUs, global batch "
+              f"{par['global_batch']}: communication {summary['comm_ms']:.2f} ms over "
+              f"{link['bandwidth_gbps']:g} GB/s x {link['utilisation']:g}"
+              f"{' / 2' if link['halved'] else ''} = {link['effective_gbps']:g} GB/s "
+              f"({link['source']})")
+        if par["kind"] == "dp":
+            print(f"  gradient all-reduce finishes {par['finish_ms']:.2f} ms into the "
+                  f"backward; exposed {par['exposed_comm_ms']:.2f} ms")
+    elif summary.get("fused"):
+        print(f"  fused: {summary['n_kernels']} kernels "
+              f"(from {summary['n_kernels_unfused']})")
+    print(_memory_line(mem, per_gpu))
+    for w in summary.get("warnings", []):
+        print(f"warning: {w} (outside the training GPUs: the forecast extrapolates)")
 
 
 def _memory(args, gpu, extra: dict, frame) -> tuple[dict, bool]:

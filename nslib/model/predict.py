@@ -71,20 +71,17 @@ def predict_model(gpu, model, batch: int, seq: int, mode: str = "inf",
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     batch, seq = check_int("batch", batch), check_int("seq", seq)
-    dp, tp, pp = check_int("dp", dp), check_int("tp", tp), check_int("pp", pp)
-    microbatches = check_int("microbatches", microbatches)
-    if launch_us is not None:
-        launch_us = check_float("launch_us (microseconds)", launch_us, minimum=0)
-    if isinstance(link, (int, float)) and not isinstance(link, bool):
-        link = check_float("link bandwidth (GB/s)", link, positive=True)
-    dtype = check_dtype(dtype)
+    dp, tp, pp, microbatches = (check_int(k, v) for k, v in (
+        ("dp", dp), ("tp", tp), ("pp", pp), ("microbatches", microbatches)))
+    multi = dp != 1 or tp != 1 or pp != 1 or microbatches != 1
+    launch_us, link = _check_link_and_launch(launch_us, link)
     spec = resolve_gpu(gpu, data)
-    if dtype != "fp32":
+    if check_dtype(dtype) != "fp32":
         return _predict_half(spec, model, batch, seq, mode, predictor, data, quick,
-                             fused or dp != 1 or tp != 1 or pp != 1 or microbatches != 1,
-                             launch_us, imbalance, dtype, tensor_predictor)
+                             fused or multi, launch_us, imbalance, check_dtype(dtype),
+                             tensor_predictor)
     notes = warn_out_of_range(spec, data)
-    if dp != 1 or tp != 1 or pp != 1 or microbatches != 1:
+    if multi:
         if imbalance != 1.0:
             raise ValueError("imbalance applies to single-GPU predictions for now: drop "
                              "dp/tp/pp or the imbalance")
@@ -93,17 +90,28 @@ def predict_model(gpu, model, batch: int, seq: int, mode: str = "inf",
                                        microbatches=microbatches, link=link,
                                        launch_us=launch_us)
         return frame, {**summ, "warnings": notes}
-    if fused:
-        tr = traced(model, batch, seq, mode, data, imbalance)
-        frame = kernel_frame(fuse(tr, prologues=True), spec)
-        pred = get_predictor(predictor, data, quick)
-        frame["pred_ms"] = stream_ms(pred, frame, launch_us, data)
-        return frame, {**summarize(frame), "fused": True, "n_kernels_unfused": int(len(tr)),
-                       "launch_us": launch_us, "warnings": notes}
-    frame = kernel_frame(traced(model, batch, seq, mode, data, imbalance), spec)
+    return _predict_one(spec, model, batch, seq, mode, predictor, data, quick, fused,
+                        launch_us, imbalance, notes)
+
+
+def _check_link_and_launch(launch_us, link):
+    """``launch_us`` (us, or None) and ``link`` (a bandwidth in GB/s, or a spec), checked."""
+    if launch_us is not None:
+        launch_us = check_float("launch_us (microseconds)", launch_us, minimum=0)
+    if isinstance(link, (int, float)) and not isinstance(link, bool):
+        link = check_float("link bandwidth (GB/s)", link, positive=True)
+    return launch_us, link
+
+
+def _predict_one(spec: GPU, model, batch, seq, mode, predictor, data, quick, fused: bool,
+                 launch_us, imbalance, notes: list) -> tuple[pd.DataFrame, dict]:
+    """:func:`predict_model` on one GPU in FP32, fused or not."""
+    tr = traced(model, batch, seq, mode, data, imbalance)
+    frame = kernel_frame(fuse(tr, prologues=True) if fused else tr, spec)
     pred = get_predictor(predictor, data, quick)
     frame["pred_ms"] = stream_ms(pred, frame, launch_us, data)
-    return frame, {**summarize(frame), "launch_us": launch_us, "warnings": notes}
+    extra = {"fused": True, "n_kernels_unfused": int(len(tr))} if fused else {}
+    return frame, {**summarize(frame), **extra, "launch_us": launch_us, "warnings": notes}
 
 
 def _predict_half(spec: GPU, model, batch, seq, mode, predictor, data, quick, multi: bool,
