@@ -289,7 +289,7 @@ def test_unwritable_cache_on_a_miss_is_a_clear_error(small_data, monkeypatch, ca
 
     def refuse(*a, **k):
         raise PermissionError(13, "Permission denied")
-    monkeypatch.setattr("nslib.data.paths.atomic_write_bytes", refuse)
+    monkeypatch.setattr("nslib.data.cache.atomic_write_bytes", refuse)
     with pytest.raises(CacheError, match="cannot write to the cache.*NSLIB_CACHE"):
         measured.kernel_table("layernorm", "test")
 
