@@ -1,8 +1,8 @@
-"""Check nslib.model.graph.trace against the original NeuSight operator graphs (results/opgraph).
+"""Check nslib.model.trace.trace against the original NeuSight operator graphs (results/opgraph).
 
 For every configuration ``<model>-<inf|train>-<seq>-<batch>.csv`` in results/opgraph (the
 ``-fusion``, ``-dp4``, ``-tp4``, ``-pp4_*`` variants are skipped: their kernels are those of a
-base configuration that is checked), trace the model with :func:`nslib.model.graph.trace` and compare:
+base configuration that is checked), trace the model with :func:`nslib.model.trace.trace` and compare:
 
 - total GEMM FLOPs of the forward and of the backward pass. Reference: the one-layer graph
   with the transformer-layer nodes repeated ``n_layer`` times (Switch-XL-4's graph holds every
@@ -60,7 +60,7 @@ Why the other kernel counts differ:
   mask per layer).
 - BERT: the reference's inference graph is BertForSequenceClassification (pooler + 2-way
   classifier), its training graph BertForPreTraining (pooler + MLM + NSP heads);
-  nslib.model.graph.trace builds the same (MEASURED_ARCHITECTURE), so its GEMMs match.
+  nslib.model.trace.trace builds the same (MEASURED_ARCHITECTURE), so its GEMMs match.
 - Switch-XL-4: the reference records 11 attention-score matmuls as ``Linear
   (batch*heads*seq, d_kv, seq)`` instead of ``BMM`` (same FLOPs): our linear/bmm counts are
   553/144 against its 564/133. Its two extra softmaxes (and a few reductions) are the router
@@ -85,7 +85,8 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from nslib.model import graph
+from nslib.model.config import load_model_config
+from nslib.model.trace import trace
 from nslib.data.reference_graphs import layer_span, ref_class
 from nslib.data.paths import data_root
 
@@ -138,11 +139,11 @@ def n_layers(cfg: dict) -> int:
 
 
 def ours(cfg: dict, batch: int, seq: int, mode: str) -> tuple[dict, float]:
-    graph.trace(cfg, 1, 8, mode)  # warm-up: imports the model's transformers module
+    trace(cfg, 1, 8, mode)  # warm-up: imports the model's transformers module
     t0 = time.perf_counter()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        tr = graph.trace(cfg, batch, seq, mode)
+        tr = trace(cfg, batch, seq, mode)
     dt = time.perf_counter() - t0
     for w in caught:
         print(f"  warning: {w.message}", file=sys.stderr)
@@ -183,7 +184,7 @@ def main(argv=None) -> int:
         if m["suffix"]:
             skipped.append(f.stem)
             continue
-        cfg = graph.load_model_config(m["model"], data=data)
+        cfg = load_model_config(m["model"], data=data)
         mode, seq, batch = m["mode"], int(m["seq"]), int(m["batch"])
         ref = reference(f, n_layers(cfg))
         got, dt = ours(cfg, batch, seq, mode)

@@ -17,7 +17,7 @@
 # # 05 · Training-step latency of whole models
 #
 # Each model configuration is traced on the meta device into the kernels it launches
-# (`nslib.model.graph`), every kernel is predicted, and the sum is compared with the measured
+# (`nslib.model.trace`), every kernel is predicted, and the sum is compared with the measured
 # latency in the label folder (mean of the 5 fastest of 25 runs). GPUs, models and batch sizes
 # come from the labels, so a new GPU's labels join these tables without code changes.
 

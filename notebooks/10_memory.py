@@ -61,7 +61,8 @@ import numpy as np
 import pandas as pd
 
 from nslib.viz.figures import save_figure, save_table
-from nslib.model.graph import max_seq, trace
+from nslib.model.config import max_seq
+from nslib.model.trace import trace
 from nslib.evaluation.memcheck import SMALL_CONFIGS, compare
 from nslib.model.memory import (GIB, korthikanti_bytes, largest_batch, layer_saved_bytes,
     memory_of, pipeline_memory)

@@ -8,7 +8,8 @@ import warnings
 import numpy as np
 import pytest
 
-from nslib.model.graph import expert_tokens, trace
+from nslib.model.moe import expert_tokens
+from nslib.model.trace import trace
 
 H, FF, V = 32, 64, 100
 DECODER = dict(hidden_size=H, intermediate_size=FF, num_hidden_layers=1, num_attention_heads=2,

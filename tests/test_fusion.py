@@ -121,7 +121,7 @@ def test_fuse_rejects_non_trace_frames():
 
 
 def test_fuse_on_a_traced_gpt2_merges_the_gelu(tmp_path):
-    from nslib.model.graph import trace
+    from nslib.model.trace import trace
     cfg = {"model_type": "gpt2", "n_embd": 64, "n_head": 4, "n_layer": 2, "n_positions": 64,
            "vocab_size": 300}
     tr = trace(cfg, 2, 16, "inf")

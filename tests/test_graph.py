@@ -1,4 +1,4 @@
-"""nslib.model.graph: tracing HuggingFace configs into kernels. Expected numbers are hand arithmetic."""
+"""nslib.model.trace: tracing HuggingFace configs into kernels. Expected numbers are hand arithmetic."""
 from __future__ import annotations
 
 import json
@@ -8,7 +8,9 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from nslib.model import graph
+from nslib.model import aten
+from nslib.model.config import load_model_config
+from nslib.model.trace import MEMORY_COLUMNS, TRACE_COLUMNS, summarize, trace
 from nslib.data.paths import DataNotFoundError, data_root
 
 # tiny GPT-2: 2 layers, width 64, 4 heads (head dim 16), vocab 100
@@ -37,17 +39,17 @@ def gemm_dims(df, phase, cls):
 
 @pytest.fixture(scope="module")
 def gpt2_inf():
-    return graph.trace(GPT2, BATCH, SEQ, "inf")
+    return trace(GPT2, BATCH, SEQ, "inf")
 
 
 @pytest.fixture(scope="module")
 def gpt2_train():
-    return graph.trace(GPT2, BATCH, SEQ, "train")
+    return trace(GPT2, BATCH, SEQ, "train")
 
 
 def test_columns_and_dtypes(gpt2_inf):
     df = gpt2_inf
-    assert list(df.columns) == list(graph.TRACE_COLUMNS) + list(graph.MEMORY_COLUMNS)
+    assert list(df.columns) == list(TRACE_COLUMNS) + list(MEMORY_COLUMNS)
     assert df["kid"].tolist() == list(range(len(df)))
     for c in ("B", "M", "N", "K", "H", "flops", "bytes"):
         assert df[c].dtype == np.float64
@@ -123,7 +125,7 @@ def test_training_gemms_by_hand(gpt2_train):
 def test_training_bmm_backward_shapes():
     # seq 8 separates the dims: QK^T (8, 8, 16, 8), AV (8, 8, 8, 16); for bmm(a (B,M,N),
     # b (B,N,K)): da = dC @ b^T -> (B, M, K, N), db = a^T @ dC -> (B, N, M, K)
-    df = graph.trace(GPT2, 2, 8, "train")
+    df = trace(GPT2, 2, 8, "train")
     assert gemm_dims(df, "fw", "bmm") == [(8, 8, 16, 8), (8, 8, 8, 16)] * 2
     want = Counter({(8, 8, 8, 16): 2, (8, 16, 8, 8): 1, (8, 8, 16, 8): 1})
     want = Counter({k: 2 * v for k, v in want.items()})
@@ -159,7 +161,7 @@ def test_training_other_ops(gpt2_train):
     # gradient accumulation: one add_ per parameter tensor, 12 per layer + wte, wpe, ln_f w, b
     acc = bw[bw["aten"] == "aten.add_.Tensor"]
     assert len(acc) == 2 * 12 + 4 and (acc["op"] == "add").all()
-    no_acc = graph.trace(GPT2, BATCH, SEQ, "train", grad_accumulation=False)
+    no_acc = trace(GPT2, BATCH, SEQ, "train", grad_accumulation=False)
     assert (no_acc["aten"] == "aten.add_.Tensor").sum() == 0
     assert (bw["layer"].isin([-1, 0, 1])).all()
     assert set(bw.loc[bw["cls"] == "linear", "layer"]) == {-1, 0, 1}
@@ -189,14 +191,14 @@ def test_inputs_edges(gpt2_train):
 
 
 def test_deterministic(gpt2_inf):
-    again = graph.trace(dict(GPT2), BATCH, SEQ, "inf")
+    again = trace(dict(GPT2), BATCH, SEQ, "inf")
     assert again.equals(gpt2_inf)
 
 
 def test_unknown_op_warns(monkeypatch):
-    monkeypatch.delitem(graph._EW_FIXED, "tanh")
+    monkeypatch.delitem(aten.EW_FIXED, "tanh")
     with pytest.warns(UserWarning, match=r"aten\.tanh\.default x2"):
-        df = graph.trace(GPT2, BATCH, SEQ, "inf")
+        df = trace(GPT2, BATCH, SEQ, "inf")
     assert not (df["aten"] == "aten.tanh.default").any()
     assert len(df) > 0
 
@@ -204,7 +206,7 @@ def test_unknown_op_warns(monkeypatch):
 def test_no_warning_for_known_models():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        graph.trace(GPT2, BATCH, SEQ, "train")
+        trace(GPT2, BATCH, SEQ, "train")
 
 
 @pytest.mark.parametrize("cfg, match", [
@@ -214,7 +216,7 @@ def test_no_warning_for_known_models():
 ])
 def test_bad_config(cfg, match):
     with pytest.raises(ValueError, match=match):
-        graph.trace(cfg, BATCH, SEQ, "inf")
+        trace(cfg, BATCH, SEQ, "inf")
 
 
 @pytest.mark.parametrize("batch, seq, mode", [(0, 16, "inf"), (-1, 16, "inf"), (2.5, 16, "inf"),
@@ -222,7 +224,7 @@ def test_bad_config(cfg, match):
                                               (2, 16, "forward"), (2, 65, "inf")])
 def test_bad_arguments(batch, seq, mode):
     with pytest.raises(ValueError):
-        graph.trace(GPT2, batch, seq, mode)
+        trace(GPT2, batch, seq, mode)
 
 
 BERT = dict(model_type="bert", num_hidden_layers=2, hidden_size=64, num_attention_heads=4,
@@ -230,7 +232,7 @@ BERT = dict(model_type="bert", num_hidden_layers=2, hidden_size=64, num_attentio
 
 
 def test_tiny_bert():
-    inf = graph.trace(BERT, 2, 16, "inf")
+    inf = trace(BERT, 2, 16, "inf")
     # per layer q, k, v, attention output, intermediate, output: (M, N, K)
     layer = [(32, 64, 64)] * 4 + [(32, 64, 128), (32, 128, 64)]
     # BertForSequenceClassification (as measured): pooler (2, 64, 64), classifier (2, 64, 2)
@@ -239,7 +241,7 @@ def test_tiny_bert():
     assert (inf["cls"] == "layernorm").sum() == 5
     assert set(inf.loc[inf["cls"] == "bmm", "layer"]) == {0, 1}
     assert inf.loc[inf["cls"] == "bmm", "module"].str.startswith("bert.encoder.layer.").all()
-    train = graph.trace(BERT, 2, 16, "train")
+    train = trace(BERT, 2, 16, "train")
     # BertForPreTraining: pooler, MLM transform (32, 64, 64), decoder (32, 64, 100), NSP
     assert gemm_dims(train, "fw", "linear") == layer * 2 + [(2, 64, 64), (32, 64, 64),
                                                           (32, 64, 100), (2, 64, 2)]
@@ -254,7 +256,7 @@ SWITCH = dict(model_type="switch_transformers", d_model=32, d_ff=64, d_kv=8, num
 
 
 def test_tiny_switch_fixed_capacity():
-    df = graph.trace(SWITCH, 2, 16, "train")
+    df = trace(SWITCH, 2, 16, "train")
     fw = df[(df["phase"] == "fw") & (df["cls"] == "linear")]
     experts = fw[fw["module"].str.contains(r"experts\.expert_\d+\.wi$")]
     # one sparse block per stack, 3 experts each, capacity 4 tokens per batch row of 2
@@ -268,7 +270,7 @@ def test_tiny_switch_fixed_capacity():
 
 
 def test_summarize(gpt2_train):
-    s = graph.summarize(gpt2_train)
+    s = summarize(gpt2_train)
     assert list(s.columns) == ["phase", "cls", "kernels", "gemm_flops", "flops", "bytes"]
     assert s["kernels"].sum() == len(gpt2_train)
     fw_gemm = s[(s["phase"] == "fw")]["gemm_flops"].sum()
@@ -278,20 +280,20 @@ def test_summarize(gpt2_train):
 
 
 def test_load_model_config(tmp_path):
-    assert graph.load_model_config(GPT2) == GPT2 and graph.load_model_config(GPT2) is not GPT2
+    assert load_model_config(GPT2) == GPT2 and load_model_config(GPT2) is not GPT2
     good = tmp_path / "m.json"
     good.write_text(json.dumps(GPT2))
-    assert graph.load_model_config(good) == GPT2
+    assert load_model_config(good) == GPT2
     bad = tmp_path / "bad.json"
     bad.write_text("{\"model_type\": \"gpt2\",")
     with pytest.raises(ValueError, match="bad.json"):
-        graph.load_model_config(bad)
+        load_model_config(bad)
     with pytest.raises(FileNotFoundError, match="missing.json"):
-        graph.load_model_config(tmp_path / "missing.json")
+        load_model_config(tmp_path / "missing.json")
     lst = tmp_path / "list.json"
     lst.write_text("[1, 2]")
     with pytest.raises(ValueError, match="JSON object"):
-        graph.load_model_config(lst)
+        load_model_config(lst)
 
 
 def _data():
@@ -307,7 +309,7 @@ def test_load_model_config_by_name():
     root = _data()
     if root is None:
         pytest.skip("NeuSight data not available")
-    cfg = graph.load_model_config("gpt3_27", data=root)
+    cfg = load_model_config("gpt3_27", data=root)
     assert cfg["model_type"] == "gpt2" and cfg["n_embd"] == 2560
     with pytest.raises(FileNotFoundError, match="no_such_config"):
-        graph.load_model_config("no_such_config", data=root)
+        load_model_config("no_such_config", data=root)

@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from nslib.data.gpus import GPU
-from nslib.model.graph import trace
+from nslib.model.trace import trace
 from nslib.evaluation.memcheck import SMALL_CONFIGS, compare, real_peak
 from nslib.model.memory import (GIB, OPTIMIZERS, framework_bytes, korthikanti_bytes,
     layer_saved_bytes, live_bytes, memory_of, pipeline_memory, step_memory)

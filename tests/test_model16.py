@@ -9,7 +9,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from nslib.model import graph, predict16
+from nslib.model import predict16
+from nslib.model.config import load_model_config
+from nslib.model.trace import ATTENTION_COLUMNS, MEMORY_COLUMNS, TRACE_COLUMNS, trace
 from nslib.evaluation import layer_check
 from nslib.data.gpus import GPU
 
@@ -27,7 +29,7 @@ D = HID // HEADS
 
 @pytest.fixture(scope="module")
 def traces():
-    return {dt: graph.trace(LLAMA, BATCH, SEQ, "inf", dtype=dt) for dt in ("fp32", "bf16")}
+    return {dt: trace(LLAMA, BATCH, SEQ, "inf", dtype=dt) for dt in ("fp32", "bf16")}
 
 
 def _linear(df):
@@ -67,15 +69,15 @@ def test_sdpa_is_one_attention_row_per_layer(traces):
 
 
 def test_fp32_trace_columns_unchanged(traces):
-    assert list(traces["fp32"].columns) == list(graph.TRACE_COLUMNS) + list(graph.MEMORY_COLUMNS)
-    assert list(traces["bf16"].columns) == (list(graph.TRACE_COLUMNS) + list(graph.MEMORY_COLUMNS)
-                                            + list(graph.ATTENTION_COLUMNS))
-    again = graph.trace(LLAMA, BATCH, SEQ, "inf")
+    assert list(traces["fp32"].columns) == list(TRACE_COLUMNS) + list(MEMORY_COLUMNS)
+    assert list(traces["bf16"].columns) == (list(TRACE_COLUMNS) + list(MEMORY_COLUMNS)
+                                            + list(ATTENTION_COLUMNS))
+    again = trace(LLAMA, BATCH, SEQ, "inf")
     pd.testing.assert_frame_equal(again, traces["fp32"])
 
 
 def test_train_records_attention_backward():
-    df = graph.trace(LLAMA, BATCH, SEQ, "train", dtype="bf16")
+    df = trace(LLAMA, BATCH, SEQ, "train", dtype="bf16")
     att = df[df["cls"] == "attention"]
     fw, bw = att[att["op"] == "attention"], att[att["op"] == "attention_bw"]
     assert len(fw) == len(bw) == LAYERS and (bw["phase"] == "bw").all()
@@ -84,7 +86,7 @@ def test_train_records_attention_backward():
 
 def test_bad_dtype():
     with pytest.raises(ValueError, match="unknown dtype"):
-        graph.trace(LLAMA, BATCH, SEQ, "inf", dtype="int8")
+        trace(LLAMA, BATCH, SEQ, "inf", dtype="int8")
 
 
 GPU16 = GPU(name="Test GPU", mem_gb=80.0, mem_bw=2000.0, num_sm=100, cores_per_sm=64,
@@ -152,8 +154,8 @@ def test_cli_bf16_without_bf16flops(tmp_path, capsys):
 
 
 def test_llama3_8b_config_traces_in_bf16():
-    cfg = graph.load_model_config(str(LLAMA3_8B))
-    df = graph.trace(dict(cfg, num_hidden_layers=1), 1, 128, "inf", dtype="bf16")
+    cfg = load_model_config(str(LLAMA3_8B))
+    df = trace(dict(cfg, num_hidden_layers=1), 1, 128, "inf", dtype="bf16")
     att = df[df["cls"] == "attention"].iloc[0]
     assert (att["H"], att["kv_heads"], att["N"]) == (32, 8, 128)
     qkv = df[(df["cls"] == "linear") & (df["layer"] == 0)].iloc[:3]

@@ -4,7 +4,7 @@ Each row of :func:`nslib.data.mixed_data.layer_table` is one op of one transform
 kernels, fp16) at ``num_tokens`` tokens with tensor-parallel degree ``tp``. :func:`layer_kernels`
 builds the kernel each op is, from the model's shape (``T`` tokens, ``E = n_embd``, ``h`` heads,
 ``g`` KV heads, head dim ``d = E / h``, ``F = n_expanded_embd``), in the trace's conventions
-(:mod:`nslib.model.graph`; GEMM ``B=1, M x N @ N x K`` with ``N`` the reduction, vector ``B`` rows of
+(:mod:`nslib.model.aten`; GEMM ``B=1, M x N @ N x K`` with ``N`` the reduction, vector ``B`` rows of
 ``H``; 2 bytes per element):
 
 ============================  ===========  ==============================================

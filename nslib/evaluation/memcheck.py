@@ -5,7 +5,9 @@ trace's bookkeeping. Used by the tests and notebook 10."""
 from __future__ import annotations
 
 import pandas as pd
-from nslib.model.graph import MEASURED_ARCHITECTURE, _build, _hf_config, _loss, _make_modes, trace
+from nslib.model.config import MEASURED_ARCHITECTURE, build_model, hf_config
+from nslib.model.recorder import make_modes
+from nslib.model.trace import logits_loss, trace
 from nslib.model.memory import step_memory
 
 __all__ = ["SMALL_CONFIGS", "real_peak", "compare"]
@@ -67,11 +69,11 @@ def real_peak(config: dict, batch: int, seq: int, mode: str) -> float:
 
     torch.manual_seed(0)
     arch = MEASURED_ARCHITECTURE.get((config.get("model_type"), mode))
-    _, meta = _build(config, arch)   # the class nslib traces, built for real on the CPU
-    model = type(meta)._from_config(_hf_config(config), attn_implementation="eager",
+    _, meta = build_model(config, arch)   # the class nslib traces, built for real on the CPU
+    model = type(meta)._from_config(hf_config(config), attn_implementation="eager",
                                     dtype=torch.float32)
     ids = torch.zeros(batch, seq, dtype=torch.long)
-    _, cuda_dropout = _make_modes(None, redirect_dropout=True)
+    _, cuda_dropout = make_modes(None, redirect_dropout=True)
     model.train(mode == "train")
     if mode == "inf":
         def step():
@@ -85,7 +87,7 @@ def real_peak(config: dict, batch: int, seq: int, mode: str) -> float:
         def step():
             with cuda_dropout:
                 out = model(input_ids=ids)
-                _loss(out).backward()
+                logits_loss(out).backward()
                 opt.step()
     step()                       # first step: Adam's states, lazy caches
     _max_allocated(lambda: None)  # the profiler's own first-use allocations

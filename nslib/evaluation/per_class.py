@@ -7,7 +7,7 @@ import json
 import pandas as pd
 
 from nslib.evaluation.metrics import ape
-from nslib.model.graph import load_model_config
+from nslib.model.config import load_model_config
 from nslib.data.labels import load_labels
 from nslib.data.reference_graphs import (host_nodes, layer_repeats, measured_nodes,
     measured_per_class)

@@ -37,7 +37,7 @@ from nslib.predictors.gpu_range import CHECKED, DatasheetRangeWarning, out_of_ra
 from nslib.model.predict import predict_model
 from nslib.model.inputs import MODES, resolve_gpu
 from nslib.kernels.dtypes import DTYPES, check_dtype
-from nslib.model.graph import load_model_config
+from nslib.model.config import load_model_config
 from nslib.model.memory import memory_of
 from nslib.data.gpus import load_mixed_gpus_if_present
 from nslib.predictors.training import trained

@@ -89,7 +89,7 @@ def _check(frame: pd.DataFrame) -> None:
     need = {"kid", "phase", "cls", "op", "B", "M", "N", "K", "H", "flops", "bytes", "inputs"}
     missing = sorted(need - set(frame.columns))
     if missing:
-        raise ValueError(f"fuse needs a trace frame (nslib.model.graph.trace); missing columns "
+        raise ValueError(f"fuse needs a trace frame (nslib.model.trace.trace); missing columns "
                          f"{missing}")
     if frame["kid"].duplicated().any():
         raise ValueError("fuse: kernel ids (kid) must be unique")

@@ -20,7 +20,9 @@ from nslib.data.gpus import GPU, find_gpu, load_gpu_file, load_gpus
 from nslib.data.cache import PARQUET, Format, cached
 from nslib.data.paths import hash_files
 from nslib.kernels.dtypes import check_dtype
-from nslib.model.graph import TRACE_VERSION, expert_tokens, load_model_config, trace
+from nslib.model.config import load_model_config
+from nslib.model.moe import expert_tokens
+from nslib.model.trace import TRACE_VERSION, trace
 from nslib.predictors.training import trained
 
 MODES = ("inf", "train")
@@ -56,8 +58,8 @@ def traced(model, batch: int, seq: int, mode: str, data=None,
            imbalance: float = 1.0, dtype: str = "fp32") -> pd.DataFrame:
     """The kernel trace of a model (name, path or config dict), cached by config content.
 
-    ``imbalance``: the mixture-of-experts routing (:func:`nslib.model.graph.expert_tokens`);
-    ``dtype``: ``fp32`` (default) or a 16-bit format (:func:`nslib.model.graph.trace`).
+    ``imbalance``: the mixture-of-experts routing (:func:`nslib.model.moe.expert_tokens`);
+    ``dtype``: ``fp32`` (default) or a 16-bit format (:func:`nslib.model.trace.trace`).
     """
     batch, seq = check_int("batch", batch), check_int("seq", seq)
     expert_tokens(1, 1, 1, imbalance)  # validates it

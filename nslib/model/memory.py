@@ -1,6 +1,6 @@
 """Peak memory of a traced step: will it fit on the GPU?
 
-The tracer (:mod:`nslib.model.graph`) records, for every kernel, the storages it is the first to
+The tracer (:mod:`nslib.model.trace`) records, for every kernel, the storages it is the first to
 touch (allocated just before it runs, at their real dtypes) and the last kernel that touches
 each of them (freed after it): the ``allocs``/``frees``/``params``/``trainable`` columns. So the
 bytes alive while each kernel runs are a cumulative sum over the launch order
@@ -55,7 +55,7 @@ import pandas as pd
 from nslib.model.parallel import check_degrees, model_info, pipeline_stages, raw_spec, shard_tensor_parallel
 from nslib.kernels.dtypes import bytes_per_elem, check_dtype
 from nslib.model.inputs import LAW_POINTS, LAW_POINTS_ONE, resolve_gpu, spec_path, traced
-from nslib.model.graph import load_model_config
+from nslib.model.config import load_model_config
 
 __all__ = ["OPTIMIZERS", "CONTEXT_BASE_GB", "GIB", "Memory", "live_bytes", "framework_bytes",
            "step_memory", "memory_of", "kv_cache_bytes"]
@@ -134,7 +134,7 @@ def _storages(trace: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     need = {"allocs", "frees", "kid"} - set(trace.columns)
     if need:
         raise ValueError(f"the trace has no storage lifetimes (missing columns {sorted(need)}): "
-                         f"trace it with nslib.model.graph.trace / nslib.model.predict.traced, not an older "
+                         f"trace it with nslib.model.trace.trace / nslib.model.predict.traced, not an older "
                          f"cached or fused frame")
     n = len(trace)
     lens = trace["allocs"].map(len).to_numpy()

@@ -55,7 +55,7 @@ def predict_model(gpu, model, batch: int, seq: int, mode: str = "inf",
     latencies as they are (the original tool's aggregation). The summary records it.
 
     ``imbalance``: routing of top-k mixture-of-experts layers (1 = tokens spread evenly over
-    the experts; see :func:`nslib.model.graph.expert_tokens`); single-GPU steps only.
+    the experts; see :func:`nslib.model.moe.expert_tokens`); single-GPU steps only.
 
     ``dtype``: ``fp32`` (default, the paper's setting) or ``bf16``/``fp16``: the model is traced
     in that format with fused attention and its tensor-core GEMMs and attention are priced by

@@ -1,6 +1,6 @@
 """Pricing a 16-bit (bf16/fp16) model trace: tensor-core kernels and FP32-trained vector kernels.
 
-A 16-bit trace (:func:`nslib.model.graph.trace` with ``dtype``) holds three kinds of rows:
+A 16-bit trace (:func:`nslib.model.trace.trace` with ``dtype``) holds three kinds of rows:
 
 - 16-bit GEMMs (``linear``/``bmm`` rows counted at 2 bytes per element, see
   :func:`nslib.kernels.sizes.elem_bytes`): priced by the 16-bit GEMM predictor

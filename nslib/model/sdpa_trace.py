@@ -9,7 +9,7 @@ one more row (``op="attention_bw"``, phase ``bw``): FlashAttention's backward re
 scores and runs five GEMM-sized products against the forward's two, so its FLOPs are counted
 as 2.5 x the forward's (its time is priced the same way, :mod:`nslib.model.predict16`).
 
-Row dims, as the GEMM convention of :mod:`nslib.model.graph` (``Q @ K^T`` is ``M x N @ N x K``):
+Row dims, as the GEMM convention of :mod:`nslib.model.aten` (``Q @ K^T`` is ``M x N @ N x K``):
 ``B`` = batch, ``M`` = query length, ``N`` = head dim, ``K`` = key/value length, ``H`` = query
 heads; the extra columns :data:`ATTENTION_COLUMNS`: ``kv_heads`` (key/value heads: grouped-query
 attention reads them once) and ``causal`` (1.0 or 0.0; a boolean or additive mask counts as

@@ -74,7 +74,8 @@ import pandas as pd
 
 from nslib.kernels import sizes
 from nslib.model.stream import LAUNCH_US, stream_ms
-from nslib.model.graph import MEASURED_ARCHITECTURE, _block_index, _build, load_model_config
+from nslib.model.blocks import block_index
+from nslib.model.config import MEASURED_ARCHITECTURE, build_model, load_model_config
 from nslib.model.inputs import get_predictor, kernel_frame, resolve_gpu, spec_path as spec_path_of, traced
 from nslib.model.fusion import fuse
 from nslib.data.paths import data_root
@@ -217,8 +218,8 @@ def model_info(model, mode: str = "train", data=None) -> dict:
 def _model_info(config_json: str, mode: str) -> dict:
     import torch.nn as nn
     config = json.loads(config_json)
-    hf, model = _build(config, MEASURED_ARCHITECTURE.get((config.get("model_type"), mode)))
-    blocks = _block_index(model)
+    hf, model = build_model(config, MEASURED_ARCHITECTURE.get((config.get("model_type"), mode)))
+    blocks = block_index(model)
     per: dict[int, float] = {}
     for name, p in model.named_parameters():
         parts = name.split(".")

@@ -1,0 +1,241 @@
+"""The kernel rows of each recorded aten op, by kind: GEMMs, convolutions, elementwise,
+softmax, layer norm and memory ops (the mapping choices are :mod:`nslib.model.aten`'s).
+
+:class:`KernelRows` is the op-handling half of the tracer
+(:class:`nslib.model.recorder.Tracer` mixes it in); it writes rows with the tracer's
+``add_row`` and ``elem`` and follows storages with its ``producers``, ``set_writer`` and
+``touch`` (:class:`nslib.model.storages.StorageTracker`).
+"""
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+from nslib.kernels import sizes
+from nslib.model.aten import (CONV, EW_FIXED, EW_PAIR, GEMM, LAYERNORM, MEMORY, NO_KERNEL,
+                              SOFTMAX, rows_of, split_name, tensor_bytes, tensors_in)
+
+__all__ = ["KernelRows"]
+
+
+class KernelRows:
+    """Turns each aten call into zero or more kernel rows (see the module doc)."""
+
+    def __init__(self):
+        self.unknown: Counter = Counter()    # aten ops without a mapping -> calls
+        self._func_info: dict = {}
+
+    def _info(self, func) -> tuple:
+        """(base name, in-place?, aten name, handler kind) of an op, memoised per trace."""
+        info = self._func_info.get(func)
+        if info is None:
+            base, inplace = split_name(func)
+            if base in NO_KERNEL:
+                kind = "none"
+            elif base in GEMM:
+                kind = "gemm"
+            elif base in CONV:
+                kind = "conv"
+            elif base in EW_FIXED or base in EW_PAIR:
+                kind = "ew"
+            elif base in SOFTMAX:
+                kind = "softmax"
+            elif base in LAYERNORM:
+                kind = "ln"
+            elif base in MEMORY:
+                kind = "mem"
+            else:
+                kind = "unknown"
+            info = (base, inplace, str(func), kind)
+            self._func_info[func] = info
+        return info
+
+    def record(self, func, args, kwargs, out):
+        """Add the rows of one aten call and start the lifetimes of the storages it touches."""
+        n0 = self.n
+        self._record(func, args, kwargs, out)
+        if self.n > n0:
+            self.touch(tensors_in((args, kwargs, out), []), self.n - 1)
+
+    def _record(self, func, args, kwargs, out):
+        base, inplace, aten, kind = self._info(func)
+        if kind == "none":
+            return
+        ins = tensors_in(args, [])
+        if kwargs:
+            tensors_in(kwargs, ins)
+        outs = tensors_in(out, [])
+        if inplace and not outs and ins:
+            outs = [ins[0]]
+        if not any(t.is_meta for t in outs) and not any(t.is_meta for t in ins):
+            return  # host-side work (e.g. on Python scalars wrapped as CPU tensors): no kernel
+
+        if kind == "gemm":
+            self._gemm(base, aten, args, ins, outs)
+            return
+        if kind == "conv":
+            self._conv(base, aten, args, ins, outs)
+            return
+        if outs and all(t.numel() == 0 for t in outs):
+            return  # a kernel over no elements is not launched
+        if kind == "ew":
+            if base in EW_FIXED:
+                op = EW_FIXED[base]
+            else:
+                dev = outs[0].device
+                real = [t for t in ins if not (t.dim() == 0 and t.device != dev)]
+                op = EW_PAIR[base][0 if len(real) >= 2 else 1]
+            B, H = rows_of(outs[0].shape)
+            self._vector(aten, "elementwise", op, B, H, ins, outs)
+            return
+        if kind == "softmax":
+            # _softmax(x, dim, half_to_float), _softmax_backward_data(grad, out, dim, dtype)
+            dim = next((a for a in args[1:] if isinstance(a, int) and not isinstance(a, bool)),
+                       -1)
+            shape = outs[0].shape
+            H = int(shape[dim]) if len(shape) else 1
+            B = outs[0].numel() // max(H, 1)
+            # the backward reads the output and its gradient: 1.5x the forward's bytes
+            op = "softmax_bw" if base.endswith("_backward_data") else "softmax"
+            self._vector(aten, "softmax", op, B, H, ins, outs)
+            return
+        if kind == "ln":
+            self._layernorm(base, aten, args, ins, outs)
+            return
+        if kind == "mem":
+            self._memory(MEMORY[base], base, inplace, aten, args, ins, outs)
+            return
+        # unknown: no row; its outputs inherit its inputs' producers
+        self.unknown[aten] += 1
+        self.set_writer(outs, self.producers(ins))
+
+    def _vector(self, aten, cls, op, B, H, ins, outs):
+        """One row of a measured vector op over ``B`` rows of ``H`` elements."""
+        n_in, ops_per_o = sizes.OPS[op][1], sizes.OPS[op][2]
+        flops = B * H * ops_per_o
+        nbytes = B * H * self.elem(outs[0] if outs else None) * (n_in + 1)
+        kid = self.add_row(aten, cls, op, (B, None, None, None, H), float(flops), float(nbytes),
+                           self.producers(ins))
+        self.set_writer(outs, (kid,))
+
+    def _gemm(self, base, aten, args, ins, outs):
+        """One ``linear`` or ``bmm`` row of a matrix product (none when a dim is zero)."""
+        if base in ("mm", "bmm", "dot", "mv"):
+            a, b = args[0], args[1]
+        else:  # addmm, baddbmm, addmv, _addmm_activation: (bias, a, b)
+            a, b = args[1], args[2]
+        if base in ("bmm", "baddbmm"):
+            B, M, N = (int(s) for s in a.shape)
+            K = int(b.shape[2])
+            cls = "bmm"
+        elif base in ("mv", "addmv"):
+            B, (M, N), K, cls = 1, (int(s) for s in a.shape), 1, "linear"
+        elif base == "dot":
+            B, M, N, K, cls = 1, 1, int(a.shape[0]), 1, "linear"
+        else:
+            B, (M, N), K, cls = 1, (int(s) for s in a.shape), int(b.shape[1]), "linear"
+        if min(B, M, N, K) <= 0:
+            return
+        flops = 2.0 * B * M * N * K
+        nbytes = float(self.elem(a) * B * (M * N + N * K + M * K))
+        kid = self.add_row(aten, cls, cls, (B, M, N, K, None), flops, nbytes, self.producers(ins))
+        self.set_writer(outs, (kid,))
+
+    def _conv(self, base, aten, args, ins, outs):
+        """A convolution as the implicit GEMM cuDNN runs: ``(batch * output positions) x
+        (in channels * kernel size) @ (... x out channels)``; the backward as the two GEMMs of
+        the input and weight gradients plus a reduction for the bias gradient."""
+        fw = base == "convolution"
+        x, w = (args[0], args[1]) if fw else (args[1], args[2])
+        y = outs[0] if fw else args[0]                       # output / its gradient
+        groups = int(args[8] if fw else args[9])
+        M = int(y.shape[0]) * math.prod(int(v) for v in y.shape[2:])
+        N = int(w.shape[1]) * math.prod(int(v) for v in w.shape[2:])
+        K = int(w.shape[0]) // max(groups, 1)
+        mask = (True, False, False) if fw else tuple(bool(m) for m in args[10])
+        gemms = [(M, N, K)] if fw else [g for g, m in zip(((M, K, N), (K, M, N)), mask) if m]
+        cls = "bmm" if groups > 1 else "linear"
+        inputs = self.producers(ins)
+        kids = []
+        for m, n, k in gemms:
+            if min(m, n, k) > 0:
+                kids.append(self.add_row(aten, cls, cls, (groups, m, n, k, None),
+                                         2.0 * groups * m * n * k, float(
+                                             self.elem(x) * groups * (m * n + n * k + m * k)),
+                                         inputs))
+        if not fw and len(mask) > 2 and mask[2]:
+            written = int(w.shape[0])
+            kids.append(self.add_row(aten, "memory", "mem", (1, None, None, None, written), 0.0,
+                                     float(tensor_bytes(y) + written * y.element_size()), inputs))
+        if kids:
+            self.set_writer(outs, tuple(kids))
+
+    def _layernorm(self, base, aten, args, ins, outs):
+        """An ``ln`` row forward; backward the input-gradient row and the weight/bias one."""
+        fw = not base.endswith("_backward")
+        if fw:
+            x, normalized = args[0], args[1]
+        else:
+            x, normalized = args[1], args[2]
+        H = math.prod(int(s) for s in normalized) if len(normalized) else 1
+        B = x.numel() // max(H, 1)
+        if fw:
+            self._vector(aten, "layernorm", "ln", B, H, ins, outs)
+            return
+        mask = args[-1] if isinstance(args[-1], (list, tuple)) else [True, True, True]
+        inputs = self.producers(ins)
+        res = outs  # (grad_input, grad_weight, grad_bias); undefined ones are absent
+        if mask[0]:
+            # grad_input reads the output gradient and the input, writes one: 1.5x the forward
+            _, n_in, ops_per_o = sizes.OPS["ln_bw"]
+            kid = self.add_row(aten, "layernorm", "ln_bw", (B, None, None, None, H),
+                               float(B * H * ops_per_o),
+                               float(B * H * self.elem(x) * (n_in + 1)), inputs)
+            if res:
+                self.set_writer(res[:1], (kid,))
+        n_param = int(bool(mask[1])) + int(len(mask) > 2 and bool(mask[2]))
+        if n_param:
+            # weight/bias grads: a column reduction that reads the output gradient and the
+            # input (B x H each) and writes H per parameter; part of the layer norm's backward
+            nbytes = float(self.elem(x) * (2 * B * H + n_param * H))
+            kid = self.add_row(aten, "layernorm", "ln_wgrad", (B, None, None, None, H),
+                               float(B * H * sizes.OPS["ln_wgrad"][2]), nbytes, inputs)
+            self.set_writer(res[1:] if mask[0] else res, (kid,))
+
+    def _memory(self, kind, base, inplace, aten, args, ins, outs):
+        """One ``memory`` row: the bytes a copy, gather, scatter, fill or reduction moves."""
+        written = sum(int(t.numel()) for t in outs)
+        wbytes = sum(tensor_bytes(t) for t in outs)
+        if kind == "write":  # fills and RNG: nothing read
+            rbytes = 0
+            inputs = ()
+        elif kind == "gather":
+            idx = [t for t in ins if not t.is_floating_point()]
+            rbytes = sum(tensor_bytes(t) for t in idx) + wbytes
+            inputs = self.producers(ins)
+        elif kind == "scatter":
+            # (self, ..., index, src): reads index and src, read-modify-writes src-many rows
+            src = [t for t in ins[1:] if t.is_floating_point()] or ins[1:]
+            idx = [t for t in ins[1:] if not t.is_floating_point()]
+            sbytes = sum(tensor_bytes(t) for t in src)
+            rbytes = sum(tensor_bytes(t) for t in idx) + sbytes
+            if inplace:  # only the touched rows are read and written
+                written = sum(int(t.numel()) for t in src)
+                wbytes = sbytes
+            else:  # the out-of-place form first copies `self` into the output
+                rbytes += tensor_bytes(ins[0])
+            inputs = self.producers(ins)
+        elif kind == "embedding_backward":
+            grad, idx = args[0], args[1]
+            rbytes = tensor_bytes(grad) + tensor_bytes(idx)
+            inputs = self.producers(ins)
+        else:  # "all"
+            srcs = ins[1:] if base == "copy" else ins
+            rbytes = sum(tensor_bytes(t) for t in srcs)
+            inputs = self.producers(ins)
+        if written <= 0:
+            return
+        kid = self.add_row(aten, "memory", "mem", (1, None, None, None, written), 0.0,
+                           float(rbytes + wbytes), inputs)
+        self.set_writer(outs, (kid,))
+
