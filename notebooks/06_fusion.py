@@ -40,15 +40,14 @@ seed = 0
 quick = False      # quick profile: quick-trained predictors, BERT only
 
 # %%
-import matplotlib.pyplot as plt
-import numpy as np
-import pandas as pd
-
 from nslib.viz.figures import save_figure, save_table
+from nslib.evaluation.fusion_eval import (fused_group_counts, fusion_example, fusion_speedups,
+                                          fusion_summary, fusion_table)
+from nslib.evaluation.model_level import evaluate_variant, paper_table
 from nslib.model.fusion import fuse
-from nslib.evaluation.model_level import evaluate_variant
 from nslib.model.inputs import traced
 from nslib.predictors import available
+from nslib.viz.variant_plots import fusion_bars
 
 prefix = "06"
 names = [p for p in predictors if p in available()]
@@ -58,15 +57,9 @@ if quick and models is None:
 # %%
 results = evaluate_variant("fusion", names, data=data, gpus=gpus, models=models, quick=quick,
                            with_base=True)
-cols = ["gpu", "config", "predictor", "base_e2e_ms", "e2e_ms", "base_pred_ms", "pred_ms",
-        "base_err", "err"]
-table = results[cols].rename(columns={
-    "base_e2e_ms": "measured ms", "e2e_ms": "measured fused ms",
-    "base_pred_ms": "predicted ms", "pred_ms": "predicted fused ms",
-    "base_err": "error %", "err": "fused error %"}).set_index(["gpu", "config", "predictor"])
+table = fusion_table(results)
 save_table(table, f"{prefix}_fusion_results", out, digits=2)
-problems = results[results["note"] != ""]
-problems[["gpu", "tag", "predictor", "note"]]
+results.loc[results["note"] != "", ["gpu", "tag", "predictor", "note"]]
 
 # %%
 table
@@ -75,7 +68,7 @@ table
 # ## The paper's table: percent error of the fused prediction per GPU and configuration
 
 # %%
-err_table = results.pivot_table(index="predictor", columns=["gpu", "config"], values="err")
+err_table = paper_table(results)
 save_table(err_table, f"{prefix}_fusion_error_table", out)
 err_table.T
 
@@ -86,9 +79,7 @@ err_table.T
 # error that the single-GPU kernel predictions already carry).
 
 # %%
-summary = results.pivot_table(index="predictor", columns="gpu", values="err")
-summary["fused (all)"] = results.groupby("predictor")["err"].mean()
-summary["non-fused (all)"] = results.groupby("predictor")["base_err"].mean()
+summary = fusion_summary(results)
 save_table(summary, f"{prefix}_fusion_summary", out)
 summary
 
@@ -97,26 +88,7 @@ summary
 # Speed-up = non-fused ms / fused ms, per configuration.
 
 # %%
-sp = results.assign(measured=results["base_e2e_ms"] / results["e2e_ms"],
-                    predicted=results["base_pred_ms"] / results["pred_ms"])
-sp["label"] = sp["gpu"].str.replace("NVIDIA ", "") + "\n" + sp["config"]
-fig, axes = plt.subplots(1, 2, figsize=(12, 3.8))
-piv = sp.pivot_table(index="label", columns="predictor", values="pred_ms")
-meas = sp.drop_duplicates("label").set_index("label")["e2e_ms"].reindex(piv.index)
-piv.plot.bar(ax=axes[0], width=0.8)
-axes[0].scatter(range(len(meas)), meas.to_numpy(), color="k", marker="_", s=500, zorder=5,
-                label="measured")
-axes[0].set(ylabel="fused latency (ms); black: measured", xlabel="", yscale="log")
-axes[0].legend(fontsize=8)
-spp = sp.pivot_table(index="label", columns="predictor", values="predicted")
-spp["measured"] = sp.drop_duplicates("label").set_index("label")["measured"].reindex(spp.index)
-spp.plot.bar(ax=axes[1], width=0.8)
-axes[1].axhline(1.0, color="grey", lw=0.8)
-axes[1].set(ylabel="speed-up from fusion (x)", xlabel="", ylim=(0.9, None))
-for ax in axes:
-    ax.tick_params(axis="x", rotation=45, labelsize=8)
-fig.tight_layout()
-save_figure(fig, f"{prefix}_fusion_pred_vs_measured", out)
+save_figure(fusion_bars(fusion_speedups(results)), f"{prefix}_fusion_pred_vs_measured", out)
 
 # %% [markdown]
 # ## What was fused
@@ -124,19 +96,11 @@ save_figure(fig, f"{prefix}_fusion_pred_vs_measured", out)
 # when present).
 
 # %%
-tags = results.drop_duplicates("tag")
-first = tags[tags["model"] != "bert_large"].iloc[0] if (tags["model"] != "bert_large").any() \
-    else tags.iloc[0]
-tr = traced(first["model"], int(first["batch"]), int(first["seq"]), "inf", data)
+example = fusion_example(results)
+tr = traced(example["model"], int(example["batch"]), int(example["seq"]), "inf", data)
 fz = fuse(tr, prologues=True)
-groups = fz[fz["fused_from"].map(len) > 1]
-print(f"{first['tag']}: {len(tr)} kernels -> {len(fz)} after fusion "
-      f"({len(groups)} fused groups)")
-kinds = groups.assign(
-    members=groups["fused_from"].map(len),
-    ops=groups["fused_from"].map(lambda ks: "+".join(tr.set_index("kid").loc[list(ks), "op"])))
-counts = kinds.groupby("ops").agg(groups=("kid", "size"), members=("members", "first"),
-                                  fused_bytes=("bytes", "mean")).sort_values(
-    "groups", ascending=False)
+counts = fused_group_counts(tr, fz)
+print(f"{example['tag']}: {len(tr)} kernels -> {len(fz)} after fusion "
+      f"({counts['groups'].sum()} fused groups)")
 save_table(counts, f"{prefix}_fusion_groups", out, digits=0)
 counts.head(10)

@@ -51,17 +51,15 @@ seed = 0
 quick = False      # quick profile: quick-trained predictors, A100-SXM4 only, small what-if
 
 # %%
-import matplotlib.pyplot as plt
-import numpy as np
-import pandas as pd
-from matplotlib.ticker import NullFormatter
-
 from nslib.viz.figures import save_figure, save_table
 from nslib.evaluation.model_level import evaluate_variant
-from nslib.model.parallel import default_link
-from nslib.model.predict import predict_model
+from nslib.evaluation.parallel_eval import (parallel_error_table, parallel_summary,
+                                            parallel_table, scaling_table, with_strategy)
 from nslib.model.inputs import resolve_gpu
+from nslib.model.parallel import default_link
+from nslib.model.parallel_whatif import link_sweep_degree, parallel_whatif
 from nslib.predictors import available
+from nslib.viz.variant_plots import parallel_bars, whatif_lines
 
 prefix = "07"
 names = [p for p in predictors if p in available()]
@@ -73,20 +71,11 @@ if quick:
     link_bws = link_bws[1::2]
 
 # %%
-results = evaluate_variant("distributed", names, data=data, gpus=gpus, models=models,
-                           quick=quick, with_base=True)
-results["strategy"] = results["kind"] + results["degree"].astype(str) + np.where(
-    results["kind"] == "pp", "_" + results["microbatches"].astype(str), "")
-cols = ["gpu", "config", "strategy", "predictor", "e2e_ms", "pred_ms", "err", "comm_ms",
-        "base_batch", "base_e2e_ms", "base_pred_ms", "base_err"]
-table = results[cols].rename(columns={
-    "e2e_ms": "measured ms", "pred_ms": "predicted ms", "err": "error %",
-    "comm_ms": "predicted comm ms", "base_batch": "1-GPU batch",
-    "base_e2e_ms": "1-GPU measured ms", "base_pred_ms": "1-GPU predicted ms",
-    "base_err": "1-GPU error %"}).set_index(["gpu", "config", "strategy", "predictor"])
+results = with_strategy(evaluate_variant("distributed", names, data=data, gpus=gpus,
+                                         models=models, quick=quick, with_base=True))
+table = parallel_table(results)
 save_table(table, f"{prefix}_distributed_results", out, digits=2)
-problems = results[results["note"] != ""]
-problems[["gpu", "tag", "predictor", "note"]]
+results.loc[results["note"] != "", ["gpu", "tag", "predictor", "note"]]
 
 # %%
 table
@@ -95,8 +84,7 @@ table
 # ## The paper's table: percent error per GPU, configuration and strategy
 
 # %%
-err_table = results.pivot_table(index="predictor", columns=["gpu", "config", "strategy"],
-                                values="err")
+err_table = parallel_error_table(results)
 save_table(err_table, f"{prefix}_distributed_error_table", out)
 err_table.T
 
@@ -104,9 +92,7 @@ err_table.T
 # ## Mean error per predictor and strategy
 
 # %%
-summary = results.pivot_table(index="predictor", columns="kind", values="err")
-summary["all"] = results.groupby("predictor")["err"].mean()
-summary["1-GPU (where labelled)"] = results.groupby("predictor")["base_err"].mean()
+summary = parallel_summary(results)
 save_table(summary, f"{prefix}_distributed_summary", out)
 summary
 
@@ -117,13 +103,7 @@ summary
 # single-GPU error: `measured` and `predicted` ratios and the error of the predicted ratio.
 
 # %%
-rel = results.dropna(subset=["base_e2e_ms"]).copy()
-rel["measured ratio"] = rel["e2e_ms"] / rel["base_e2e_ms"]
-rel["predicted ratio"] = rel["pred_ms"] / rel["base_pred_ms"]
-rel["ratio error %"] = 100 * (rel["predicted ratio"] / rel["measured ratio"] - 1)
-rel_table = rel.set_index(["gpu", "config", "strategy", "predictor"])[
-    ["base_batch", "measured ratio", "predicted ratio",
-     "ratio error %"]].rename(columns={"base_batch": "1-GPU batch"})
+rel_table = scaling_table(results)
 save_table(rel_table, f"{prefix}_distributed_scaling", out, digits=3)
 rel_table
 
@@ -131,19 +111,7 @@ rel_table
 # ## Predicted against measured
 
 # %%
-plot = results.copy()
-plot["label"] = plot["gpu"].str.replace("NVIDIA ", "") + "\n" + plot["config"] + " " + \
-    plot["strategy"]
-piv = plot.pivot_table(index="label", columns="predictor", values="pred_ms")
-meas = plot.drop_duplicates("label").set_index("label")["e2e_ms"].reindex(piv.index)
-fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(piv)), 3.8))
-piv.plot.bar(ax=ax, width=0.8)
-ax.scatter(range(len(meas)), meas.to_numpy(), color="k", marker="_", s=500, zorder=5,
-           label="measured")
-ax.set(ylabel="step time (ms); black: measured", xlabel="", yscale="log")
-ax.tick_params(axis="x", rotation=45, labelsize=8)
-ax.legend(fontsize=8)
-save_figure(fig, f"{prefix}_distributed_pred_vs_measured", out)
+save_figure(parallel_bars(results), f"{prefix}_distributed_pred_vs_measured", out)
 
 # %% [markdown]
 # ## What-if: step time against the degree and the link bandwidth
@@ -159,58 +127,14 @@ spec = resolve_gpu(whatif_gpu, data)
 link0 = default_link(spec, data)
 print(f"{spec.name}: default link {link0.bandwidth_gbps:g} GB/s ({link0.source}), "
       f"effective {link0.effective_gbps:g} GB/s")
-strategies = {"dp": lambda d: {"dp": d}, "tp": lambda d: {"tp": d},
-              "pp": lambda d: {"pp": d},
-              "pp-m": lambda d: {"pp": d, "microbatches": whatif_batch if d > 1 else 1}}
-rows, skipped = [], []
-
-
-def whatif_point(kind, d, bw=None):
-    try:
-        _, s = predict_model(spec, whatif_model, whatif_batch, whatif_seq, "train",
-                             predictor=names[0], data=data, quick=quick, link=bw,
-                             **strategies[kind](d))
-        rows.append({"strategy": kind, "degree": d,
-                     "link_gbps": float(bw if bw is not None else link0.bandwidth_gbps),
-                     "step_ms": s["e2e_ms"], "comm_ms": s.get("comm_ms", 0.0)})
-    except ValueError as e:
-        skipped.append(f"{kind}{d}{'' if bw is None else f' at {bw} GB/s'}: {e}")
-
-
-for kind in strategies:
-    for d in degrees:
-        whatif_point(kind, d)
-d_ref = 4 if 4 in degrees else max(degrees)
-for kind in strategies:
-    for bw in link_bws:
-        whatif_point(kind, d_ref, bw)
-whatif = pd.DataFrame(rows)
+whatif, skipped = parallel_whatif(spec, whatif_model, whatif_batch, whatif_seq, degrees,
+                                  link_bws, predictor=names[0], data=data, quick=quick)
 save_table(whatif.set_index(["strategy", "degree", "link_gbps"]), f"{prefix}_whatif", out,
            digits=2)
 for s in skipped:
     print("skipped", s)
 
-fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
-base = whatif[whatif["link_gbps"] == link0.bandwidth_gbps].drop_duplicates(
-    ["strategy", "degree"])
-for kind, g in base.groupby("strategy"):
-    axes[0].plot(g["degree"], g["step_ms"], marker="o", label=kind.upper())
-one = base[(base["strategy"] == "dp") & (base["degree"] == 1)]["step_ms"]
-if len(one):
-    axes[0].plot(degrees, float(one.iloc[0]) / np.asarray(degrees, float), color="grey",
-                 lw=0.8, ls=":", label="ideal (1 / n)")
-axes[0].set(xscale="log", yscale="log", xlabel="GPUs (degree)", ylabel="step time (ms)",
-            title=f"{whatif_model} batch {whatif_batch} on {spec.name}")
-axes[0].set_xticks(degrees, [str(d) for d in degrees])
-axes[0].xaxis.set_minor_formatter(NullFormatter())
-sweep = whatif[(whatif["degree"] == d_ref)].drop_duplicates(["strategy", "link_gbps"])
-for kind, g in sweep.groupby("strategy"):
-    g = g.sort_values("link_gbps")
-    axes[1].plot(g["link_gbps"], g["step_ms"], marker="o", label=kind.upper())
-axes[1].axvline(link0.bandwidth_gbps, color="grey", lw=0.8, ls="--")
-axes[1].set(xscale="log", xlabel="link bandwidth (GB/s, datasheet)", ylabel="step time (ms)",
-            title=f"degree {d_ref}")
-for ax in axes:
-    ax.legend(fontsize=8)
-fig.tight_layout()
+# %%
+fig = whatif_lines(whatif, degrees, link_sweep_degree(degrees), link0.bandwidth_gbps,
+                   title=f"{whatif_model} batch {whatif_batch} on {spec.name}")
 save_figure(fig, f"{prefix}_whatif", out)
