@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import pandas as pd
 
+from nslib.evaluation.metrics import error_summary
+
 # result columns -> the results table's headers, in the table's order
 FUSION_COLUMNS = {"base_e2e_ms": "measured ms", "e2e_ms": "measured fused ms",
                   "base_pred_ms": "predicted ms", "pred_ms": "predicted fused ms",
@@ -23,11 +25,7 @@ def fusion_table(results: pd.DataFrame) -> pd.DataFrame:
 def fusion_summary(results: pd.DataFrame) -> pd.DataFrame:
     """Mean fused error (%) per predictor (rows) and GPU (columns), then the mean over every
     GPU of the fused (``fused (all)``) and of the non-fused (``non-fused (all)``) error."""
-    summary = results.pivot_table(index="predictor", columns="gpu", values="err")
-    by_predictor = results.groupby("predictor")
-    summary["fused (all)"] = by_predictor["err"].mean()
-    summary["non-fused (all)"] = by_predictor["base_err"].mean()
-    return summary
+    return error_summary(results, "gpu", "fused (all)", "non-fused (all)")
 
 
 def fusion_speedups(results: pd.DataFrame) -> pd.DataFrame:

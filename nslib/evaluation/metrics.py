@@ -51,3 +51,15 @@ def table_json(tab: pd.DataFrame) -> dict:
                     for k in ("train_gpus", "new_gpus")}
         out[cls]["n"] = int(row["n"])
     return out
+
+
+def error_summary(results: pd.DataFrame, columns: str, all_name: str,
+                  base_name: str) -> pd.DataFrame:
+    """Mean ``err`` (%) per predictor (rows) and value of ``columns``; then the mean over every
+    row (column ``all_name``) and the mean ``base_err`` of the same rows' baseline prediction
+    (column ``base_name``)."""
+    summary = results.pivot_table(index="predictor", columns=columns, values="err")
+    by_predictor = results.groupby("predictor")
+    summary[all_name] = by_predictor["err"].mean()
+    summary[base_name] = by_predictor["base_err"].mean()
+    return summary

@@ -6,6 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from nslib.evaluation.metrics import error_summary
+
 KEYS = ["gpu", "config", "strategy", "predictor"]
 # result columns -> the results table's headers, in the table's order
 PARALLEL_COLUMNS = {"e2e_ms": "measured ms", "pred_ms": "predicted ms", "err": "error %",
@@ -40,11 +42,7 @@ def parallel_summary(results: pd.DataFrame) -> pd.DataFrame:
     """Mean error (%) per predictor (rows) and parallel kind (columns), then over every
     label (``all``) and of the single-GPU predictions where a plain label exists
     (``1-GPU (where labelled)``)."""
-    summary = results.pivot_table(index="predictor", columns="kind", values="err")
-    by_predictor = results.groupby("predictor")
-    summary["all"] = by_predictor["err"].mean()
-    summary["1-GPU (where labelled)"] = by_predictor["base_err"].mean()
-    return summary
+    return error_summary(results, "kind", "all", "1-GPU (where labelled)")
 
 
 def scaling_table(results: pd.DataFrame) -> pd.DataFrame:

@@ -17,6 +17,10 @@ from nslib.model.aten import (CONV, EW_FIXED, EW_PAIR, GEMM, LAYERNORM, MEMORY, 
 
 __all__ = ["KernelRows"]
 
+# (aten base names, handler kind), first match wins
+_KIND_OF = ((NO_KERNEL, "none"), (GEMM, "gemm"), (CONV, "conv"), (EW_FIXED, "ew"),
+            (EW_PAIR, "ew"), (SOFTMAX, "softmax"), (LAYERNORM, "ln"), (MEMORY, "mem"))
+
 
 class KernelRows:
     """Turns each aten call into zero or more kernel rows (see the module doc)."""
@@ -30,22 +34,7 @@ class KernelRows:
         info = self._func_info.get(func)
         if info is None:
             base, inplace = split_name(func)
-            if base in NO_KERNEL:
-                kind = "none"
-            elif base in GEMM:
-                kind = "gemm"
-            elif base in CONV:
-                kind = "conv"
-            elif base in EW_FIXED or base in EW_PAIR:
-                kind = "ew"
-            elif base in SOFTMAX:
-                kind = "softmax"
-            elif base in LAYERNORM:
-                kind = "ln"
-            elif base in MEMORY:
-                kind = "mem"
-            else:
-                kind = "unknown"
+            kind = next((k for names, k in _KIND_OF if base in names), "unknown")
             info = (base, inplace, str(func), kind)
             self._func_info[func] = info
         return info
