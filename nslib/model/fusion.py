@@ -24,7 +24,7 @@ way a fusing compiler (and the original NeuSight opgraph's ``fused`` nodes) runs
   a tensor from outside that several members read is read once (the largest of those reads).
 - **FLOPs** = the sum of the members' FLOPs (in ``flops``).
 - **How it is predicted.** The fused row has ``cls`` ``elementwise`` and the op of the root
-  (memory roots count as ``addu``/``add``, the copy kernel :func:`nslib.model.predict.kernel_frame`
+  (memory roots count as ``addu``/``add``, the copy kernel :func:`nslib.model.inputs.kernel_frame`
   uses for memory ops). Predictors derive a vector kernel's bytes from its op and ``B*H``
   (``MemPerO = 4*(inputs + 1)`` per output), so the op's input count is set to the group's
   effective number of full-size inputs (``bytes / output - 1``, rounded to 1 or 2): the unary

@@ -1,0 +1,233 @@
+"""A training or inference step on several GPUs of one server, predicted (method.md 6).
+
+Every strategy starts from the single-GPU kernel trace (:func:`nslib.model.inputs.traced`),
+turns it into what one GPU runs (data parallel: a smaller batch; tensor parallel:
+:mod:`nslib.model.parallel.tensor`; pipeline parallel: :mod:`nslib.model.parallel.pipeline`),
+predicts the kernels with the kernel predictor and the communication with a link model
+(:mod:`nslib.model.parallel.links`), and combines them with the strategy's schedule
+(:mod:`nslib.model.parallel.schedules`).
+
+Only one strategy at a time; degrees must divide the model (DP: the batch; TP: the heads;
+PP: the blocks, and ``M`` the batch), else ValueError naming the constraint
+(:func:`check_degrees`).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+import pandas as pd
+
+from nslib.kernels import sizes
+from nslib.model.stream import LAUNCH_US, stream_ms
+from nslib.model.blocks import block_index
+from nslib.model.config import MEASURED_ARCHITECTURE, build_model, load_model_config
+from nslib.model.inputs import (get_predictor, kernel_frame, resolve_gpu,
+                                spec_path as spec_path_of, traced)
+from nslib.model.fusion import fuse
+from nslib.model.parallel.links import LinkSpec, resolve_link
+from nslib.model.parallel.pipeline import pipeline_stages
+from nslib.model.parallel.schedules import (dp_schedule, gradient_rows, insert_transfers,
+                                            pp_schedule, tp_schedule)
+from nslib.model.parallel.tensor import shard_tensor_parallel
+
+__all__ = ["model_info", "check_degrees", "predict_parallel"]
+
+
+# --------------------------------------------------------------------------------------------
+# The model: sizes and parameters per block
+# --------------------------------------------------------------------------------------------
+
+def model_info(model, mode: str = "train", data=None) -> dict:
+    """Sizes of a model config: ``hidden``, ``heads``, ``layers`` (transformer blocks),
+    ``vocab``, ``param_bytes`` (FP32 bytes of the parameters per block index, -1 for those
+    outside the blocks; tied weights once) and ``vocab_modules`` (embedding modules with a
+    vocabulary-sized table). Built on the meta device (no memory), cached."""
+    config = load_model_config(model, data)
+    return _model_info(json.dumps(config, sort_keys=True), mode)
+
+
+@lru_cache(maxsize=32)
+def _model_info(config_json: str, mode: str) -> dict:
+    import torch.nn as nn
+    config = json.loads(config_json)
+    hf, model = build_model(config, MEASURED_ARCHITECTURE.get((config.get("model_type"), mode)))
+    blocks = block_index(model)
+    per: dict[int, float] = {}
+    for name, p in model.named_parameters():
+        parts = name.split(".")
+        layer = -1
+        for i in range(len(parts) - 1, 0, -1):
+            hit = blocks.get(".".join(parts[:i]))
+            if hit is not None:
+                layer = hit
+                break
+        per[layer] = per.get(layer, 0.0) + float(p.numel()) * sizes.BYTES_PER_ELEM
+    vocab = int(getattr(hf, "vocab_size", 0) or 0)
+    vocab_modules = tuple(n for n, m in model.named_modules()
+                          if isinstance(m, nn.Embedding) and vocab and m.num_embeddings == vocab)
+    return {"hidden": int(getattr(hf, "hidden_size")),
+            "heads": int(getattr(hf, "num_attention_heads")),
+            "layers": len(blocks), "vocab": vocab, "param_bytes": per,
+            "vocab_modules": vocab_modules}
+
+
+def check_degrees(info: dict, batch: int, dp: int = 1, tp: int = 1, pp: int = 1,
+                  microbatches: int = 1) -> None:
+    """ValueError unless the degrees are positive integers that divide the model."""
+    for name, v in (("dp", dp), ("tp", tp), ("pp", pp), ("microbatches", microbatches)):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+            raise ValueError(f"{name} must be a positive integer, got {v!r}")
+    if sum(d > 1 for d in (dp, tp, pp)) > 1:
+        raise ValueError(f"combining parallelism kinds (dp={dp}, tp={tp}, pp={pp}) is not "
+                         f"modelled: set only one of dp, tp, pp above 1")
+    if microbatches > 1 and pp == 1:
+        raise ValueError("microbatches applies to pipeline parallelism: set pp > 1 "
+                         "(or microbatches=1)")
+    if batch % dp:
+        raise ValueError(f"data parallelism needs the global batch divisible by dp: batch "
+                         f"{batch} is not divisible by dp={dp}")
+    if info["heads"] % tp:
+        raise ValueError(f"tensor parallelism needs the attention heads divisible by tp: "
+                         f"{info['heads']} heads are not divisible by tp={tp}")
+    if info["layers"] % pp or (pp > 1 and info["layers"] == 0):
+        raise ValueError(f"pipeline parallelism needs the transformer layers divisible by pp: "
+                         f"{info['layers']} layers are not divisible by pp={pp}")
+    if pp > 1 and batch % microbatches:
+        raise ValueError(f"pipeline micro-batches must divide the batch: batch {batch} is not "
+                         f"divisible by microbatches={microbatches}")
+
+
+# --------------------------------------------------------------------------------------------
+# Prediction
+# --------------------------------------------------------------------------------------------
+
+def _predict_rows(frame: pd.DataFrame, spec, pred, link: LinkSpec,
+                  launch_us: float | None = LAUNCH_US, data=None) -> pd.DataFrame:
+    """Kernel rows by the predictor (as a kernel stream, :func:`nslib.model.stream.stream_ms`),
+    comm rows by the link model; adds ``pred_ms``."""
+    is_comm = (frame["cls"] == "comm").to_numpy()
+    kf = kernel_frame(frame[~is_comm], spec)
+    kf["pred_ms"] = stream_ms(pred, kf, launch_us, data)
+    if not is_comm.any():
+        return kf
+    cf = frame[is_comm].copy()
+    for k, v in spec.columns().items():
+        cf[k] = v
+    cf["kernel_class"] = "comm"
+    peers = cf["peers"].to_numpy(float)
+    nbytes = cf["bytes"].to_numpy(float)
+    ms = np.where(cf["op"].to_numpy() == "allreduce",
+                  [float(link.allreduce_ms(b, int(p))) for b, p in zip(nbytes, peers)],
+                  link.p2p_ms(nbytes))
+    cf["pred_ms"] = ms
+    out = pd.concat([kf.assign(_o=np.flatnonzero(~is_comm)),
+                     cf.assign(_o=np.flatnonzero(is_comm))])
+    return out.sort_values("_o").drop(columns="_o").reset_index(drop=True)
+
+
+def _per_class(frame: pd.DataFrame) -> dict:
+    per = frame.groupby("kernel_class")["pred_ms"].sum()
+    return {k: float(v) for k, v in per.items()}
+
+
+@dataclass(frozen=True)
+class _Step:
+    """What every strategy's step needs: the model and shape, the GPU, predictor and link."""
+
+    model: object
+    seq: int
+    mode: str
+    data: object
+    fused: bool
+    info: dict
+    spec: object
+    pred: object
+    link: LinkSpec
+    launch_us: float | None
+
+    def trace(self, batch: int) -> pd.DataFrame:
+        return traced(self.model, batch, self.seq, self.mode, self.data)
+
+    def prep(self, trace: pd.DataFrame) -> pd.DataFrame:
+        """The trace as the step runs it: fused when asked."""
+        return fuse(trace, prologues=True) if self.fused else trace
+
+    def predict(self, trace: pd.DataFrame) -> pd.DataFrame:
+        return _predict_rows(trace, self.spec, self.pred, self.link, self.launch_us, self.data)
+
+
+def _dp_step(run: _Step, batch: int, n: int) -> tuple[pd.DataFrame, dict, dict]:
+    """(frame, schedule, description) of one of ``n`` data-parallel GPUs (also one GPU)."""
+    tr = run.prep(run.trace(batch // n))
+    frame = run.predict(tr.assign(peers=np.nan))
+    params = run.info["param_bytes"] if run.mode == "train" else {}
+    sched = dp_schedule(frame, n, run.link, params)
+    frame = gradient_rows(frame, sched["buckets"], n)
+    return frame, sched, dict(kind="dp", degree=n, per_gpu_batch=batch // n,
+                              **{k: sched[k] for k in ("finish_ms", "exposed_comm_ms",
+                                                       "buckets")})
+
+
+def _tp_step(run: _Step, batch: int, n: int,
+             vocab_parallel: bool) -> tuple[pd.DataFrame, dict, dict]:
+    """(frame, schedule, description) of one of ``n`` tensor-parallel GPUs."""
+    tr = run.trace(batch)
+    tr = run.prep(shard_tensor_parallel(tr, n, run.info, vocab_parallel))
+    frame = run.predict(tr)
+    return frame, tp_schedule(frame), dict(kind="tp", degree=n,
+                                           vocab_parallel=bool(vocab_parallel),
+                                           allreduces=int((frame["cls"] == "comm").sum()))
+
+
+def _pp_step(run: _Step, batch: int, n: int,
+             microbatches: int) -> tuple[pd.DataFrame, dict, dict]:
+    """(frame of one micro-batch on every stage, schedule, description) of an ``n``-stage
+    pipeline."""
+    mb = batch // microbatches
+    tr = run.trace(mb)
+    tr = run.prep(tr.assign(stage=pipeline_stages(tr, n, run.info["layers"])))
+    act = float(sizes.BYTES_PER_ELEM * mb * run.seq * run.info["hidden"])
+    frame = run.predict(insert_transfers(tr, n, act))
+    sched = pp_schedule(frame, n, microbatches, float(run.link.p2p_ms(act)))
+    return frame, sched, dict(kind="pp", degree=n, microbatches=int(microbatches),
+                              microbatch_size=mb, activation_bytes=act,
+                              **{k: sched[k] for k in ("stage_fw_ms", "stage_bw_ms",
+                                                       "transfer_ms")})
+
+
+def predict_parallel(gpu, model, batch: int, seq: int, mode: str = "train",
+                     predictor="neusight", data=None, quick: bool = False, *,
+                     fused: bool = False, dp: int = 1, tp: int = 1, pp: int = 1,
+                     microbatches: int = 1, link=None, vocab_parallel: bool = True,
+                     launch_us: float | None = LAUNCH_US):
+    """One step on ``dp``/``tp``/``pp`` GPUs: ``(frame, summary)`` as
+    :func:`nslib.model.predict.predict_model` (which calls this when a degree is set).
+
+    ``batch`` is the global batch. The frame is what one GPU runs (for PP: one micro-batch on
+    every stage, with a ``stage`` column), comm rows included; the summary's ``e2e_ms`` is the
+    step time of the strategy's schedule, ``fw_ms``/``bw_ms`` its forward and backward
+    parts, ``comm_ms`` the communication time, ``parallel`` the strategy, link and schedule.
+    ``launch_us`` as in :func:`nslib.model.predict.predict_model`.
+    """
+    spec = resolve_gpu(gpu, data)
+    spec_path = spec_path_of(gpu)
+    info = model_info(model, mode, data)
+    check_degrees(info, batch, dp, tp, pp, microbatches)
+    lk = resolve_link(link, spec, data, spec_path)
+    pred = get_predictor(predictor, data, quick)
+    run = _Step(model, seq, mode, data, fused, info, spec, pred, lk, launch_us)
+    if dp > 1 or (tp == 1 and pp == 1):
+        frame, sched, kind = _dp_step(run, batch, dp)
+    elif tp > 1:
+        frame, sched, kind = _tp_step(run, batch, tp, vocab_parallel)
+    else:
+        frame, sched, kind = _pp_step(run, batch, pp, microbatches)
+    desc = {"link": lk.to_dict(), "fused": bool(fused), "global_batch": int(batch), **kind}
+    summary = {"e2e_ms": float(sched["e2e_ms"]), "fw_ms": float(sched["fw_ms"]),
+               "bw_ms": float(sched["bw_ms"]), "per_class_ms": _per_class(frame),
+               "n_kernels": int((frame["cls"] != "comm").sum()),
+               "comm_ms": float(sched["comm_ms"]), "parallel": desc, "launch_us": launch_us}
+    return frame, summary
