@@ -10,6 +10,7 @@ from nslib.kernels.dtypes import DTYPES
 from nslib.model.predict import predict_model
 from nslib.predictors.gpu_range import DatasheetRangeWarning
 from nslib.model.memory import memory_of
+from nslib.model.parallel import LINK_UTILISATION
 
 
 def _predict(args) -> int:
@@ -158,5 +159,5 @@ def add_predict_parser(sub) -> None:
                    help="pipeline micro-batches (with --pp; default 1)")
     s.add_argument("--link-bw", type=arg_float(positive=True), metavar="GBPS",
                    help="GPU link bandwidth in GB/s (datasheet, both directions; default: "
-                        "the GPU's Link_Bw or its NVLink/PCIe generation), used x 0.72 / 2")
+                        f"the GPU's Link_Bw or its NVLink/PCIe generation), used x {LINK_UTILISATION:g} / 2")
     s.set_defaults(func=_predict)
