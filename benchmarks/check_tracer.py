@@ -2,7 +2,8 @@
 
 For every configuration ``<model>-<inf|train>-<seq>-<batch>.csv`` in results/opgraph (the
 ``-fusion``, ``-dp4``, ``-tp4``, ``-pp4_*`` variants are skipped: their kernels are those of a
-base configuration that is checked), trace the model with :func:`nslib.model.trace.trace` and compare:
+base configuration that is checked), trace the model with :func:`nslib.model.trace.trace` and
+compare:
 
 - total GEMM FLOPs of the forward and of the backward pass. Reference: the one-layer graph
   with the transformer-layer nodes repeated ``n_layer`` times (Switch-XL-4's graph holds every

@@ -1,14 +1,12 @@
 import json
 import os
-import shutil
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import pytest
 
 from nslib.kernels import measured, sizes
-from nslib.data.paths import DataNotFoundError, data_root
+from nslib.data.paths import DataNotFoundError
 
 
 def test_tables_have_the_tidy_columns(data_dir):

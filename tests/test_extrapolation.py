@@ -1,6 +1,6 @@
 """NeuSight's forecasts keep their physical properties on synthetic datasheets unlike any
-training GPU (nslib.evaluation.extrapolation): scaling, monotonicity in every resource, and sanity on a
-GPU with 5x the FLOP/byte balance of every training GPU.
+training GPU (nslib.evaluation.extrapolation): scaling, monotonicity in every resource, and sanity
+on a GPU with 5x the FLOP/byte balance of every training GPU.
 
 Checked on the shipped (full-profile) predictor: scaling and monotonicity in bandwidth, peak,
 L2 and memory hold by construction of the laws, monotonicity in the SM count (an MLP input)

@@ -77,7 +77,7 @@ def test_every_law_is_the_same_in_numpy_and_torch(form, members):
 
 
 def _run_cli(args: list, env: dict) -> list:
-    """Run ``nslib.cli.commands.main(args)`` in a fresh interpreter; the heavy modules it imported."""
+    """Run ``nslib.cli.main(args)`` in a fresh interpreter; the heavy modules it imported."""
     code = ("import sys; from nslib.cli.commands import main; rc = main(sys.argv[1:]); "
             f"print(sorted(m for m in sys.modules if m.split('.')[0] in {set(HEAVY)!r})); "
             "sys.exit(rc)")

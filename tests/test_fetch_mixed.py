@@ -1,5 +1,5 @@
-"""Tests of ``nslib fetch --mixed`` (``nslib.data.fetch_mixed``) on fake mirrors and archives, and on
-the shared copy of the data when there is one (no network)."""
+"""Tests of ``nslib fetch --mixed`` (``nslib.data.fetch_mixed``) on fake mirrors and archives, and
+on the shared copy of the data when there is one (no network)."""
 from __future__ import annotations
 
 import hashlib

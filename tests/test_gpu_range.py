@@ -1,5 +1,6 @@
-"""Datasheet range warnings (nslib.predictors.gpu_range): the training GPUs' range comes from the data,
-and every prediction path (Python API, CLI text and JSON, sweep) names the figures outside it."""
+"""Datasheet range warnings (nslib.predictors.gpu_range): the training GPUs' range comes from the
+data, and every prediction path (Python API, CLI text and JSON, sweep) names the figures outside
+it."""
 import json
 import warnings
 

@@ -1,4 +1,5 @@
-"""nslib.model.trace: tracing HuggingFace configs into kernels. Expected numbers are hand arithmetic."""
+"""nslib.model.trace: tracing HuggingFace configs into kernels. Expected numbers are hand
+arithmetic."""
 from __future__ import annotations
 
 import json

@@ -18,9 +18,8 @@ import pytest
 from nslib import cli
 from nslib.cli import commands
 from nslib.kernels import measured
-from nslib.predictors import training
 from nslib.data.checks import check_float, check_int
-from nslib.data.gpus import gpu_from_dict, load_gpu_file
+from nslib.data.gpus import gpu_from_dict
 from nslib.data.cache import read_cache_entry
 from nslib.data.paths import CacheError
 

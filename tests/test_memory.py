@@ -1,7 +1,6 @@
 """nslib.model.memory: peak memory from the trace, checked against PyTorch's real allocations on the
 CPU (nslib.evaluation.memcheck), against Korthikanti et al.'s activation formula, and per GPU under
 DP/TP/PP; fits / does not fit on one GPU."""
-import numpy as np
 import pandas as pd
 import pytest
 

@@ -1,7 +1,6 @@
 """The 16-bit data layer: datasheets with Bf16FLOPs, dtypes, tidy tables, drop-in GPUs."""
 from __future__ import annotations
 
-import json
 
 import numpy as np
 import pandas as pd

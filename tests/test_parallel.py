@@ -1,5 +1,5 @@
-"""nslib.model.parallel: links, DP/TP/PP schedules on a tiny GPT-2 with a constant-latency predictor,
-checked against hand arithmetic; invalid degrees rejected."""
+"""nslib.model.parallel: links, DP/TP/PP schedules on a tiny GPT-2 with a constant-latency
+predictor, checked against hand arithmetic; invalid degrees rejected."""
 import json
 
 import numpy as np

@@ -1,7 +1,6 @@
 """Model-level prediction: summaries, CLI, custom GPUs, caches, sweeps, labels."""
 import json
 
-import numpy as np
 import pandas as pd
 import pytest
 

@@ -4,7 +4,6 @@ import sys
 
 import numpy as np
 import pandas as pd
-import pytest
 
 from nslib.evaluation import metrics
 from nslib.cli.commands import main
@@ -42,6 +41,6 @@ def test_cli_gpus_and_errors(data_dir, capsys, tmp_path, monkeypatch):
 
 
 def test_entry_point_runs():
-    out = subprocess.run([sys.executable, "-m", "nslib.cli.commands", "predictors"], capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "nslib.cli", "predictors"], capture_output=True,
                          text=True, check=True).stdout
     assert "roofline" in out and "neusight" in out

@@ -3,9 +3,7 @@ unfinished fits never saved, and training keys that depend only on the training 
 from __future__ import annotations
 
 import json
-import os
 import shutil
-from pathlib import Path
 
 import pytest
 

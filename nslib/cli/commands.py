@@ -246,8 +246,3 @@ def main(argv=None) -> int:
         msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
         print(f"nslib: error: {msg}", file=sys.stderr)
         return 2
-
-
-
-if __name__ == "__main__":
-    sys.exit(main())

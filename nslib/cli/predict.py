@@ -91,7 +91,8 @@ def _print_summary(args, summary: dict, mem: dict, per_gpu: bool) -> None:
 
 
 def _memory(args, gpu, extra: dict, frame) -> tuple[dict, bool]:
-    """(:func:`nslib.model.memory.memory_of` of the run as a dict, whether it is per GPU of several)."""
+    """(:func:`nslib.model.memory.memory_of` of the run as a dict, whether it is per GPU of
+    several)."""
     par = {k: extra[k] for k in ("dp", "tp", "pp", "microbatches", "imbalance", "dtype")
            if k in extra}
     if par.get("tp", 1) > 1:
@@ -159,5 +160,6 @@ def add_predict_parser(sub) -> None:
                    help="pipeline micro-batches (with --pp; default 1)")
     s.add_argument("--link-bw", type=arg_float(positive=True), metavar="GBPS",
                    help="GPU link bandwidth in GB/s (datasheet, both directions; default: "
-                        f"the GPU's Link_Bw or its NVLink/PCIe generation), used x {LINK_UTILISATION:g} / 2")
+                        f"the GPU's Link_Bw or its NVLink/PCIe generation), used x "
+                        f"{LINK_UTILISATION:g} / 2")
     s.set_defaults(func=_predict)

@@ -10,8 +10,9 @@ Three tables, read from the public repositories' own layouts (see the data folde
 
 Every row carries its GPU's datasheet columns (``gpu`` is the ``Device`` string, plus
 ``num_sm``, ``peak_gflops`` FP32, ``bf16_gflops`` tensor-core, ``mem_bw`` GB/s, ``mem_gb``,
-``l2_mb``, ``clock_mhz`` the datasheet's SM clock, MHz). Which GPUs are measured comes from the files found, never from a list in code, so a
-GPU's tables and datasheet dropped into a copy of the folder join every table.
+``l2_mb``, ``clock_mhz`` the datasheet's SM clock, MHz). Which GPUs are measured comes from the
+files found, never from a list in code, so a GPU's tables and datasheet dropped into a copy of the
+folder join every table.
 """
 from __future__ import annotations
 

@@ -69,8 +69,8 @@ def property_checks(pred, classes=None, train_balance: float | None = None) -> p
     """Rows ``check, kernel, cls, value, limit, ok`` for a fitted predictor ``pred``.
 
     ``train_balance``: the largest FP32 FLOP per byte of the training GPUs (peak / bandwidth,
-    ``nslib.predictors.gpu_range.training_ranges()["ranges"]["FLOP/byte"][1]``); the balance check uses
-    a GPU with 5x it.
+    ``nslib.predictors.gpu_range.training_ranges()["ranges"]["FLOP/byte"][1]``); the balance check
+    uses a GPU with 5x it.
     """
     base = kernel_frame(classes)
     t0 = pred.predict(base)

@@ -232,8 +232,8 @@ def report(mode: str, predictors, prefix: str, data=None, gpus=None, models=None
     """Evaluate ``mode`` and save the model-level tables as ``<prefix>_<mode>_<name>``.
 
     Returns ``{"results", "paper", "summary", "per_class", "aggregation"}`` frames (see the
-    functions above; ``per_class`` is :func:`nslib.evaluation.per_class.per_class_table` for the first
-    predictor, ``aggregation`` :func:`aggregation_table`).
+    functions above; ``per_class`` is :func:`nslib.evaluation.per_class.per_class_table` for the
+    first predictor, ``aggregation`` :func:`aggregation_table`).
     """
     results = evaluate_models(mode, predictors, data=data, gpus=gpus, models=models, quick=quick)
     per_class = per_class_results(results, predictors[0], data=data, quick=quick)

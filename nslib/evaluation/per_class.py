@@ -1,8 +1,8 @@
 """Per-class model-level errors: predicted ms per kernel class against the measured per-node
-latencies of the one-layer label CSVs (repeated n_layer times; see :mod:`nslib.data.reference_graphs`)."""
+latencies of the one-layer label CSVs (repeated n_layer times; see
+:mod:`nslib.data.reference_graphs`)."""
 from __future__ import annotations
 
-import json
 
 import pandas as pd
 
@@ -61,7 +61,8 @@ def per_class_results(results: pd.DataFrame, predictor: str, data=None,
                       quick: bool = False) -> pd.DataFrame:
     """One row per (label with a CSV, class): measured ms, predicted ms, APE, ood flag.
 
-    ``results`` is :func:`nslib.evaluation.model_level.evaluate_models` output (its rows name the labels).
+    ``results`` is :func:`nslib.evaluation.model_level.evaluate_models` output (its rows name the
+    labels).
     """
     rows = []
     labs = results[results["predictor"] == predictor].drop_duplicates(["gpu_key", "tag"])

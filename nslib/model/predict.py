@@ -46,8 +46,8 @@ def predict_model(gpu, model, batch: int, seq: int, mode: str = "inf",
     gains ``fused`` and ``n_kernels_unfused``). ``dp``/``tp``/``pp`` (one of them > 1) and
     ``microbatches`` (pipeline only): predict a step on that many GPUs with ``batch`` the
     global batch, and ``link`` (None: the GPU's default; a bandwidth in GB/s; a
-    :class:`nslib.model.parallel.LinkSpec`) for the communication; see :mod:`nslib.model.parallel`. The
-    summary then gains ``comm_ms`` and ``parallel``.
+    :class:`nslib.model.parallel.LinkSpec`) for the communication; see :mod:`nslib.model.parallel`.
+    The summary then gains ``comm_ms`` and ``parallel``.
 
     ``launch_us``: kernels are timed as launched back to back in the model, with this launch
     gap in microseconds (:func:`nslib.model.stream.stream_ms`: the dispatch floor that every
@@ -60,9 +60,9 @@ def predict_model(gpu, model, batch: int, seq: int, mode: str = "inf",
     ``dtype``: ``fp32`` (default, the paper's setting) or ``bf16``/``fp16``: the model is traced
     in that format with fused attention and its tensor-core GEMMs and attention are priced by
     the 16-bit predictors named ``tensor_predictor`` (a name of
-    :func:`nslib.predictors.mixed_training.predictors`, or a ``(gemm, attention)`` pair of fitted ones),
-    the rest by ``predictor`` at the kernels' real bytes (:mod:`nslib.model.predict16`). 16-bit needs
-    the datasheet's ``Bf16FLOPs`` and a single GPU without fusion.
+    :func:`nslib.predictors.mixed_training.predictors`, or a ``(gemm, attention)`` pair of fitted
+    ones), the rest by ``predictor`` at the kernels' real bytes (:mod:`nslib.model.predict16`).
+    16-bit needs the datasheet's ``Bf16FLOPs`` and a single GPU without fusion.
 
     The summary's ``warnings`` lists the datasheet figures of the GPU outside the training
     GPUs' range (:mod:`nslib.predictors.gpu_range`); each is also issued as a

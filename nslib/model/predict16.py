@@ -4,16 +4,16 @@ A 16-bit trace (:func:`nslib.model.trace.trace` with ``dtype``) holds three kind
 
 - 16-bit GEMMs (``linear``/``bmm`` rows counted at 2 bytes per element, see
   :func:`nslib.kernels.sizes.elem_bytes`): priced by the 16-bit GEMM predictor
-  (:func:`nslib.predictors.mixed_training.trained_tensor` kind ``"gemm"``: ``[m x k] @ [k x n]``). The
-  trace's ``(B, M, N, K)`` means ``B`` products of ``M x N`` by ``N x K``, so ``m = B * M``,
+  (:func:`nslib.predictors.mixed_training.trained_tensor` kind ``"gemm"``: ``[m x k] @ [k x n]``).
+  The trace's ``(B, M, N, K)`` means ``B`` products of ``M x N`` by ``N x K``, so ``m = B * M``,
   ``k = N``, ``n = K``: a batched GEMM is priced as one GEMM with all its rows (same FLOPs;
   it reads the ``N x K`` operand once instead of ``B`` times, which only matters for the small
   bandwidth-bound ``bmm`` of models without fused attention).
 - ``attention`` rows (one per scaled-dot-product attention call): priced by the attention
   predictor (kind ``"attention"``), prefill when the query is longer than one token, decode
   otherwise. The backward row (``attention_bw``) is priced at 2.5 x the forward's time: the
-  FlashAttention backward does 2.5 x the forward's FLOPs (:data:`nslib.model.sdpa_trace.BACKWARD_FLOPS`)
-  and no backward kernels were measured.
+  FlashAttention backward does 2.5 x the forward's FLOPs
+  (:data:`nslib.model.sdpa_trace.BACKWARD_FLOPS`) and no backward kernels were measured.
 - Everything else (elementwise, softmax, normalisation, memory, and GEMMs the model keeps in
   FP32) keeps the FP32-trained predictor. A 16-bit vector kernel over ``n`` elements moves the
   bytes of an FP32 kernel over ``n / 2`` and these kernels are bandwidth-bound, so it is priced

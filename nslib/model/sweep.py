@@ -3,8 +3,9 @@
 Transformer kernels keep their sequence when batch or sequence length change; only the dims
 move, each as ``c * batch**i * seq**j``. Three small traces give ``c, i, j`` per kernel dim,
 so a sweep needs no more tracing (batch 1 launches a slightly different sequence, e.g. no
-batched broadcast copies, so it gets its own law from two traces at batch 1): every scenario's kernels are computed by array arithmetic,
-identical kernels are merged with a count, and each class is predicted in one batched call.
+batched broadcast copies, so it gets its own law from two traces at batch 1): every scenario's
+kernels are computed by array arithmetic, identical kernels are merged with a count, and each class
+is predicted in one batched call.
 """
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ import pandas as pd
 
 from nslib.kernels import sizes
 from nslib.model.stream import LAUNCH_US, stream_ms
-from nslib.model.inputs import LAW_POINTS, LAW_POINTS_ONE, get_predictor, kernel_frame, resolve_gpu, traced
+from nslib.model.inputs import (LAW_POINTS, LAW_POINTS_ONE, get_predictor, kernel_frame,
+                                resolve_gpu, traced)
 from nslib.predictors.gpu_range import warn_out_of_range
 from nslib.model.memory import sweep_memory
 
@@ -102,8 +104,8 @@ def sweep(model, mode: str, scenarios: pd.DataFrame, predictor="neusight", data=
     ``scenarios`` has columns ``gpu`` (name, alias or GPU), ``batch`` and ``seq``. Identical
     kernels across layers and scenarios are predicted once. The ``warnings`` column names the
     GPU's datasheet figures outside the training GPUs' range ("; "-separated, "" when in
-    range; :mod:`nslib.predictors.gpu_range`); each GPU out of range also gets one Python warning per
-    figure. ``memory``: also the peak memory ``memory_gb``, the GPU's ``capacity_gb`` and
+    range; :mod:`nslib.predictors.gpu_range`); each GPU out of range also gets one Python warning
+    per figure. ``memory``: also the peak memory ``memory_gb``, the GPU's ``capacity_gb`` and
     ``fits`` (:func:`nslib.model.memory.sweep_memory`, ``optimizer``'s states counted in training);
     the times of a scenario that does not fit are still given, as if it had the memory.
     """

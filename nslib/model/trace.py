@@ -156,11 +156,12 @@ def trace(config: dict, batch: int, seq: int, mode: str, *, grad_accumulation: b
     window) and decoder ids ``(batch, seq)``; for vision models (ViT) images of shape
     ``(batch, num_channels, image_size, image_size)``, whose patch count sets the sequence
     (``seq`` is then unused, with a warning when it differs). ``imbalance``: the routing of
-    top-k mixture-of-experts layers (:func:`expert_tokens`; 1 = balanced). ``grad_accumulation``: trace the add of each parameter gradient
-    into an existing ``.grad`` (as the measured runs and the original opgraph). ``architecture``:
-    a transformers class name to build instead of the default: the model the measurements
-    ran (:data:`MEASURED_ARCHITECTURE`, e.g. BERT inference is BertForSequenceClassification),
-    else the pre-training model, else the causal LM, seq2seq LM, masked LM, base model.
+    top-k mixture-of-experts layers (:func:`expert_tokens`; 1 = balanced). ``grad_accumulation``:
+    trace the add of each parameter gradient into an existing ``.grad`` (as the measured runs and
+    the original opgraph). ``architecture``: a transformers class name to build instead of the
+    default: the model the measurements ran (:data:`MEASURED_ARCHITECTURE`, e.g. BERT inference is
+    BertForSequenceClassification), else the pre-training model, else the causal LM, seq2seq LM,
+    masked LM, base model.
 
     Returns a frame with one row per kernel, in launch order, columns :data:`TRACE_COLUMNS`:
     ``kid``, ``phase`` ("fw"/"bw"), ``aten``, ``cls`` (a class of :mod:`nslib.kernels.sizes` or
@@ -169,16 +170,16 @@ def trace(config: dict, batch: int, seq: int, mode: str, *, grad_accumulation: b
     at their real dtypes), ``inputs`` (sorted tuple of the kids that produced this kernel's
     tensor inputs, followed through views; () for model inputs and parameters), ``layer``
     (transformer block index, encoder blocks then decoder blocks, or -1 outside the blocks)
-    and ``module`` (qualified name of the innermost module running it, or ""). Unknown aten ops give no row and one
-    warning listing them.
+    and ``module`` (qualified name of the innermost module running it, or ""). Unknown aten ops give
+    no row and one warning listing them.
 
     ``dtype``: ``"fp32"`` (default: the paper's traces, eager attention) or ``"bf16"``/``"fp16"``:
     the model is built in that format with PyTorch's scaled-dot-product attention, each call of
-    which is one row of class ``"attention"`` (:mod:`nslib.model.sdpa_trace`; the frame then ends with
-    its :data:`ATTENTION_COLUMNS`, NaN on other rows), and ``bytes`` count every kernel's real
-    element size (2 bytes, 4 for what the model keeps in FP32). Raises ValueError for bad arguments or a config transformers cannot
-    build, with zero layers, or of an architecture the tracer does not support (naming it and
-    what is missing).
+    which is one row of class ``"attention"`` (:mod:`nslib.model.sdpa_trace`; the frame then ends
+    with its :data:`ATTENTION_COLUMNS`, NaN on other rows), and ``bytes`` count every kernel's real
+    element size (2 bytes, 4 for what the model keeps in FP32). Raises ValueError for bad arguments
+    or a config transformers cannot build, with zero layers, or of an architecture the tracer does
+    not support (naming it and what is missing).
     """
     from transformers.utils import logging as hf_logging
 

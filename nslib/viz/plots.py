@@ -8,7 +8,8 @@ import seaborn as sns
 
 def pred_vs_measured_bars(results: pd.DataFrame):
     """Bars of predicted ms per configuration and predictor, one panel per GPU, with the
-    measured ms as black ticks (log scale). ``results``: nslib.evaluation.model_level.evaluate_models."""
+    measured ms as black ticks (log scale). ``results``:
+    nslib.evaluation.model_level.evaluate_models."""
     plot = results.assign(label=results["config"])
     order = sorted(plot["label"].unique())
     g = sns.catplot(data=plot, x="label", y="pred_ms", hue="predictor", col="gpu", kind="bar",
