@@ -47,7 +47,7 @@ from nslib.viz.figures import save_figure, save_table
 from nslib.data.gpus import load_gpus
 from nslib.model.inputs import resolve_gpu
 from nslib.predictors import get
-from nslib.explore.widgets import hypothetical_gpu
+from nslib.explore.gpus import hypothetical_gpu
 
 rng = np.random.default_rng(seed)
 sample = 4000 if quick else 20000
@@ -306,7 +306,7 @@ table
 #
 # The right panel below shows the mechanism without any measurement: one kernel, on
 # hypothetical GPUs with the FP32 peak and bandwidth of the fastest new GPU multiplied by up
-# to 16 (built with `nslib.explore.widgets.hypothetical_gpu`). The bounded prediction follows the
+# to 16 (built with `nslib.explore.gpus.hypothetical_gpu`). The bounded prediction follows the
 # roofline down, a constant factor above it; the unbounded one lags far behind, because
 # nothing in it says that twice the FLOP/s should halve the time.
 

@@ -21,8 +21,9 @@
 # datasheet, so it also answers questions about GPUs that do not exist: what if the H100 had
 # twice the memory bandwidth? This notebook asks one such question non-interactively (so a
 # papermill run writes its figures and tables), then opens the interactive explorer
-# (`nslib.explore.widgets`), where GPUs, a hypothetical GPU, the model (or a pasted HuggingFace
-# config), batch, sequence length, mode and predictor can be changed freely.
+# (`nslib.explore.ui`, over the plain functions of `nslib.explore.whatif`), where GPUs, a
+# hypothetical GPU, the model (or a pasted HuggingFace config), batch, sequence length, mode
+# and predictor can be changed freely.
 
 # %% tags=["parameters"]
 data = None        # NeuSight data root; None: $NSLIB_DATA or datasets/neusight
@@ -45,8 +46,11 @@ from IPython.display import Markdown, display
 
 from nslib.viz.figures import save_figure, save_table
 from nslib.model.inputs import resolve_gpu
-from nslib.explore.widgets import (build_explorer, hypothetical_gpu, plot_scenario, scenario,
-    training_ranges)
+from nslib.explore.gpus import hypothetical_gpu
+from nslib.explore.plots import plot_scenario
+from nslib.explore.ranges import training_ranges
+from nslib.explore.ui import build_explorer
+from nslib.explore.whatif import scenario
 
 specs = [resolve_gpu(g, data) for g in gpus]
 base = specs[0]

@@ -11,7 +11,7 @@ from nslib.cli.commands import main
 from nslib.predictors.gpu_range import (CHECKED, DatasheetRangeWarning, figures, out_of_range,
     range_warnings, training_ranges)
 from nslib.data.gpus import find_gpu, load_gpus
-from nslib.explore.widgets import hypothetical_gpu
+from nslib.explore.gpus import hypothetical_gpu
 
 TINY = {"model_type": "gpt2", "n_layer": 1, "n_embd": 64, "n_head": 4, "vocab_size": 100,
         "n_positions": 64}

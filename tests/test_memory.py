@@ -181,7 +181,9 @@ def test_sweep_memory_columns_and_largest_batch(data_dir):
 def test_explorer_marks_a_gpu_the_step_does_not_fit_on(data_dir):
     import matplotlib.pyplot as plt
 
-    from nslib.explore.widgets import memory_table, plot_scenario, scenario
+    from nslib.explore.memory import memory_table
+    from nslib.explore.plots import plot_scenario
+    from nslib.explore.whatif import scenario
     res = scenario(["P100", "H100"], "gpt2_large", 1, 512, "train", predictor="roofline")
     s = res["summary"].set_index("gpu")
     assert s["fits"].tolist() == [False, True]

@@ -1,5 +1,5 @@
-"""The GPU explorer's logic (nslib.explore.widgets): hypothetical GPUs, pasted configs, scenarios,
-range warnings, and the ipywidgets UI driven without a browser (quick NeuSight predictor)."""
+"""The GPU explorer (nslib.explore): hypothetical GPUs, pasted configs, scenarios, range
+warnings, and the ipywidgets UI driven without a browser (quick NeuSight predictor)."""
 import json
 
 import numpy as np
@@ -8,8 +8,11 @@ import pytest
 
 from nslib.kernels import measured, sizes
 from nslib.data.gpus import GPU, find_gpu, gpu_from_dict, load_gpus
-from nslib.explore.widgets import (build_explorer, hypothetical_gpu, largest_kernels,
-    parse_pasted_config, predict_model_args, scenario, training_ranges)
+from nslib.explore.gpus import explorer_gpus, hypothetical_gpu
+from nslib.explore.pasted import parse_pasted_config
+from nslib.explore.ranges import training_ranges
+from nslib.explore.ui import build_explorer
+from nslib.explore.whatif import dominance_warnings, largest_kernels, scenario
 
 # a small GPT-2 that traces in well under a second
 TINY = {"model_type": "gpt2", "n_layer": 2, "n_embd": 256, "n_head": 4, "n_positions": 1024,
@@ -28,7 +31,7 @@ def base(gpus):
 
 @pytest.fixture(scope="module")
 def neusight(data_dir):
-    from nslib.explore.widgets import get_predictor
+    from nslib.model.inputs import get_predictor
     return get_predictor("neusight", quick=True)
 
 
@@ -122,7 +125,6 @@ def test_twice_the_fp32_peak_never_slows_a_kernel(gpus, neusight, name):
 
 
 def test_dominance_warning_flags_a_better_gpu_predicted_slower(base):
-    from nslib.explore.widgets import dominance_warnings
     better = hypothetical_gpu(base, name="better", mem_bw=2 * base.mem_bw)
     assert dominance_warnings([base, better], ["base", "better"], [10.0, 9.0]) == []
     hit = dominance_warnings([base, better], ["base", "better"], [10.0, 12.0])
@@ -192,14 +194,10 @@ def test_kernels_larger_than_any_training_kernel_are_warned_about(base):
     assert any("more waves than any training" in w for w in res["warnings"])
 
 
-def test_future_arguments_warn_until_predict_model_takes_them(base):
-    res = scenario([base], TINY, 1, 64, "inf", quick=True, fused=True, parallel={"tp": 4})
-    accepted = predict_model_args()
-    for name in ("fused", "parallel"):
-        hit = [w for w in res["warnings"] if w.startswith(f"{name}=")]
-        assert bool(hit) == (name not in accepted)
-        if hit:
-            assert "not available yet" in hit[0]
+def test_fused_reaches_predict_model(base):
+    plain = scenario([base], TINY, 1, 64, "inf", quick=True)
+    fused = scenario([base], TINY, 1, 64, "inf", quick=True, fused=True)
+    assert fused["summary"]["n_kernels"].iloc[0] < plain["summary"]["n_kernels"].iloc[0]
 
 
 def test_scenario_rejects_bad_requests(base):
@@ -314,7 +312,6 @@ TINY_LLAMA = {"model_type": "llama", "hidden_size": 256, "intermediate_size": 51
 
 
 def test_scenario_in_bf16_prices_attention_and_halves_memory(mixed_dir):
-    from nslib.explore.widgets import explorer_gpus
     gpus = explorer_gpus()
     with_bf16 = [g for g in gpus.values() if g.bf16_gflops][:2]
     assert len(with_bf16) == 2  # the 16-bit data's datasheets join the explorer's GPUs
@@ -333,7 +330,6 @@ def test_scenario_bf16_needs_the_tensor_peak(base):
 
 
 def test_explorer_dtype_control(mixed_dir):
-    from nslib.explore.widgets import explorer_gpus
     key = next(k for k, g in explorer_gpus().items() if g.bf16_gflops)
     ex = build_explorer(gpus=[key], model=TINY_LLAMA, batch=1, seq=64, quick=True, auto=False)
     ex.dtype.value = "bf16"  # the callback recomputes

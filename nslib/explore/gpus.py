@@ -1,0 +1,94 @@
+"""The explorer's GPUs: the datasheets it offers, and hypothetical GPUs made by editing one.
+
+:func:`hypothetical_gpu` makes a GPU that does not exist (a real one with some datasheet numbers
+changed), validated like a datasheet file; :func:`explorer_gpus` lists the real ones.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from nslib.data.gpus import FIELDS, GPU, gpu_from_dict, load_gpus, load_mixed_gpus_if_present
+
+# the datasheet numbers a hypothetical GPU may change (the explorer's sliders)
+SLIDER_FIELDS = ("num_sm", "peak_gflops", "mem_bw", "mem_gb", "l2_mb")
+JSON_KEY = {f: k for k, (f, _) in FIELDS.items()}          # dataclass field -> JSON key
+# datasheet counts: a hypothetical GPU's must be whole numbers
+INT_FIELDS = ("num_sm", "cores_per_sm")
+# how far (relative) a float count may sit from a whole number and still count as one
+WHOLE_TOLERANCE = 1e-6
+# a GPU label longer than this (characters, vendor prefix dropped) is cut in charts and warnings
+SHORT_NAME_CHARS = 34
+VENDOR_PREFIX = "NVIDIA "
+
+
+def plain_number(v):
+    """numpy scalars (from sliders or frames) as Python numbers, which gpu_from_dict accepts."""
+    return v.item() if isinstance(v, np.generic) else v
+
+
+def short_name(name: str, n: int = SHORT_NAME_CHARS) -> str:
+    """A GPU label for charts and one-line warnings: no vendor prefix, at most ``n`` characters."""
+    name = name.replace(VENDOR_PREFIX, "")
+    return name if len(name) <= n else name[: n - 1] + "…"
+
+
+def _default_name(base: GPU, overrides: dict) -> str:
+    parts = []
+    for f, v in overrides.items():
+        old = getattr(base, f)
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and old and v != old:
+            parts.append(f"{f} x{v / old:.3g}")
+    return f"{base.name} ({', '.join(parts)})" if parts else f"{base.name} (hypothetical)"
+
+
+def _whole_counts(overrides: dict) -> dict:
+    """``overrides`` with float SM and core counts as ints; ValueError for a fractional one."""
+    out = dict(overrides)
+    for f in INT_FIELDS:
+        v = out.get(f)
+        if isinstance(v, float) and math.isfinite(v):
+            if abs(v - round(v)) > WHOLE_TOLERANCE * max(1.0, abs(v)):
+                raise ValueError(f"hypothetical GPU: {f} must be a whole number, got {v!r}")
+            out[f] = int(round(v))
+    return out
+
+
+def hypothetical_gpu(base: GPU, name: str | None = None, **overrides) -> GPU:
+    """A GPU like ``base`` with some datasheet numbers replaced, validated like a datasheet.
+
+    ``overrides``: any of ``num_sm``, ``peak_gflops`` (GFLOP/s), ``mem_bw`` (GB/s), ``mem_gb``,
+    ``l2_mb`` (and ``cores_per_sm``, ``clock_mhz``), in the datasheet's units. ``name``: the
+    new GPU's name (default: the base name with the changed factors, e.g.
+    ``"NVIDIA H100 80GB HBM3 (mem_bw x2)"``). The result goes through
+    :func:`nslib.data.gpus.gpu_from_dict`, so a zero, negative or non-numeric value raises the same
+    ValueError a bad datasheet file does; an unknown field raises a ValueError listing the
+    known ones. SM and core counts must be whole numbers.
+    """
+    if not isinstance(base, GPU):
+        raise TypeError(f"base must be an nslib.data.gpus.GPU (e.g. from load_gpus()), not "
+                        f"{type(base).__name__}")
+    unknown = sorted(set(overrides) - set(JSON_KEY))
+    if unknown:
+        raise ValueError(f"unknown GPU field(s) {unknown}; a hypothetical GPU may change "
+                         f"{sorted(JSON_KEY)}")
+    overrides = _whole_counts({k: plain_number(v) for k, v in overrides.items()})
+    raw = base.to_json()
+    for f, v in overrides.items():
+        raw[JSON_KEY[f]] = v
+    if name is None or not str(name).strip():
+        name = _default_name(base, overrides)
+    raw["Device"] = str(name)
+    return gpu_from_dict(raw, source=f"hypothetical GPU {str(name)!r}")
+
+
+def explorer_gpus(data=None) -> dict[str, GPU]:
+    """The GPUs the explorer offers: the NeuSight data's datasheets, joined by the 16-bit
+    data's (which carry ``Bf16FLOPs``; they win for a stem both folders have) when that folder
+    is there."""
+    return {**load_gpus(data), **load_mixed_gpus_if_present()}
+
+
+__all__ = ["SLIDER_FIELDS", "INT_FIELDS", "hypothetical_gpu", "explorer_gpus", "short_name",
+           "plain_number"]
