@@ -10,7 +10,9 @@ import pandas as pd
 import pytest
 
 from nslib.kernels import measured, sizes
-from nslib.predictors.neusight import FORMS, OUTPUTS, make_mlp, tile_features, wave_context, wave_ms
+from nslib.predictors.features import tile_features
+from nslib.predictors.network import make_mlp
+from nslib.predictors.wave_laws import FORMS, OUTPUTS, wave_context, wave_ms
 from nslib.predictors.training import trained
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -6,7 +6,8 @@ import torch
 
 from nslib.kernels import measured, sizes
 from nslib.predictors import PredictorFileError, get
-from nslib.predictors.neusight import NeuSight, roofline_wave_ms
+from nslib.predictors.features import roofline_wave_ms
+from nslib.predictors.neusight import NeuSight
 
 
 @pytest.fixture(scope="module")
@@ -99,7 +100,7 @@ def _ctx(base, waves, mem_ms=(0.0, 0.0), sm_ms=(0.0, 0.0), comp_ms=(0.0, 0.0),
 
 
 def test_wave_laws_by_hand():
-    from nslib.predictors.neusight import ADDITIVE_MS, KAPPA, wave_ms
+    from nslib.predictors.wave_laws import ADDITIVE_MS, KAPPA, wave_ms
     raw = torch.zeros(2, 2, dtype=torch.float64)           # sigmoid(0) = 0.5, exp(0) = 1
     ctx = _ctx([0.2, 0.2], [1.0, 4.0])                      # ms of one wave at the roofline
     assert wave_ms(raw, ctx, "paper").tolist() == pytest.approx(

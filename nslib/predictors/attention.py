@@ -31,7 +31,9 @@ from nslib.predictors.attention_kind import (ATTENTION, attention_roofline_ms, c
     launch_geometry)
 from nslib.predictors.base import Predictor
 from nslib.predictors.fitting import fit_mlp, log_error
-from nslib.predictors.neusight import mlp_forward
+from nslib.predictors.network import mlp_forward
+from nslib.predictors.scaling import fit_scaling, standardise
+from nslib.predictors.units import GHZ_PER_MHZ, GIGA, MEGA, MIB, MS_PER_S
 
 __all__ = ["ATTENTION", "attention_roofline_ms", "floor_ms", "TensorAttention", "PREDICTORS"]
 
@@ -40,6 +42,8 @@ GPU_INPUTS = ("l2_mb", "clock_mhz")  # datasheet columns the predictor needs bey
 C_MAX_CYCLES = 1e5   # or at most 1e5 SM clock cycles (50 us at 2 GHz)
 LAM_LO, LAM_HI = 0.5, 4.0  # L2-resident bytes stream at this multiple of the DRAM bandwidth
 PHASES = ("prefill", "decode")
+BATCH = 256          # training rows per step
+SIGMOID_CLIP = 60    # numpy's sigmoid: exp(-x) overflows float64 past ~709, so clip far inside
 FEATURES = ("batch", "q_len", "kv_len", "heads", "group", "head_dim", "ctas_per_sm", "splits",
             "l2_fit")
 
@@ -59,11 +63,11 @@ def attention_inputs(frame: pd.DataFrame, features=FEATURES) -> np.ndarray:
     sm = frame["num_sm"].to_numpy(float)
     cols = {c: frame[c].to_numpy(float) for c in ("batch", "q_len", "kv_len", "heads",
                                                   "kv_heads", "head_dim")}
-    l2 = frame["l2_mb"].to_numpy(float) * 2**20
+    l2 = frame["l2_mb"].to_numpy(float) * MIB
     cols.update(group=cols["heads"] / cols["kv_heads"], ctas_per_sm=geo["ctas"] / sm,
                 splits=geo["splits"], waves=geo["waves"], num_sm=sm,
                 l2_fit=ATTENTION.bytes(frame) / l2,
-                sm_cycles_per_byte=sm * frame["clock_mhz"].to_numpy(float) * 1e-3
+                sm_cycles_per_byte=sm * frame["clock_mhz"].to_numpy(float) * GHZ_PER_MHZ
                 / frame["mem_bw"].to_numpy(float))
     unknown = [f for f in features if f not in cols]
     if unknown:
@@ -78,18 +82,18 @@ def physical_terms(frame: pd.DataFrame, overhead: str = "both", l2: bool = True)
     ``C_MAX_CYCLES`` at the clock with ``overhead="cycles"``), the L2-resident bytes at the DRAM
     bandwidth (0 without ``l2``) and, with ``overhead="both"``, ``C_MAX_CYCLES`` at the clock."""
     geo = launch_geometry(frame)
-    peak = frame["bf16_gflops"].to_numpy(float) * 1e9
-    bw = frame["mem_bw"].to_numpy(float) * 1e9
-    compute = 1e3 * geo["tile_flops"] / (peak * geo["fill"])
+    peak = frame["bf16_gflops"].to_numpy(float) * GIGA
+    bw = frame["mem_bw"].to_numpy(float) * GIGA
+    compute = MS_PER_S * geo["tile_flops"] / (peak * geo["fill"])
     nbytes = ATTENTION.bytes(frame)
-    beyond = np.maximum(nbytes - frame["l2_mb"].to_numpy(float) * 2**20, 0.0) if l2 else nbytes
-    floor = 1e3 * np.maximum(ATTENTION.flops(frame) / peak, beyond / bw)
-    cycles = 1e3 * C_MAX_CYCLES / (frame["clock_mhz"].to_numpy(float) * 1e6)
+    beyond = np.maximum(nbytes - frame["l2_mb"].to_numpy(float) * MIB, 0.0) if l2 else nbytes
+    floor = MS_PER_S * np.maximum(ATTENTION.flops(frame) / peak, beyond / bw)
+    cycles = MS_PER_S * C_MAX_CYCLES / (frame["clock_mhz"].to_numpy(float) * MEGA)
     fixed = np.full(len(frame), C_MAX_MS)
     scale = cycles if overhead == "cycles" else fixed
     second = cycles if overhead == "both" else np.zeros(len(frame))
-    return np.column_stack([compute, 1e3 * beyond / bw, floor, scale,
-                            1e3 * (nbytes - beyond) / bw, second])
+    return np.column_stack([compute, MS_PER_S * beyond / bw, floor, scale,
+                            MS_PER_S * (nbytes - beyond) / bw, second])
 
 
 def floor_ms(frame: pd.DataFrame, l2: bool = True) -> np.ndarray:
@@ -102,7 +106,7 @@ def _law(raw, terms, lib, law="max"):
     """Latency (ms) from raw MLP outputs (gamma, delta, c, lam, c2 before their squashing) and
     :func:`physical_terms` (ms)."""
     sig = lib.sigmoid if hasattr(lib, "sigmoid") else \
-        (lambda v: 1 / (1 + np.exp(-np.clip(v, -60, 60))))
+        (lambda v: 1 / (1 + np.exp(-np.clip(v, -SIGMOID_CLIP, SIGMOID_CLIP))))
     gamma, delta, c = sig(raw[:, 0]), sig(raw[:, 1]), terms[:, 3] * sig(raw[:, 2])
     # L2-resident bytes at LAM_LO..LAM_HI times the DRAM bandwidth
     lam = LAM_LO + (LAM_HI - LAM_LO) * sig(raw[:, 3])
@@ -193,18 +197,19 @@ class TensorAttention(Predictor):
         return len(df) / (len(counts) * counts[inv])
 
     def _fit_group(self, grp: str, df: pd.DataFrame, seed: int) -> None:
+        """Train the MLP of phase group ``grp`` on its rows ``df`` (|log error|, every
+        epoch, the last kept)."""
         import torch
         feats = self._x(df)
-        mean, std = feats.mean(axis=0), feats.std(axis=0)
-        std = np.where(std > 0, std, 1.0)
-        z = (feats - mean) / std
-        self.norm[grp] = (mean, std, z.min(axis=0), z.max(axis=0))
+        self.norm[grp] = fit_scaling(feats)
         law = self.law
-        weights = fit_mlp(z, df["latency_ms"].to_numpy(float), hidden=self.hidden,
-                          layers=self.layers, epochs=self.epochs, batch=256, lr=self.lr,
-                          n_out=self._n_out(), ctx=physical_terms(df, self.overhead, self.l2),
+        weights = fit_mlp(standardise(feats, self.norm[grp]), df["latency_ms"].to_numpy(float),
+                          hidden=self.hidden, layers=self.layers, epochs=self.epochs,
+                          batch=BATCH, lr=self.lr, n_out=self._n_out(),
+                          ctx=physical_terms(df, self.overhead, self.l2),
                           head=lambda raw, terms: _law(raw, terms, torch, law),
-                          loss=log_error, weights=self._row_weights(df), val_frac=0.0, seed=seed, progress=False)
+                          loss=log_error, weights=self._row_weights(df), val_frac=0.0,
+                          seed=seed, progress=False)
         self.models[grp] = [w.astype(np.float64) for w in weights]
 
     def predict(self, frame: pd.DataFrame) -> np.ndarray:
@@ -218,8 +223,7 @@ class TensorAttention(Predictor):
                                  f"on rows of that phase first")
             idx = np.flatnonzero(groups == grp)
             sub = frame.iloc[idx]
-            mean, std, lo, hi = self.norm[grp]
-            z = np.clip((self._x(sub) - mean) / std, lo, hi)
+            z = standardise(self._x(sub), self.norm[grp])
             terms = physical_terms(sub, self.overhead, self.l2)
             ms = _law(mlp_forward(self.models[grp], z), terms, np, self.law)
             out[idx] = np.maximum(ms, terms[:, 2])  # the physical floor bounds it

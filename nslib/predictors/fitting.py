@@ -1,17 +1,23 @@
-"""One fit loop for the small MLPs of the 16-bit predictors and baselines.
+"""One fit loop for every small MLP of the predictors (NeuSight, Habitat, the 16-bit ones).
 
-``fit_mlp`` trains :func:`nslib.predictors.neusight.make_mlp` with AdamW and returns its
-weights as numpy arrays (so a trained predictor predicts, saves and loads without torch). A
-``head`` turns the network's raw outputs into the prediction (a bounded efficiency times a
-physical law, say); without one the raw output is the prediction. Losses return one value per
-row; rows may carry weights (every GPU weighing the same, say).
+:func:`train_mlp` trains :func:`nslib.predictors.network.make_mlp` with AdamW and returns the
+torch network and its validation loss per epoch; :func:`fit_mlp` returns the weights as numpy
+arrays (so a trained predictor predicts, saves and loads without torch). A ``head`` turns the
+network's raw outputs into the prediction (a bounded efficiency times a physical law, say);
+without one the raw output is the prediction. Losses return one value per row; rows may carry
+weights (every GPU weighing the same, say). Which rows validate (``split``), the loss they are
+scored on (``val_loss``) and when training stops early (``patience``) are the caller's.
 """
 from __future__ import annotations
 
+from functools import partial
 from typing import Callable
 
 import numpy as np
-from nslib.predictors.neusight import make_mlp, mlp_weights
+
+from nslib.predictors.network import make_mlp, mlp_weights
+
+MEMBER_SEED_STRIDE = 1000  # ensemble member k trains from seed + k * this
 
 
 def mse(pred, target):
@@ -26,59 +32,117 @@ def log_error(pred, target):
     return (pred.log() - target.log()).abs()
 
 
+def symmetric_error(pred, target):
+    """``2 |pred - target| / (|pred| + |target|)`` per row (torch tensors): its mean is the
+    symmetric absolute percentage error (SMAPE, a fraction)."""
+    return 2 * (pred - target).abs() / (pred.abs() + target.abs())
+
+
+def log_space_ape(pred, target):
+    """``|exp(pred - target) - 1|`` per row of log predictions and log targets (torch), in
+    float64: the absolute percentage error of ``exp(pred)`` (summed over output columns)."""
+    err = (pred.double() - target.double()).expm1().abs()
+    return err.sum(-1) if err.ndim > 1 else err
+
+
+def random_split(rng, n: int, val_frac: float, validate_on_train: bool = False):
+    """(validation, training) row indices: a random ``val_frac`` share of ``n`` rows held out.
+
+    With none held out the validation rows are none (the last epoch is kept) or, with
+    ``validate_on_train``, the training rows (the epoch best on them is kept).
+    """
+    perm = rng.permutation(n)
+    n_val = int(round(val_frac * n))
+    if n_val or not validate_on_train:
+        return perm[:n_val], perm[n_val:]
+    return perm, perm
+
+
 def _scheduler(opt, schedule: str, lr: float, epochs: int, steps_per_epoch: int):
-    """(scheduler, steps per epoch it is stepped): cosine per epoch, or one-cycle per batch."""
+    """(scheduler, whether it steps per batch): cosine per epoch, or one-cycle per batch."""
     import torch
     if schedule == "cosine":
-        return torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=epochs), False
+        return torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=max(epochs, 1)), False
     if schedule == "onecycle":
         return torch.optim.lr_scheduler.OneCycleLR(opt, lr, total_steps=epochs *
                                                    steps_per_epoch), True
     raise ValueError(f"schedule must be 'cosine' or 'onecycle', got {schedule!r}")
 
 
-def fit_mlp(x: np.ndarray, target: np.ndarray, *, hidden: int = 64, layers: int = 3,
-            epochs: int = 40, batch: int = 512, lr: float = 2e-3, n_out: int | None = None,
-            head: Callable | None = None, ctx: np.ndarray | None = None,
-            loss: Callable = mse, weights: np.ndarray | None = None, val_frac: float = 0.1,
-            weight_decay: float = 1e-4, schedule: str = "cosine", seed: int = 0,
-            progress: bool = True, desc: str = "mlp") -> list[np.ndarray]:
-    """Train an MLP on inputs ``x`` (n, d) for ``target`` (n, ...); return its weights.
+def _tensors(x, target, ctx, weights, head):
+    """Copies of the inputs as tensors (the caller's arrays stay theirs): inputs float32,
+    targets and row weights float64 under a head (float32 without), context float64."""
+    import torch
+    xt = torch.from_numpy(np.array(x, np.float32))
+    yt = torch.from_numpy(np.array(target, np.float64 if head else np.float32))
+    ct = None if ctx is None else torch.from_numpy(np.array(ctx, np.float64))
+    wt = torch.ones(len(xt), dtype=yt.dtype) if weights is None else torch.from_numpy(
+        np.array(weights, yt.numpy().dtype))
+    return xt, yt, ct, wt
+
+
+class _BestEpoch:
+    """The epoch with the lowest validation loss so far; stops ``patience`` epochs after it."""
+
+    def __init__(self, patience: int | None):
+        self.patience, self.best, self.state, self.stale = patience, np.inf, None, 0
+        self.history: list[float] = []
+
+    def stop_after(self, err: float, model) -> bool:
+        """Record one epoch's validation loss ``err``; True when training should stop."""
+        self.history.append(err)
+        if err < self.best:
+            self.best, self.stale = err, 0
+            self.state = {k: t.clone() for k, t in model.state_dict().items()}
+        else:
+            self.stale += 1
+        return self.patience is not None and self.stale >= self.patience
+
+    def restore(self, model) -> None:
+        """Load the best epoch's weights into ``model`` (no validation: keep the last)."""
+        if self.state is not None:
+            model.load_state_dict(self.state)
+
+
+def train_mlp(x: np.ndarray, target: np.ndarray, *, hidden: int = 64, layers: int = 3,
+              epochs: int = 40, batch: int = 512, lr: float = 2e-3, n_out: int | None = None,
+              head: Callable | None = None, ctx: np.ndarray | None = None,
+              loss: Callable = mse, val_loss: Callable | None = None,
+              weights: np.ndarray | None = None, val_frac: float = 0.1,
+              split: Callable | None = None, patience: int | None = None,
+              weight_decay: float = 1e-4, schedule: str = "cosine", seed: int = 0,
+              progress: bool = True, desc: str = "mlp"):
+    """Train an MLP on inputs ``x`` (n, d) for ``target`` (n, ...); return ``(torch network,
+    validation loss per epoch)``.
 
     ``head(raw, ctx_batch)`` maps raw outputs (``n_out`` columns; default the target's width)
-    and the rows' context ``ctx`` (float64) to predictions; the ``weights``-weighted mean of
-    ``loss(pred, target)`` is minimised. With ``val_frac`` > 0 the epoch with the best loss on
-    that random share of rows is kept; with 0 every row trains and the last epoch is kept.
+    in float64 and the rows' context ``ctx`` to predictions; the ``weights``-weighted mean of
+    ``loss(pred, target)`` is minimised. ``split(rng, n)`` gives the (validation, training)
+    rows (default :func:`random_split` with ``val_frac``); with validation rows the epoch with
+    the best weighted mean ``val_loss`` (default ``loss``) on them is kept, training stopping
+    ``patience`` epochs after it; without, every epoch runs and the last is kept.
     Deterministic for a given ``seed``.
     """
     import torch
     from tqdm.auto import tqdm
     rng = np.random.default_rng(seed)
     torch.manual_seed(seed)
-    xt = torch.from_numpy(np.array(x, np.float32))  # copies: the caller's arrays stay theirs
-    yt = torch.from_numpy(np.array(target, np.float64 if head else np.float32))
-    ct = None if ctx is None else torch.from_numpy(np.array(ctx, np.float64))
-    wt = torch.ones(len(xt), dtype=yt.dtype) if weights is None else torch.from_numpy(
-        np.array(weights, yt.numpy().dtype))
+    xt, yt, ct, wt = _tensors(x, target, ctx, weights, head)
     model = make_mlp(xt.shape[1], layers, hidden, n_out or (1 if yt.ndim == 1 else yt.shape[1]))
-    perm = rng.permutation(len(xt))
-    n_val = int(round(val_frac * len(xt)))
-    val, tr = perm[:n_val], perm[n_val:]
+    val, tr = (split or partial(random_split, val_frac=val_frac))(rng, len(xt))
 
-    def run(idx):
+    def cost(idx, per_row):
         raw = model(xt[idx])
-        return head(raw.double(), None if ct is None else ct[idx]) if head else raw
-
-    def cost(idx):
-        return (wt[idx] * loss(run(idx), yt[idx])).mean()
+        pred = head(raw.double(), None if ct is None else ct[idx]) if head else raw
+        return (wt[idx] * per_row(pred, yt[idx])).mean()
 
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
     sched, per_batch = _scheduler(opt, schedule, lr, epochs, int(np.ceil(len(tr) / batch)))
-    best, best_state = np.inf, None
+    kept = _BestEpoch(patience)
     bar = tqdm(range(epochs), desc=desc, disable=not progress, leave=False)
     for _ in bar:
         for b in torch.from_numpy(tr[rng.permutation(len(tr))]).split(batch):
-            err = cost(b)
+            err = cost(b, loss)
             opt.zero_grad()
             err.backward()
             opt.step()
@@ -86,12 +150,17 @@ def fit_mlp(x: np.ndarray, target: np.ndarray, *, hidden: int = 64, layers: int 
                 sched.step()
         if not per_batch:
             sched.step()
-        if n_val:
-            with torch.no_grad():
-                err = float(cost(torch.from_numpy(val)))  # no dropout or batch norm: no eval()
-            if err < best:
-                best, best_state = err, {k: t.clone() for k, t in model.state_dict().items()}
+        if len(val):
+            with torch.no_grad():  # no dropout or batch norm: no eval()
+                err = float(cost(torch.from_numpy(val), val_loss or loss))
             bar.set_postfix(val=f"{err:.4f}")
-    if best_state is not None:
-        model.load_state_dict(best_state)
-    return mlp_weights(model)
+            if kept.stop_after(err, model):
+                break
+    kept.restore(model)
+    return model, kept.history
+
+
+def fit_mlp(x: np.ndarray, target: np.ndarray, **settings) -> list[np.ndarray]:
+    """:func:`train_mlp`'s network (``settings`` its keywords) as numpy weights
+    (:func:`nslib.predictors.network.mlp_weights`)."""
+    return mlp_weights(train_mlp(x, target, **settings)[0])

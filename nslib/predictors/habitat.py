@@ -38,24 +38,26 @@ exact reference: on that split this half is the element-count extrapolation thro
 from __future__ import annotations
 
 import warnings
+from functools import partial
 
 import numpy as np
 import pandas as pd
 import torch
 from scipy.spatial import cKDTree
-from tqdm.auto import tqdm
 
 from nslib.kernels import sizes
+from nslib.kernels.measured import GEMM_DIMS
 from nslib.predictors.base import Predictor, by_class
-from nslib.predictors.neusight import make_mlp
+from nslib.predictors.fitting import log_space_ape, mse, random_split, train_mlp
+from nslib.predictors.network import make_mlp
+from nslib.predictors.scaling import mean_std
 
-GEMM_DIMS = ("B", "M", "N", "K")
 _H_TIEBREAK = 1e-3  # weight of log2 H next to log2 element count in the nearest-kernel search
 
 
 def gemm_inputs(frame: pd.DataFrame) -> np.ndarray:
     """The (n, 9) raw MLP inputs: log2 of B, M, N, K and of the five GPU datasheet columns."""
-    cols = [frame[c].to_numpy(float) for c in GEMM_DIMS + sizes.GPU_COLS]
+    cols = [frame[c].to_numpy(float) for c in (*GEMM_DIMS, *sizes.GPU_COLS)]
     return np.log2(np.column_stack(cols))
 
 
@@ -112,50 +114,19 @@ class Habitat(Predictor):
         return self
 
     def _fit_mlp(self, cls: str, df: pd.DataFrame, seed: int, progress: bool) -> None:
+        """Train class ``cls``'s MLP on its kernels ``df``: squared error of ``ln(ms)``,
+        stopped early on the validation MAPE (the paper's metric)."""
         p = self.params
-        rng = np.random.default_rng(seed)
-        torch.manual_seed(seed)
         raw = gemm_inputs(df)
-        mean, std = raw.mean(axis=0), raw.std(axis=0)
-        std = np.where(std > 0, std, 1.0)
+        mean, std = mean_std(raw)
         self.norm[cls] = (mean, std)
-        x = torch.from_numpy(((raw - mean) / std).astype(np.float32))
-        y = torch.from_numpy(np.log(df["latency_ms"].to_numpy(float)).astype(np.float32))
-        perm = rng.permutation(len(df))
-        n_val = int(round(p["val_frac"] * len(df)))
-        val, tr = (perm[:n_val], perm[n_val:]) if n_val else (perm, perm)
-        model = make_mlp(x.shape[1], p["layers"], p["hidden"], 1)
-        opt = torch.optim.AdamW(model.parameters(), lr=p["lr"], weight_decay=p["weight_decay"])
-        sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=max(p["epochs"], 1))
-        best, best_state, hist, stale = np.inf, None, [], 0
-        vb = torch.from_numpy(val)
-        bar = tqdm(range(p["epochs"]), desc=f"{self.name} {cls}", disable=not progress,
-                   leave=False)
-        for _ in bar:
-            model.train()
-            order = tr[rng.permutation(len(tr))]
-            for s in range(0, len(order), p["batch"]):
-                b = torch.from_numpy(order[s:s + p["batch"]])
-                loss = torch.mean((model(x[b])[:, 0] - y[b]) ** 2)
-                opt.zero_grad()
-                loss.backward()
-                opt.step()
-            sched.step()
-            model.eval()
-            with torch.no_grad():  # early stopping on validation MAPE (the paper's metric)
-                err = float(torch.mean(torch.abs(torch.expm1(model(x[vb])[:, 0].double()
-                                                             - y[vb].double()))))
-            hist.append(err)
-            if err < best:
-                best, stale = err, 0
-                best_state = {k: v.clone() for k, v in model.state_dict().items()}
-            else:
-                stale += 1
-            bar.set_postfix(val_mape=f"{err:.4f}")
-            if stale >= p["patience"]:
-                break
-        if best_state is not None:
-            model.load_state_dict(best_state)
+        model, hist = train_mlp(
+            (raw - mean) / std, np.log(df["latency_ms"].to_numpy(float))[:, None],
+            hidden=p["hidden"], layers=p["layers"], epochs=p["epochs"], batch=p["batch"],
+            lr=p["lr"], weight_decay=p["weight_decay"], n_out=1, loss=mse,
+            val_loss=log_space_ape, patience=p["patience"], seed=seed,
+            split=partial(random_split, val_frac=p["val_frac"], validate_on_train=True),
+            progress=progress, desc=f"{self.name} {cls}")
         model.eval()
         self.models[cls] = model
         self.history[cls] = hist

@@ -25,6 +25,7 @@ import torch
 
 from nslib.kernels import sizes
 from nslib.predictors.base import Predictor, by_class
+from nslib.predictors.scaling import mean_std
 
 MIN_INTERCEPT_MS = 1e-3   # 1 us: below any measured kernel (launch overhead alone is ~5 us)
 MIN_SLOPE_FRAC = 1e-6     # slope floor, relative to the median of latency / x
@@ -73,8 +74,7 @@ def ridge_fit(F: np.ndarray, t: np.ndarray, alpha: float) -> tuple[np.ndarray, n
 
     Returns ``(mean, std, w)`` with ``w[0]`` the intercept: ``t ~ w0 + ((F - mean)/std) @ w[1:]``.
     """
-    mean, std = F.mean(axis=0), F.std(axis=0)
-    std = np.where(std > 0, std, 1.0)
+    mean, std = mean_std(F)
     Z = (F - mean) / std
     X = np.column_stack([np.ones(len(Z)), Z])
     P = alpha * np.eye(X.shape[1])

@@ -2,7 +2,7 @@
 
 Both predict ``ln(latency in ms)`` with one model per kernel class from
 
-- NeuSight's four per-SM-normalised tile features (:func:`nslib.predictors.neusight.tile_features`),
+- NeuSight's four per-SM-normalised tile features (:func:`nslib.predictors.features.tile_features`),
 - ``log2`` FLOPs and ``log2`` bytes (:func:`nslib.kernels.sizes.flops_bytes`),
 - ``log2`` of the class's dims (``B, M, N, K`` for GEMMs, ``B, H`` for vector ops),
 - ``log2`` of the GPU datasheet columns (``num_sm, peak_gflops, mem_bw, mem_gb, l2_mb``).
@@ -23,11 +23,12 @@ import pandas as pd
 import torch
 
 from nslib.kernels import sizes
+from nslib.kernels.measured import GEMM_DIMS, VEC_DIMS
 from nslib.kernels.tiles import TileLookup
 from nslib.predictors.base import Predictor, by_class
-from nslib.predictors.neusight import tile_features
-
-GEMM_DIMS, VEC_DIMS = ("B", "M", "N", "K"), ("B", "H")
+from nslib.predictors.features import tile_features
+from nslib.predictors.fitting import random_split
+from nslib.predictors.scaling import mean_std
 
 
 def regression_features(frame: pd.DataFrame, cls: str) -> np.ndarray:
@@ -80,8 +81,7 @@ class LinearRegression(_PerClassRegressor):
         self.models: dict[str, dict] = {}
 
     def _fit_class(self, cls, X, y, seed, progress) -> None:
-        mean, std = X.mean(axis=0), X.std(axis=0)
-        std = np.where(std > 0, std, 1.0)
+        mean, std = mean_std(X)
         A = np.column_stack([np.ones(len(X)), (X - mean) / std])
         w, *_ = np.linalg.lstsq(A, y, rcond=None)
         self.models[cls] = {"mean": mean, "std": std, "w": w}
@@ -126,9 +126,8 @@ class XGBoost(_PerClassRegressor):
     def _fit_class(self, cls, X, y, seed, progress) -> None:
         import xgboost as xgb
         p = self.params
-        perm = np.random.default_rng(seed).permutation(len(X))
-        n_val = int(round(p["val_frac"] * len(X)))
-        val, tr = (perm[:n_val], perm[n_val:]) if n_val else (perm, perm)
+        val, tr = random_split(np.random.default_rng(seed), len(X), p["val_frac"],
+                               validate_on_train=True)
         dtr = xgb.DMatrix(X[tr], label=y[tr], nthread=p["n_jobs"])
         dval = xgb.DMatrix(X[val], label=y[val], nthread=p["n_jobs"])
         booster = xgb.train(self._booster_params(seed), dtr, num_boost_round=p["rounds"],

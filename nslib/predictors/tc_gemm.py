@@ -35,13 +35,17 @@ import pandas as pd
 
 from nslib.kernels.tc_tiles import MACS, choose_tiles
 from nslib.predictors.base import Predictor
-from nslib.predictors.fitting import fit_mlp, log_error
-from nslib.predictors.neusight import mlp_forward
+from nslib.predictors.fitting import MEMBER_SEED_STRIDE, fit_mlp, log_error
+from nslib.predictors.network import EXP_CLIP, SIGMOID_CLIP, mlp_forward
+from nslib.predictors.scaling import fit_scaling, standardise
+from nslib.predictors.units import GIGA, KILO, MEGA, MS_PER_S
 
 FIXED_MS = 0.002      # scale of the fixed cost c: exp(raw) * 2 us (the smallest GEMMs' time)
 FIXED_CYCLES = 4000.0  # or in SM clocks: exp(raw) * 4000 cycles at the datasheet clock
 FEATURES = ("tile_m", "tile_n", "split", "k_split", "waves", "fill", "num_sm", "l2_ratio",
             "m", "n", "k")
+FLOP_PER_MAC = 2.0    # a multiply-add is two FLOPs
+BYTES = 2.0           # bytes per BF16 element
 NEEDED = ("m", "n", "k", "num_sm", "bf16_gflops", "peak_gflops", "mem_bw", "l2_mb", "clock_mhz")
 
 
@@ -53,12 +57,12 @@ class GemmKind:
     def flops(self, frame: pd.DataFrame) -> np.ndarray:
         """FLOP of each GEMM: ``2 m n k``."""
         m, n, k = _dims(frame)
-        return 2.0 * m * n * k
+        return FLOP_PER_MAC * m * n * k
 
     def bytes(self, frame: pd.DataFrame) -> np.ndarray:
         """Minimum DRAM bytes of each GEMM: read A and B, write C once, 2 bytes per element."""
         m, n, k = _dims(frame)
-        return 2.0 * (m * k + k * n + m * n)
+        return BYTES * (m * k + k * n + m * n)
 
     def shape_features(self, frame: pd.DataFrame) -> np.ndarray:
         """(rows, 3) raw shape inputs ``m, n, k``."""
@@ -90,9 +94,9 @@ def _check_frame(frame: pd.DataFrame, train: bool) -> None:
 
 
 # the law's terms: name -> (lower, upper) bound of the efficiency that divides it. ``dram``:
-# a GEMM streams its DRAM traffic at no less than half the bandwidth; ``flat`` (the FLOPs
-# unpadded at the peak; tried instead of ``comp``, not chosen) and ``sm`` (bytes per FP32
-# FLOP of the occupied SMs; tried, not chosen) are options.
+# a GEMM streams its DRAM traffic at no less than half the bandwidth. ``flat`` (the FLOPs
+# unpadded at the peak) and ``sm`` (bytes per FP32 FLOP of the occupied SMs) are options the
+# default leaves out (DECISIONS.md, "BF16 GEMMs").
 TERMS = {"comp": (0.0, 1.0), "flat": (0.0, 1.0), "dram": (0.5, 1.0), "l2": (0.5, 4.0),
          "tile": (1.0, 16.0),
          "sm": (0.0, 1.0)}
@@ -109,24 +113,25 @@ def gemm_terms(frame: pd.DataFrame, l2: bool = True, macs: bool = False) -> dict
     sm = frame["num_sm"].to_numpy(float)
     # the heuristic's tensor rate: a fixed A100-like SM, or the datasheet's per SM clock
     clock = frame["clock_mhz"].to_numpy(float)
-    rate = frame["bf16_gflops"].to_numpy(float) * 1e3 / (2.0 * sm * clock) if macs else MACS
+    rate = frame["bf16_gflops"].to_numpy(float) * KILO / (FLOP_PER_MAC * sm * clock) if macs \
+        else MACS
     tiles = choose_tiles(m, n, k, sm, rate)
     tm, tn, waves = (tiles[c].to_numpy(float) for c in ("tile_m", "tile_n", "waves"))
     k_split = np.ceil(k / tiles["split"].to_numpy(float))
-    peak = frame["bf16_gflops"].to_numpy(float) * 1e9
-    bw = frame["mem_bw"].to_numpy(float) * 1e9
-    l2_bytes = frame["l2_mb"].to_numpy(float) * 1e6
+    peak = frame["bf16_gflops"].to_numpy(float) * GIGA
+    bw = frame["mem_bw"].to_numpy(float) * GIGA
+    l2_bytes = frame["l2_mb"].to_numpy(float) * MEGA
     nbytes = GEMM.bytes(frame)
     beyond = np.maximum(nbytes - l2_bytes, 0.0) if l2 else nbytes
     active = np.minimum(tiles["ctas"].to_numpy(float), sm) / sm
     out = {c: tiles[c].to_numpy(float) for c in tiles.columns}
-    out.update(comp=2.0 * waves * sm * tm * tn * k_split / peak * 1e3,
-               flat=GEMM.flops(frame) / peak * 1e3, dram=beyond / bw * 1e3,
-               l2=(nbytes - beyond) / bw * 1e3,
-               tile=2.0 * waves * sm * k_split * (tm + tn) / bw * 1e3,
-               sm=nbytes / (active * frame["peak_gflops"].to_numpy(float) * 1e9) * 1e3,
+    out.update(comp=FLOP_PER_MAC * waves * sm * tm * tn * k_split / peak * MS_PER_S,
+               flat=GEMM.flops(frame) / peak * MS_PER_S, dram=beyond / bw * MS_PER_S,
+               l2=(nbytes - beyond) / bw * MS_PER_S,
+               tile=BYTES * waves * sm * k_split * (tm + tn) / bw * MS_PER_S,
+               sm=nbytes / (active * frame["peak_gflops"].to_numpy(float) * GIGA) * MS_PER_S,
                roof=np.maximum(GEMM.flops(frame) / peak,
-                               np.maximum(nbytes - l2_bytes, 0.0) / bw) * 1e3,
+                               np.maximum(nbytes - l2_bytes, 0.0) / bw) * MS_PER_S,
                l2_ratio=nbytes / l2_bytes, m=m, n=n, k=k, num_sm=sm, k_split=k_split)
     return out
 
@@ -140,7 +145,8 @@ def law_ms(raw, ctx, terms, power=0.0, xp=np):
     parts = []
     for j, name in enumerate(terms):
         lo, hi = TERMS[name]
-        parts.append(ctx[:, j] / (lo + (hi - lo) * sig(raw[:, j + 1].clip(-30, 30))))
+        parts.append(ctx[:, j] / (lo + (hi - lo) * sig(raw[:, j + 1].clip(-SIGMOID_CLIP,
+                                                                          SIGMOID_CLIP))))
     if power:  # a smooth maximum (p-norm, >= the max): every term gets a gradient
         top = parts[0]
         for q in parts[1:]:
@@ -151,9 +157,9 @@ def law_ms(raw, ctx, terms, power=0.0, xp=np):
         for q in parts[1:]:
             body = xp.maximum(body, q)
     n = len(terms)
-    fixed = ctx[:, n + 1] * xp.exp(raw[:, 0].clip(-20, 20))
+    fixed = ctx[:, n + 1] * xp.exp(raw[:, 0].clip(-EXP_CLIP, EXP_CLIP))
     if raw.shape[1] > n + 1:  # a second fixed cost on its own scale (time and SM clocks)
-        fixed = fixed + ctx[:, n + 2] * xp.exp(raw[:, n + 1].clip(-20, 20))
+        fixed = fixed + ctx[:, n + 2] * xp.exp(raw[:, n + 1].clip(-EXP_CLIP, EXP_CLIP))
     return xp.maximum(fixed + body, ctx[:, len(terms)])
 
 
@@ -235,29 +241,27 @@ class TensorGemm(Predictor):
         terms = gemm_terms(frame, self.config["l2"], self.config["macs"])
         feats = np.log2(np.column_stack([terms[f] for f in self.config["features"]]))
         # the fixed cost's scale: SM clocks at the datasheet clock (prologue, k-loop latency)
-        cycles = FIXED_CYCLES / (frame["clock_mhz"].to_numpy(float) * 1e3)
+        cycles = FIXED_CYCLES / (frame["clock_mhz"].to_numpy(float) * KILO)
         time = np.full(len(frame), FIXED_MS)
         scales = {"time": [time], "cycles": [cycles], "both": [time, cycles]}[self.config["fixed"]]
         ctx = np.column_stack([terms[c] for c in (*self.config["terms"], "roof")] + scales)
         return feats, ctx
 
     def _inputs(self, feats: np.ndarray) -> np.ndarray:
-        mean, std, lo, hi = self.norm
-        return np.clip((feats - mean) / std, lo, hi)
+        return standardise(feats, self.norm)
 
     def fit(self, frame: pd.DataFrame, progress: bool = True) -> "TensorGemm":
         _check_frame(frame, train=True)
         cfg = GemmConfig(**self.config)
         df = frame.iloc[training_sample(frame, cfg.rows, self.seed, cfg.even)]
         feats, ctx = self._context(df)
-        mean, std = feats.mean(0), np.where(feats.std(0) > 0, feats.std(0), 1.0)
-        z = (feats - mean) / std
-        self.norm = (mean, std, z.min(0), z.max(0))
+        self.norm = fit_scaling(feats)
         x = self._inputs(feats)
         y = df["latency_ms"].to_numpy(float)
         share = df.groupby("gpu")["gpu"].transform("size").to_numpy(float)
         w = 1.0 / share / np.mean(1.0 / share)  # every GPU weighs the same
-        self.weights = [self._fit_member(cfg, x, ctx, y, w, self.seed + 1000 * j, progress)
+        self.weights = [self._fit_member(cfg, x, ctx, y, w, self.seed + MEMBER_SEED_STRIDE * j,
+                                        progress)
                         for j in range(cfg.members)]
         return self
 

@@ -18,21 +18,24 @@ import pandas as pd
 
 from nslib.predictors.base import Predictor
 from nslib.predictors.fitting import fit_mlp
-from nslib.predictors.neusight import mlp_forward
+from nslib.predictors.network import mlp_forward
+from nslib.predictors.units import GIGA, MS_PER_S
 
 DATASHEET = ("num_sm", "bf16_gflops", "mem_bw", "l2_mb")  # learned baselines see these
+XGB_THREADS = 2    # XGBoost's threads, training and predicting
+MIN_STD = 1e-6     # the MLP baseline's floor under an input column's spread (log2 units)
 
 
 def roofline_ms(kind, frame: pd.DataFrame) -> np.ndarray:
     """The kind's roofline time of each row, ms: ``max(FLOP / peak, bytes / bandwidth)``."""
-    peak = frame["bf16_gflops"].to_numpy(float) * 1e9
+    peak = frame["bf16_gflops"].to_numpy(float) * GIGA
     if not np.isfinite(peak).all():
         bad = frame.loc[~np.isfinite(peak), "gpu"].unique().tolist()
         raise ValueError(f"GPU(s) {bad} have no 'Bf16FLOPs' in their datasheet; a 16-bit "
                          "prediction needs the tensor-core peak: add it to the JSON file")
-    bw = frame["mem_bw"].to_numpy(float) * 1e9
+    bw = frame["mem_bw"].to_numpy(float) * GIGA
     flops = np.asarray(kind.flops(frame), float)
-    return 1e3 * np.maximum(flops / peak, np.asarray(kind.bytes(frame), float) / bw)
+    return MS_PER_S * np.maximum(flops / peak, np.asarray(kind.bytes(frame), float) / bw)
 
 
 def learned_inputs(kind, frame: pd.DataFrame) -> np.ndarray:
@@ -101,7 +104,7 @@ class XGBoostBaseline(_KindPredictor):
         y = np.log(frame["latency_ms"].to_numpy(float))
         params = {"objective": "reg:squarederror", "eta": 0.1, "max_depth": self.max_depth,
                   "subsample": 0.8, "colsample_bytree": 0.8, "tree_method": "hist",
-                  "nthread": 2, "seed": self.seed}
+                  "nthread": XGB_THREADS, "seed": self.seed}
         self.booster = xgb.train(params, xgb.DMatrix(x, label=y), num_boost_round=self.rounds)
         return self
 
@@ -116,7 +119,7 @@ class XGBoostBaseline(_KindPredictor):
     def set_state(self, state: dict) -> None:
         import xgboost as xgb
         self.rounds, self.max_depth = int(state["rounds"]), int(state["max_depth"])
-        self.booster = xgb.Booster(params={"nthread": 2})
+        self.booster = xgb.Booster(params={"nthread": XGB_THREADS})
         self.booster.load_model(bytearray(np.asarray(state["booster"]).tobytes()))
 
 
@@ -134,7 +137,7 @@ class MLPBaseline(_KindPredictor):
 
     def fit(self, frame: pd.DataFrame, progress: bool = True) -> "MLPBaseline":
         x = learned_inputs(self.kind, frame)
-        self.mean, self.std = x.mean(0), np.maximum(x.std(0), 1e-6)
+        self.mean, self.std = x.mean(0), np.maximum(x.std(0), MIN_STD)
         y = np.log(frame["latency_ms"].to_numpy(float))[:, None]
         self.weights = fit_mlp((x - self.mean) / self.std, y, seed=self.seed,
                                progress=progress, desc=f"mlp {self.kind.name}", **self.hp)
