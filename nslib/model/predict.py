@@ -57,16 +57,14 @@ def predict_model(gpu, model, batch: int, seq: int, mode: str = "inf",
     ``imbalance``: routing of top-k mixture-of-experts layers (1 = tokens spread evenly over
     the experts; see :func:`nslib.model.moe.expert_tokens`); single-GPU steps only.
 
-    ``dtype``: ``fp32`` (default, the paper's setting) or ``bf16``/``fp16``: the model is traced
-    in that format with fused attention and its tensor-core GEMMs and attention are priced by
-    the 16-bit predictors named ``tensor_predictor`` (a name of
-    :func:`nslib.predictors.mixed_training.predictors`, or a ``(gemm, attention)`` pair of fitted
-    ones), the rest by ``predictor`` at the kernels' real bytes (:mod:`nslib.model.predict16`).
-    16-bit needs the datasheet's ``Bf16FLOPs`` and a single GPU without fusion.
+    ``dtype``: ``fp32`` (default, the paper's setting) or ``bf16``/``fp16``: traced in that
+    format with fused attention; tensor-core GEMMs and attention priced by ``tensor_predictor``
+    (a name of :func:`nslib.predictors.mixed_training.predictors`, or a ``(gemm, attention)``
+    pair of fitted ones), the rest by ``predictor`` at their real bytes
+    (:mod:`nslib.model.predict16`). Needs the datasheet's ``Bf16FLOPs``, one GPU, no fusion.
 
-    The summary's ``warnings`` lists the datasheet figures of the GPU outside the training
-    GPUs' range (:mod:`nslib.predictors.gpu_range`); each is also issued as a
-    :class:`nslib.predictors.gpu_range.DatasheetRangeWarning`.
+    The summary's ``warnings`` lists the GPU's datasheet figures outside the training GPUs'
+    range, each also issued as a :class:`nslib.predictors.gpu_range.DatasheetRangeWarning`.
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")

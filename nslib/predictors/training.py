@@ -6,6 +6,7 @@ when the data hash, the parameters and the library version match, training it ot
 """
 from __future__ import annotations
 
+import inspect
 import json
 import sys
 import time
@@ -89,10 +90,11 @@ def params_for(name: str, quick: bool = False, seed: int = 0, **overrides) -> di
 
 def cache_key(name: str, params: dict, data=None) -> str:
     """Content key of a trained predictor: data hash, parameters, library version and the
-    source of the code that trains it (so an edited predictor never loads stale weights)."""
-    import inspect
+    source of the code that trains it (so an edited predictor never loads stale weights): the
+    predictor's class and every module of the predictors package (features, laws, the fit
+    loop), and the kernel sizes, tiles and tables it reads."""
     sources = {Path(inspect.getfile(m)) for m in (predictor_class(name), sizes, tiles, measured)}
-    sources.add(Path(inspect.getfile(predictor_class(name).__mro__[1])))
+    sources |= set(Path(__file__).parent.glob("*.py"))
     return hash_files(sorted(sources), extra=[name, params, measured.train_hash(data),
                                               __version__])
 
