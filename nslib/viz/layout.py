@@ -80,7 +80,7 @@ def draw(package: Path = PACKAGE):
     xs = {s: i * 1.7 for i, s in enumerate(STAGES)}
     for s in STAGES:
         text = s + "/" if members[s] else s + ".py"
-        body = "\n".join(members[s][:22]) + ("\n..." if len(members[s]) > 22 else "")
+        body = "\n".join(members[s][:30]) + ("\n..." if len(members[s]) > 30 else "")
         ax.text(xs[s], 0.0, f"{text}\n\n{body}".rstrip(), ha="center", va="top", fontsize=7.5,
                 family="monospace", bbox={"boxstyle": "round", "fc": "#eef3fb", "ec": "#4a6fa5"})
     for (a, b), n in stage_edges(graph).items():
