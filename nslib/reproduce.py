@@ -13,6 +13,8 @@ from tqdm.auto import tqdm
 from nslib import __version__
 from nslib.kernels.measured import data_hash
 from nslib.data.mixed_data import mixed_hash
+from nslib.viz.figures import save_figure
+from nslib.viz.layout import draw as draw_layout
 from nslib.data.paths import (PROJECT_ROOT, atomic_write_text, data_root, figures_dir, hash_files,
     mixed_root)
 
@@ -86,6 +88,7 @@ def run(quick: bool = False, force: bool = False, only=None, data=None, out=None
         atomic_write_text(stamp, json.dumps({"key": key, "params": params, "data_hash": dhash,
                                              "seconds": secs}, indent=1))
         records.append({"notebook": name, "status": "ran", "seconds": secs})
+    save_figure(draw_layout(), "layout", figs)  # the code's own picture (README), not a notebook's
     write_index(figs, res, dhash)
     if readme is not None:
         write_headline(figs, readme, "quick" if quick else "full", dhash)
@@ -161,7 +164,8 @@ def write_index(figs: Path, res: Path, dhash: str) -> Path:
             continue
         nb = next((n for n in stamps if f.name.startswith(n[:3])), None)
         st = stamps.get(nb, {})
-        lines.append(f"| [{f.name}]({f.name}) | {nb or '?'} | "
+        source = nb or ("`python -m nslib.viz.layout`" if f.stem == "layout" else "?")
+        lines.append(f"| [{f.name}]({f.name}) | {source} | "
                      f"`{json.dumps(st.get('params', {}), sort_keys=True)}` | "
                      f"{st.get('data_hash', dhash)} |")
     return atomic_write_text(figs / "README.md", "\n".join(lines) + "\n")
