@@ -81,3 +81,21 @@ def test_sweep_has_a_warnings_column(data_dir):
     with pytest.warns(DatasheetRangeWarning):
         got = sweep(TINY, "inf", sc, predictor="roofline")
     assert "Mem_Bw" in got.loc[0, "warnings"] and got.loc[1, "warnings"] == ""
+
+
+def test_range_warnings_once_issues_each_distinct_warning_once():
+    import warnings
+    from nslib.predictors.gpu_range import DatasheetRangeWarning, range_warnings_once
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        with range_warnings_once():
+            for _ in range(5):
+                warnings.warn("GPU X: Mem_Bw high", DatasheetRangeWarning)
+                with warnings.catch_warnings():  # what the tracer does: filters reset
+                    warnings.simplefilter("ignore", FutureWarning)
+            warnings.warn("GPU Y: L2Cache high", DatasheetRangeWarning)
+            warnings.warn("something else", UserWarning)
+    messages = [(w.category, str(w.message)) for w in seen]
+    assert messages == [(UserWarning, "something else"),
+                        (DatasheetRangeWarning, "GPU X: Mem_Bw high"),
+                        (DatasheetRangeWarning, "GPU Y: L2Cache high")]

@@ -19,6 +19,7 @@ from nslib.data.labels import load_labels
 from nslib.data.protocol import ood_models
 from nslib.model.stream import LAUNCH_US
 from nslib.model.predict import predict_model
+from nslib.predictors.gpu_range import range_warnings_once
 from nslib.evaluation.per_class import per_class_results, per_class_table
 from nslib.viz.figures import save_table
 
@@ -39,6 +40,7 @@ def label_configs(mode: str, data=None, gpus=None, models=None, variant: str = "
     return lab.sort_values(["gpu_key", "model", "batch"]).reset_index(drop=True)
 
 
+@range_warnings_once()
 def evaluate_models(mode: str, predictors, data=None, gpus=None, models=None,
                     quick: bool = False, progress: bool = True,
                     launch_us: float | None = LAUNCH_US) -> pd.DataFrame:
@@ -72,6 +74,7 @@ def evaluate_models(mode: str, predictors, data=None, gpus=None, models=None,
     return out
 
 
+@range_warnings_once()
 def time_breakdown(results: pd.DataFrame, gpu_key: str, predictor: str, data=None,
                    quick: bool = False) -> pd.DataFrame:
     """Predicted ms per kernel class (columns) for each configuration (rows) of ``results``
@@ -172,6 +175,7 @@ def variant_labels(kind: str, data=None, gpus=None, models=None) -> pd.DataFrame
     return out.sort_values(["kind", "gpu_key", "model", "batch"]).reset_index(drop=True)
 
 
+@range_warnings_once()
 def evaluate_variant(kind: str, predictors, data=None, gpus=None, models=None,
                      quick: bool = False, progress: bool = True, with_base: bool = False,
                      link=None) -> pd.DataFrame:

@@ -13,6 +13,7 @@ from nslib.data.reference_graphs import (host_nodes, layer_repeats, measured_nod
     measured_per_class)
 from nslib.kernels.sizes import MODEL_CLASSES
 from nslib.model.predict import predict_model
+from nslib.predictors.gpu_range import range_warnings_once
 
 # Streaming kernels, whichever of the two classes an operator lands in: the original graphs
 # apply the causal mask with a per-layer `where` (memory op), transformers today with an
@@ -57,6 +58,7 @@ def _n_layer(config: dict) -> int:
     raise ValueError("model config has no layer count (n_layer / num_hidden_layers)")
 
 
+@range_warnings_once()
 def per_class_results(results: pd.DataFrame, predictor: str, data=None,
                       quick: bool = False) -> pd.DataFrame:
     """One row per (label with a CSV, class): measured ms, predicted ms, APE, ood flag.

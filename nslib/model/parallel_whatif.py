@@ -8,6 +8,7 @@ import pandas as pd
 from nslib.model.inputs import resolve_gpu
 from nslib.model.parallel import default_link
 from nslib.model.predict import predict_model
+from nslib.predictors.gpu_range import range_warnings_once
 
 # strategies of the what-if: "pp-m" is a pipeline with one sample per micro-batch (GPipe's
 # bubble shrinks to (n - 1) / (M + n - 1)), "pp" one with a single micro-batch (as labelled)
@@ -41,6 +42,7 @@ def whatif_points(degrees, link_bws) -> list[tuple[str, int, float | None]]:
             [(s, d_ref, bw) for s in STRATEGIES for bw in link_bws])
 
 
+@range_warnings_once()
 def parallel_whatif(gpu, model, batch: int, seq: int, degrees, link_bws, predictor="neusight",
                     data=None, quick: bool = False) -> tuple[pd.DataFrame, list[str]]:
     """Predicted training steps at every :func:`whatif_points` point.

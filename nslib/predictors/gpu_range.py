@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from nslib.data.gpus import GPU, find_gpu, load_gpus
@@ -185,3 +186,25 @@ def warn_out_of_range(gpu: GPU, data=None, ranges: dict | None = None,
         warnings.warn(f"{line}: the forecast extrapolates beyond the training GPUs",
                       DatasheetRangeWarning, stacklevel=stacklevel)
     return lines
+
+
+@contextmanager
+def range_warnings_once():
+    """Within it, each distinct :class:`DatasheetRangeWarning` is issued once, at the end.
+
+    An evaluation predicts a GPU dozens of times; Python's own once-per-place filter does not
+    hold when other code resets the warning filters in between (the tracer silences
+    transformers that way), so every prediction would repeat the same lines. Other warnings
+    pass through unchanged.
+    """
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", DatasheetRangeWarning)
+        yield
+    seen = []
+    for w in caught:
+        if not issubclass(w.category, DatasheetRangeWarning):
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+        elif str(w.message) not in seen:
+            seen.append(str(w.message))
+    for message in seen:
+        warnings.warn(message, DatasheetRangeWarning, stacklevel=3)
