@@ -22,7 +22,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-
 HEAVY = ("torch", "transformers", "scipy", "matplotlib", "seaborn", "sklearn", "xgboost")
 
 
@@ -94,7 +93,7 @@ def bf16_runs(cold: Path, real: Path, env: dict, a) -> tuple | None:
     """(first use s, [cached runs s], heavy imports) of a BF16 prediction on a datasheet-only
     GPU (the 16-bit data's largest tensor-core peak); None without the 16-bit data."""
     from nslib.data.gpus import load_mixed_gpus
-    from nslib.data.paths import DataNotFoundError, PROJECT_ROOT
+    from nslib.data.paths import PROJECT_ROOT, DataNotFoundError
     try:
         sheets = load_mixed_gpus()
     except DataNotFoundError:

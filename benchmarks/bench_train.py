@@ -20,7 +20,7 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args(argv)
     from nslib.evaluation.kernel_level import evaluate_predictor
-    from nslib.predictors.training import trained, train_frame
+    from nslib.predictors.training import train_frame, trained
     train_frame()  # build the tables outside the timing
     t0 = time.time()
     trained(a.predictor, quick=a.quick, seed=a.seed, retrain=True)

@@ -86,10 +86,10 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from nslib.data.paths import data_root
+from nslib.data.reference_graphs import layer_span, ref_class
 from nslib.model.config import load_model_config
 from nslib.model.trace import trace
-from nslib.data.reference_graphs import layer_span, ref_class
-from nslib.data.paths import data_root
 
 CLASSES = ("linear", "bmm", "elementwise", "softmax", "layernorm", "memory")
 NAME_RE = re.compile(r"^(?P<model>.+?)-(?P<mode>inf|train)-(?P<seq>\d+)-(?P<batch>\d+)"

@@ -11,12 +11,12 @@ import yaml
 from tqdm.auto import tqdm
 
 from nslib import __version__
-from nslib.kernels.measured import data_hash
 from nslib.data.mixed_data import mixed_hash
+from nslib.data.paths import (PROJECT_ROOT, atomic_write_text, data_root, figures_dir, hash_files,
+                              mixed_root)
+from nslib.kernels.measured import data_hash
 from nslib.viz.figures import save_figure
 from nslib.viz.layout import draw as draw_layout
-from nslib.data.paths import (PROJECT_ROOT, atomic_write_text, data_root, figures_dir, hash_files,
-    mixed_root)
 
 NOTEBOOKS = PROJECT_ROOT / "notebooks"
 RESULTS = PROJECT_ROOT / "results"

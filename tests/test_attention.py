@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from nslib.predictors.attention import (ATTENTION, PREDICTORS, TensorAttention,
-    attention_roofline_ms, floor_ms)
+                                        attention_roofline_ms, floor_ms)
 from nslib.predictors.attention_kind import launch_geometry
 
 GPU = {"gpu": "test", "bf16_gflops": 1e6, "mem_bw": 2000.0, "num_sm": 108.0, "l2_mb": 40.0,

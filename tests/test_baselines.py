@@ -33,8 +33,8 @@ def frames(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("NSLIB_CACHE", str(tmp_path_factory.mktemp("cache")))
         mp.setenv("NSLIB_DATA", str(DATA))
-        from nslib.kernels import measured
         from nslib.data import paths
+        from nslib.kernels import measured
         try:
             paths.data_root()
         except paths.DataNotFoundError:
@@ -181,6 +181,7 @@ def test_habitat_exact_reference_is_wave_scaled(fitted, frames):
 
 def test_habitat_wave_scale_partial_waves():
     from nslib.predictors.habitat import wave_scale
+
     # one block: the target's one wave is charged at its per-SM bandwidth share
     assert wave_scale(1, 100, 1000.0, 50, 1000.0) == pytest.approx(0.5)
     # many blocks, same GPU: 1; many blocks: tends to the bandwidth ratio

@@ -5,8 +5,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from nslib.kernels import measured, sizes
 from nslib.data.paths import DataNotFoundError
+from nslib.kernels import measured, sizes
 
 
 def test_tables_have_the_tidy_columns(data_dir):

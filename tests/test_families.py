@@ -66,8 +66,8 @@ def test_family_traces(name, mode):
 @pytest.mark.parametrize("name", ["llama", "mistral", "qwen2", "gemma", "phi3", "t5",
                                   "whisper", "vit", "mixtral", "qwen2_moe"])
 def test_family_predicts(data_dir, name):
-    from nslib.predictors.gpu_range import DatasheetRangeWarning
     from nslib.model.predict import predict_model
+    from nslib.predictors.gpu_range import DatasheetRangeWarning
     seq = VIT_SEQ if name == "vit" else SEQ
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DatasheetRangeWarning)

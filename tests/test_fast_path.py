@@ -12,8 +12,8 @@ import pytest
 from nslib.kernels import measured, sizes
 from nslib.predictors.features import tile_features
 from nslib.predictors.network import make_mlp
-from nslib.predictors.wave_laws import FORMS, OUTPUTS, wave_context, wave_ms
 from nslib.predictors.training import trained
+from nslib.predictors.wave_laws import FORMS, OUTPUTS, wave_context, wave_ms
 
 ROOT = Path(__file__).resolve().parents[1]
 HEAVY = ("torch", "transformers", "scipy", "matplotlib", "seaborn", "sklearn", "xgboost")

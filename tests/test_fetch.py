@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from nslib.data import fetch
-from nslib.data import paths
+from nslib.data import fetch, paths
 
 T4 = {"Device": "Tesla T4", "Dev_Mem": 15, "Mem_Bw": 320, "Num_Sm": 40, "Core_Per_SM": 64,
       "Freq": 1590, "SingleFLOPs": 8141, "L2Cache": 4}

@@ -15,9 +15,7 @@ import pytest
 
 from nslib import cli
 from nslib.cli import commands
-from nslib.data import mixed_data
-from nslib.data import fetch
-from nslib.data import fetch_mixed
+from nslib.data import fetch, fetch_mixed, mixed_data
 
 ROOT = Path(__file__).resolve().parents[1]
 GEMM = ("aic-core/src/aiconfigurator_core/systems/data/fake_gpu/gemm/vllm/1.0/"

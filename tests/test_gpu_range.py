@@ -8,10 +8,10 @@ import pandas as pd
 import pytest
 
 from nslib.cli.commands import main
-from nslib.predictors.gpu_range import (CHECKED, DatasheetRangeWarning, figures, out_of_range,
-    range_warnings, training_ranges)
 from nslib.data.gpus import find_gpu, load_gpus
 from nslib.explore.gpus import hypothetical_gpu
+from nslib.predictors.gpu_range import (CHECKED, DatasheetRangeWarning, figures, out_of_range,
+                                        range_warnings, training_ranges)
 
 TINY = {"model_type": "gpt2", "n_layer": 1, "n_embd": 64, "n_head": 4, "vocab_size": 100,
         "n_positions": 64}
@@ -85,6 +85,7 @@ def test_sweep_has_a_warnings_column(data_dir):
 
 def test_range_warnings_once_issues_each_distinct_warning_once():
     import warnings
+
     from nslib.predictors.gpu_range import DatasheetRangeWarning, range_warnings_once
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")

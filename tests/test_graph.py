@@ -9,10 +9,10 @@ from collections import Counter
 import numpy as np
 import pytest
 
+from nslib.data.paths import DataNotFoundError, data_root
 from nslib.model import aten
 from nslib.model.config import load_model_config
 from nslib.model.trace import MEMORY_COLUMNS, TRACE_COLUMNS, summarize, trace
-from nslib.data.paths import DataNotFoundError, data_root
 
 # tiny GPT-2: 2 layers, width 64, 4 heads (head dim 16), vocab 100
 GPT2 = dict(model_type="gpt2", n_layer=2, n_embd=64, n_head=4, vocab_size=100, n_positions=64,

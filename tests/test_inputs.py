@@ -17,11 +17,11 @@ import pytest
 
 from nslib import cli
 from nslib.cli import commands
-from nslib.kernels import measured
+from nslib.data.cache import read_cache_entry
 from nslib.data.checks import check_float, check_int
 from nslib.data.gpus import gpu_from_dict
-from nslib.data.cache import read_cache_entry
 from nslib.data.paths import CacheError
+from nslib.kernels import measured
 
 SPEC = {"Device": "Test GPU", "Dev_Mem": 80, "Mem_Bw": 3350, "Num_Sm": 132, "Core_Per_SM": 128,
         "Freq": 1980, "SingleFLOPs": 66900, "L2Cache": 50}

@@ -89,8 +89,9 @@ def test_unknown_op_rejected():
 
 
 def test_backward_vector_ops_move_one_more_tensor():
-    from nslib.kernels.sizes import FORWARD_OP, OPS, bytes_ratio_to_forward, flops_bytes
     import pandas as pd
+
+    from nslib.kernels.sizes import FORWARD_OP, OPS, bytes_ratio_to_forward, flops_bytes
     assert bytes_ratio_to_forward("softmax_bw") == 1.5 and bytes_ratio_to_forward("ln") == 1.0
     for bw, fw in FORWARD_OP.items():
         assert OPS[bw][0] == OPS[fw][0]  # same class: the forward's predictor prices it

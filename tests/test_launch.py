@@ -3,11 +3,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from nslib.kernels import sizes
 from nslib.data.gpus import GPU
-from nslib.model.stream import floors, probe_kernels, stream_ms
+from nslib.kernels import sizes
 from nslib.model.inputs import kernel_frame
 from nslib.model.predict import predict_model
+from nslib.model.stream import floors, probe_kernels, stream_ms
 
 GPU0 = GPU(name="Test GPU", mem_gb=80, mem_bw=1000, num_sm=100, cores_per_sm=128,
            clock_mhz=1500, peak_gflops=10000, l2_mb=50)

@@ -6,9 +6,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from nslib.evaluation.kernel_level import LOGO_MEAN, logo_json, logo_table, predict_logo
 from nslib.kernels import measured
 from nslib.predictors import training
-from nslib.evaluation.kernel_level import LOGO_MEAN, logo_json, logo_table, predict_logo
 
 
 def test_roofline_logo_covers_every_gpu_and_matches_by_hand(data_dir):

@@ -5,10 +5,11 @@ import pandas as pd
 import pytest
 
 from nslib.data.gpus import GPU
-from nslib.model.trace import trace
 from nslib.evaluation.memcheck import SMALL_CONFIGS, compare, real_peak
 from nslib.model.memory import (GIB, OPTIMIZERS, framework_bytes, korthikanti_bytes,
-    layer_saved_bytes, live_bytes, memory_of, pipeline_memory, step_memory)
+                                layer_saved_bytes, live_bytes, memory_of, pipeline_memory,
+                                step_memory)
+from nslib.model.trace import trace
 
 CONFIGS = SMALL_CONFIGS
 TINY = {"model_type": "gpt2", "n_embd": 64, "n_head": 4, "n_layer": 4, "n_positions": 64,

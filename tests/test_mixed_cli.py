@@ -5,11 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
-
-from nslib.data import mixed_data
-from nslib.cli.commands import main
-
 from mixed_fixture import SHEETS, write_gpu, write_mixed
+
+from nslib.cli.commands import main
+from nslib.data import mixed_data
 
 
 @pytest.fixture

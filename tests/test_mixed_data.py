@@ -1,20 +1,18 @@
 """The 16-bit data layer: datasheets with Bf16FLOPs, dtypes, tidy tables, drop-in GPUs."""
 from __future__ import annotations
 
-
 import numpy as np
 import pandas as pd
 import pytest
+from mixed_fixture import SHEETS, gemm_ms, write_gpu, write_mixed
 
-from nslib.kernels import dtypes
 from nslib.data import mixed_data
 from nslib.data.gpus import gpu_from_dict
-from nslib.evaluation.kernel_level16 import resolve_gpus
 from nslib.data.paths import DataNotFoundError, mixed_root
+from nslib.evaluation.kernel_level16 import resolve_gpus
+from nslib.kernels import dtypes
 from nslib.predictors.tc_gemm import GEMM
 from nslib.predictors.tensor_baselines import Roofline, RooflineEfficiency, roofline_ms
-
-from mixed_fixture import SHEETS, gemm_ms, write_gpu, write_mixed
 
 
 @pytest.fixture

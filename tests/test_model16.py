@@ -8,14 +8,13 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import ROOT
 
+from nslib.data.gpus import GPU
+from nslib.evaluation import layer_check
 from nslib.model import predict16
 from nslib.model.config import load_model_config
 from nslib.model.trace import ATTENTION_COLUMNS, MEMORY_COLUMNS, TRACE_COLUMNS, trace
-from nslib.evaluation import layer_check
-from nslib.data.gpus import GPU
-
-from conftest import ROOT
 
 LLAMA3_8B = ROOT / "notebooks" / "configs" / "llama3_8b.json"  # the notebooks' config
 
@@ -206,8 +205,8 @@ class _Fp32Roof:
 @pytest.mark.filterwarnings("ignore::nslib.predictors.gpu_range.DatasheetRangeWarning")
 def test_predict_model_bf16_prices_each_kind():
     from nslib.kernels import sizes
-    from nslib.model.predict import predict_model
     from nslib.model.inputs import traced
+    from nslib.model.predict import predict_model
     gemm = _Roof(lambda f: 2 * f["m"] * f["n"] * f["k"])
     attn = _Roof(lambda f: 4 * f["batch"] * f["heads"] * f["q_len"] * f["kv_len"]
                  * f["head_dim"])

@@ -1,7 +1,6 @@
 """Every notebook runs under papermill in quick mode on the real data and writes its files."""
 import pandas as pd
 import pytest
-
 from conftest import run_notebook
 
 

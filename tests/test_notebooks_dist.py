@@ -2,7 +2,6 @@
 figures and tables. The roofline predictor keeps them fast (no training); the NeuSight path is
 the same code with another predictor."""
 import pandas as pd
-
 from conftest import run_notebook
 
 

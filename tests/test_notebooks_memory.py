@@ -1,6 +1,5 @@
 """Notebook 10 (memory) runs under papermill in quick mode and writes its figures and tables."""
 import pandas as pd
-
 from conftest import run_notebook
 
 

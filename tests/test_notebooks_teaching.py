@@ -4,7 +4,6 @@ import json
 
 import pandas as pd
 import pytest
-
 from conftest import run_notebook
 
 

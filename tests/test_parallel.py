@@ -7,10 +7,10 @@ import pandas as pd
 import pytest
 
 from nslib.data.gpus import GPU
-from nslib.model.parallel import (LinkSpec, default_link, dp_schedule, gpipe_time, model_info,
-    resolve_link, shard_tensor_parallel)
-from nslib.model.predict import predict_model
 from nslib.model.inputs import traced
+from nslib.model.parallel import (LinkSpec, default_link, dp_schedule, gpipe_time, model_info,
+                                  resolve_link, shard_tensor_parallel)
+from nslib.model.predict import predict_model
 
 CFG = {"model_type": "gpt2", "n_embd": 64, "n_head": 4, "n_layer": 4, "n_positions": 64,
        "vocab_size": 500}

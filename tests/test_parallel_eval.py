@@ -4,8 +4,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from nslib.evaluation.parallel_eval import (parallel_error_table, parallel_summary,
-                                            parallel_table, scaling_table, with_strategy)
+from nslib.evaluation.parallel_eval import (parallel_error_table, parallel_summary, parallel_table,
+                                            scaling_table, with_strategy)
 
 
 def results():

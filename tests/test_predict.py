@@ -6,8 +6,8 @@ import pytest
 
 from nslib.cli.commands import main
 from nslib.data.labels import load_labels, parse_tag
-from nslib.model.predict import predict_model
 from nslib.model.inputs import traced
+from nslib.model.predict import predict_model
 from nslib.model.sweep import sweep
 
 TINY = {"model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_head": 4, "vocab_size": 100,

@@ -5,8 +5,8 @@ import sys
 import numpy as np
 import pandas as pd
 
-from nslib.evaluation import metrics
 from nslib.cli.commands import main
+from nslib.evaluation import metrics
 
 
 def test_ape_and_class_table():

@@ -5,8 +5,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from nslib.predictors.tc_gemm import GEMM, PREDICTORS, TensorGemm, gemm_terms, law_ms
 from nslib.kernels.tc_tiles import choose_tiles
+from nslib.predictors.tc_gemm import GEMM, PREDICTORS, TensorGemm, gemm_terms, law_ms
 
 # a datasheet outside the training range (B200-like): 2.25 PFLOP/s, 7.7 TB/s, 126 MB L2
 FAST = {"gpu": "fast", "num_sm": 148, "peak_gflops": 80000.0, "bf16_gflops": 2.25e6,

@@ -134,6 +134,7 @@ def test_train_all_trains_every_learning_predictor(monkeypatch):
 
 def test_damaged_trace_is_rebuilt_with_a_note(monkeypatch, tmp_path, capsys):
     import pandas as pd
+
     from nslib.model import inputs
     monkeypatch.setenv("NSLIB_CACHE", str(tmp_path))
     frame = pd.DataFrame({"op": ["addu"], "inputs": [(1, 2)], "B": [1.0]})

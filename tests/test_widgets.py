@@ -6,13 +6,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from nslib.kernels import measured, sizes
 from nslib.data.gpus import GPU, find_gpu, gpu_from_dict, load_gpus
 from nslib.explore.gpus import explorer_gpus, hypothetical_gpu
 from nslib.explore.pasted import parse_pasted_config
 from nslib.explore.ranges import training_ranges
 from nslib.explore.ui import build_explorer
 from nslib.explore.whatif import dominance_warnings, largest_kernels, scenario
+from nslib.kernels import measured, sizes
 
 # a small GPT-2 that traces in well under a second
 TINY = {"model_type": "gpt2", "n_layer": 2, "n_embd": 256, "n_head": 4, "n_positions": 1024,

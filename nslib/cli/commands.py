@@ -95,8 +95,8 @@ def _eval_kernels(args) -> int:
     if args.test_gpus:
         raise ValueError("--test-gpus applies to the 16-bit kernels (--dtype bf16); the FP32 "
                          "test GPUs are the data's own split")
-    from nslib.evaluation.metrics import table_json
     from nslib.evaluation.kernel_level import evaluate_logo, evaluate_predictor, logo_json
+    from nslib.evaluation.metrics import table_json
     if args.logo:
         tab = evaluate_logo(args.predictor, **_train_kw(args))
         if args.json:

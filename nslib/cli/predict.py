@@ -7,10 +7,10 @@ from pathlib import Path
 
 from nslib.data.checks import arg_float, arg_int
 from nslib.kernels.dtypes import DTYPES
-from nslib.model.predict import predict_model
-from nslib.predictors.gpu_range import DatasheetRangeWarning
 from nslib.model.memory import memory_of
 from nslib.model.parallel import LINK_UTILISATION
+from nslib.model.predict import predict_model
+from nslib.predictors.gpu_range import DatasheetRangeWarning
 
 
 def _predict(args) -> int:

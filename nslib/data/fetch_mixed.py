@@ -25,8 +25,7 @@ import zipfile
 from datetime import datetime, timezone
 from pathlib import Path, PurePosixPath
 
-from nslib.data import fetch
-from nslib.data import paths
+from nslib.data import fetch, paths
 from nslib.data.gpus import gpu_from_dict
 
 ARCHIVE_SUFFIXES = (".tar.gz", ".tgz", ".tar", ".zip")

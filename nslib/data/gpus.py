@@ -8,8 +8,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from nslib.data.checks import check_float, check_int
-from nslib.data.paths import data_root, mixed_root, require
-from nslib.data.paths import DataNotFoundError
+from nslib.data.paths import DataNotFoundError, data_root, mixed_root, require
 
 # NeuSight JSON key -> (dataclass field, description with unit)
 FIELDS = {

@@ -6,8 +6,8 @@ import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
-from nslib.kernels import measured
 from nslib.evaluation.metrics import ape, class_table, order_classes
+from nslib.kernels import measured
 from nslib.predictors.training import kernel_eval_frame, trained
 
 LOGO_MEAN = "mean (training GPUs held out)"

@@ -12,10 +12,10 @@ import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
-from nslib.evaluation.metrics import ape
+from nslib.data import mixed_data
 from nslib.data.gpus import gpu_matches, load_mixed_gpus
 from nslib.data.mixed_data import measured_gpus
-from nslib.data import mixed_data
+from nslib.evaluation.metrics import ape
 from nslib.predictors.mixed_training import KINDS, kind_table, trained_tensor
 
 

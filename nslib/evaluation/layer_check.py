@@ -31,13 +31,13 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from nslib.model.stream import LAUNCH_US
-from nslib.kernels import sizes
 from nslib.data import mixed_data
-from nslib.model import predict16
 from nslib.data.gpus import load_mixed_gpus
-from nslib.predictors.training import trained
+from nslib.kernels import sizes
+from nslib.model import predict16
+from nslib.model.stream import LAUNCH_US
 from nslib.predictors.mixed_training import kind_table, trained_tensor
+from nslib.predictors.training import trained
 
 ELEM = 2  # fp16 bytes per element
 GEMM_OPS = ("attn_pre_proj", "attn_post_proj", "mlp_up_proj", "mlp_down_proj")

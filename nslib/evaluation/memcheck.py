@@ -5,10 +5,11 @@ trace's bookkeeping. Used by the tests and notebook 10."""
 from __future__ import annotations
 
 import pandas as pd
+
 from nslib.model.config import MEASURED_ARCHITECTURE, build_model, hf_config
+from nslib.model.memory import step_memory
 from nslib.model.recorder import make_modes
 from nslib.model.trace import logits_loss, trace
-from nslib.model.memory import step_memory
 
 __all__ = ["SMALL_CONFIGS", "real_peak", "compare"]
 

@@ -12,17 +12,16 @@ import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
-from nslib.kernels import measured
-from nslib.evaluation.metrics import ape
 from nslib.data.gpus import load_gpus
 from nslib.data.labels import load_labels
 from nslib.data.protocol import ood_models
-from nslib.model.stream import LAUNCH_US
-from nslib.model.predict import predict_model
-from nslib.predictors.gpu_range import range_warnings_once
+from nslib.evaluation.metrics import ape
 from nslib.evaluation.per_class import per_class_results, per_class_table
+from nslib.kernels import measured
+from nslib.model.predict import predict_model
+from nslib.model.stream import LAUNCH_US
+from nslib.predictors.gpu_range import range_warnings_once
 from nslib.viz.figures import save_table
-
 
 
 def label_configs(mode: str, data=None, gpus=None, models=None, variant: str = "") -> pd.DataFrame:

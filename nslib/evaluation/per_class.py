@@ -3,15 +3,14 @@ latencies of the one-layer label CSVs (repeated n_layer times; see
 :mod:`nslib.data.reference_graphs`)."""
 from __future__ import annotations
 
-
 import pandas as pd
 
-from nslib.evaluation.metrics import ape
-from nslib.model.config import load_model_config
 from nslib.data.labels import load_labels
 from nslib.data.reference_graphs import (host_nodes, layer_repeats, measured_nodes,
-    measured_per_class)
+                                         measured_per_class)
+from nslib.evaluation.metrics import ape
 from nslib.kernels.sizes import MODEL_CLASSES
+from nslib.model.config import load_model_config
 from nslib.model.predict import predict_model
 from nslib.predictors.gpu_range import range_warnings_once
 

@@ -23,8 +23,8 @@ import pandas as pd
 from nslib.data.gpus import GPU
 from nslib.explore.gpus import plain_number
 from nslib.explore.memory import memory_table, memory_warnings
-from nslib.explore.ranges import (clear_range_caches, data_key, kernel_waves,
-                                  kernel_warnings, range_summary, training_ranges)
+from nslib.explore.ranges import (clear_range_caches, data_key, kernel_warnings, kernel_waves,
+                                  range_summary, training_ranges)
 from nslib.kernels import sizes
 from nslib.kernels.dtypes import check_dtype
 from nslib.kernels.sizes import MODEL_CLASSES

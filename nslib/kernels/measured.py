@@ -16,10 +16,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from nslib.kernels import sizes
-from nslib.data.gpus import GPU, find_gpu, load_gpus
 from nslib.data.cache import JSON, cached
+from nslib.data.gpus import GPU, find_gpu, load_gpus
 from nslib.data.paths import DataNotFoundError, data_root, hash_files, require
+from nslib.kernels import sizes
 
 SCHEMA_VERSION = 4  # bump when the built tables change shape or meaning
 TEST_FILES = {"bmm": "bmm.csv", "linear": "linear.csv", "elementwise": "elem.csv",

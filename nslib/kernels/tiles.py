@@ -11,8 +11,8 @@ import hashlib
 import numpy as np
 import pandas as pd
 
-from nslib.kernels import sizes
 from nslib.data.cache import NPY, cached
+from nslib.kernels import sizes
 
 LOOKUP_GPU_COLS = ("num_sm", "peak_gflops", "mem_bw", "mem_gb", "l2_mb")
 TILE_COLS = {"bmm": ("tile_m", "tile_k"), "linear": ("tile_m", "tile_k"), "elementwise": ("tile",)}

@@ -102,8 +102,8 @@ def _model_classes(hf, architecture: str | None):
     """The transformers classes to try building ``hf`` with, in order."""
     import transformers
     from transformers import (AutoModel, AutoModelForCausalLM, AutoModelForImageClassification,
-                              AutoModelForMaskedLM, AutoModelForPreTraining,
-                              AutoModelForSeq2SeqLM, AutoModelForSpeechSeq2Seq)
+                              AutoModelForMaskedLM, AutoModelForPreTraining, AutoModelForSeq2SeqLM,
+                              AutoModelForSpeechSeq2Seq)
 
     if architecture:
         cls = getattr(transformers, architecture, None)

@@ -15,9 +15,9 @@ import numpy as np
 import pandas as pd
 
 from nslib import __version__
+from nslib.data.cache import PARQUET, Format, cached
 from nslib.data.checks import check_int
 from nslib.data.gpus import GPU, find_gpu, load_gpu_file, load_gpus
-from nslib.data.cache import PARQUET, Format, cached
 from nslib.data.paths import hash_files
 from nslib.kernels.dtypes import check_dtype
 from nslib.model.config import load_model_config

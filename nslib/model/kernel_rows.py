@@ -12,8 +12,8 @@ import math
 from collections import Counter
 
 from nslib.kernels import sizes
-from nslib.model.aten import (CONV, EW_FIXED, EW_PAIR, GEMM, LAYERNORM, MEMORY, NO_KERNEL,
-                              SOFTMAX, rows_of, split_name, tensor_bytes, tensors_in)
+from nslib.model.aten import (CONV, EW_FIXED, EW_PAIR, GEMM, LAYERNORM, MEMORY, NO_KERNEL, SOFTMAX,
+                              rows_of, split_name, tensor_bytes, tensors_in)
 
 __all__ = ["KernelRows"]
 

@@ -13,12 +13,12 @@ import pandas as pd
 from nslib.data.checks import check_float, check_int
 from nslib.data.gpus import GPU
 from nslib.kernels.dtypes import check_dtype
+from nslib.model import predict16
+from nslib.model.fusion import fuse
 from nslib.model.inputs import MODES, get_predictor, kernel_frame, resolve_gpu, traced
+from nslib.model.parallel import predict_parallel
 from nslib.model.stream import LAUNCH_US, stream_ms
 from nslib.predictors.gpu_range import tensor_ranges, warn_out_of_range
-from nslib.model import predict16
-from nslib.model.parallel import predict_parallel
-from nslib.model.fusion import fuse
 
 
 def summarize(frame: pd.DataFrame) -> dict:

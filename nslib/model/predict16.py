@@ -29,11 +29,11 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from nslib.data.mixed_data import gpu_frame
 from nslib.kernels import sizes
 from nslib.model.sdpa_trace import BACKWARD_FLOPS
-from nslib.data.mixed_data import gpu_frame
-from nslib.predictors.mixed_training import trained_tensor
 from nslib.model.stream import stream_ms
+from nslib.predictors.mixed_training import trained_tensor
 
 TENSOR_KINDS = ("gemm", "attention")
 

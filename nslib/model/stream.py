@@ -28,10 +28,9 @@ from functools import lru_cache
 import numpy as np
 import pandas as pd
 
-from nslib.kernels import sizes
-from nslib.kernels import measured
 from nslib.data.cache import cached
 from nslib.data.paths import data_root, hash_files
+from nslib.kernels import measured, sizes
 
 # Back-to-back kernel launch gap on the GPU, us (a few us on CUDA GPUs). Not fitted: the
 # mean end-to-end errors moved by under half a point between 3 and 6 us when this was tried.

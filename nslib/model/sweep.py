@@ -13,11 +13,11 @@ import numpy as np
 import pandas as pd
 
 from nslib.kernels import sizes
-from nslib.model.stream import LAUNCH_US, stream_ms
 from nslib.model.inputs import (LAW_POINTS, LAW_POINTS_ONE, get_predictor, kernel_frame,
                                 resolve_gpu, traced)
-from nslib.predictors.gpu_range import warn_out_of_range
 from nslib.model.memory import sweep_memory
+from nslib.model.stream import LAUNCH_US, stream_ms
+from nslib.predictors.gpu_range import warn_out_of_range
 
 DIMS = ["B", "M", "N", "K", "H"]
 # (batch, seq) probes, ratios 1.5 in each direction; batch 1 has its own pair

@@ -28,7 +28,7 @@ import numpy as np
 import pandas as pd
 
 from nslib.predictors.attention_kind import (ATTENTION, attention_roofline_ms, check_frame,
-    launch_geometry)
+                                             launch_geometry)
 from nslib.predictors.base import Predictor
 from nslib.predictors.fitting import fit_mlp, log_error
 from nslib.predictors.network import mlp_forward

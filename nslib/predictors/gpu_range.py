@@ -19,12 +19,11 @@ import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from nslib.data.gpus import GPU, find_gpu, load_gpus
 from nslib.data.cache import JSON, cached
+from nslib.data.gpus import GPU, find_gpu, load_gpus, load_mixed_gpus
+from nslib.data.mixed_data import attention_table, gemm_table, mixed_hash
 from nslib.data.paths import data_root
 from nslib.kernels.measured import data_hash, gpu_splits
-from nslib.data.gpus import load_mixed_gpus
-from nslib.data.mixed_data import attention_table, gemm_table, mixed_hash
 
 __all__ = ["CHECKED", "CHECKED_16", "DatasheetRangeWarning", "OutOfRange", "figures",
            "training_ranges", "tensor_ranges", "out_of_range", "range_warnings",

@@ -19,10 +19,10 @@ import pandas as pd
 
 from nslib import __version__
 from nslib.data import mixed_data
-from nslib.kernels import tc_tiles
-from nslib.data.checks import check_int
 from nslib.data.cache import read_cache_entry
+from nslib.data.checks import check_int
 from nslib.data.paths import atomic_write_text, cache_dir, hash_files
+from nslib.kernels import tc_tiles
 from nslib.predictors import tensor_baselines
 
 # kind name -> (module, kind object, NeuSight-style class in the module's PREDICTORS, table)

@@ -29,12 +29,10 @@ from nslib.kernels import sizes
 from nslib.kernels.tiles import TileLookup
 from nslib.predictors.base import Predictor, by_class
 from nslib.predictors.features import FEATURES, RowPacking, tile_features
-from nslib.predictors.fitting import (MEMBER_SEED_STRIDE, random_split, symmetric_error,
-                                      train_mlp)
+from nslib.predictors.fitting import MEMBER_SEED_STRIDE, random_split, symmetric_error, train_mlp
 from nslib.predictors.network import mlp_forward, mlp_weights
 from nslib.predictors.scaling import fit_scaling, standardise
-from nslib.predictors.wave_laws import (FORMS, KERNEL_LAWS, OUTPUTS, array_ops, wave_context,
-                                        wave_ms)
+from nslib.predictors.wave_laws import FORMS, KERNEL_LAWS, OUTPUTS, array_ops, wave_context, wave_ms
 
 DEFAULT_FEATURES = ("compute", "load")
 VALIDATIONS = ("random", "gpu")

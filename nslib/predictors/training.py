@@ -16,13 +16,11 @@ import numpy as np
 import pandas as pd
 
 from nslib import __version__
-from nslib.kernels import measured, sizes
-from nslib.data.checks import check_int
 from nslib.data.cache import read_cache_entry
+from nslib.data.checks import check_int
 from nslib.data.paths import CacheError, atomic_write_text, cache_dir, hash_files
-from nslib.predictors import get, predictor_class
-from nslib.kernels import tiles
-from nslib.predictors import available
+from nslib.kernels import measured, sizes, tiles
+from nslib.predictors import available, get, predictor_class
 
 # Per-predictor default parameters, and the quick profile used by tests and --quick runs.
 DEFAULTS: dict[str, dict] = {

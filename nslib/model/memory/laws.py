@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+
 from nslib.model.inputs import LAW_POINTS, LAW_POINTS_ONE, resolve_gpu, traced
 from nslib.model.memory.step import (GIB, Memory, framework_bytes, saved_bytes, step_memory,
                                      storage_lifetimes)

@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-from nslib.model.parallel import check_degrees, model_info, pipeline_stages, shard_tensor_parallel
+
 from nslib.kernels.dtypes import bytes_per_elem, check_dtype
-from nslib.model.inputs import resolve_gpu, spec_path, traced
 from nslib.model.config import load_model_config
+from nslib.model.inputs import resolve_gpu, spec_path, traced
 from nslib.model.memory.step import (FP32_BYTES, GIB, Memory, check_step, framework_bytes,
                                      kv_cache_bytes, saved_bytes, step_memory)
+from nslib.model.parallel import check_degrees, model_info, pipeline_stages, shard_tensor_parallel
 
 __all__ = ["tp_scales", "memory_of", "pipeline_memory"]
 

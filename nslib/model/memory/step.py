@@ -39,8 +39,9 @@ from itertools import chain
 
 import numpy as np
 import pandas as pd
-from nslib.model.parallel import raw_spec
+
 from nslib.kernels.dtypes import bytes_per_elem
+from nslib.model.parallel import raw_spec
 
 __all__ = ["OPTIMIZERS", "CONTEXT_BASE_GB", "CONTEXT_THREADS_PER_SM", "CONTEXT_STACK_BYTES",
            "CUBLAS_WORKSPACE_BYTES", "FP32_BYTES", "GIB", "Memory", "storage_lifetimes",

@@ -21,17 +21,18 @@ import numpy as np
 import pandas as pd
 
 from nslib.kernels import sizes
-from nslib.model.stream import LAUNCH_US, stream_ms
 from nslib.model.blocks import block_index
 from nslib.model.config import MEASURED_ARCHITECTURE, build_model, load_model_config
-from nslib.model.inputs import (get_predictor, kernel_frame, resolve_gpu,
-                                spec_path as spec_path_of, traced)
 from nslib.model.fusion import fuse
+from nslib.model.inputs import get_predictor, kernel_frame, resolve_gpu
+from nslib.model.inputs import spec_path as spec_path_of
+from nslib.model.inputs import traced
 from nslib.model.parallel.links import LinkSpec, resolve_link
 from nslib.model.parallel.pipeline import pipeline_stages
 from nslib.model.parallel.schedules import (dp_schedule, gradient_rows, insert_transfers,
                                             pp_schedule, tp_schedule)
 from nslib.model.parallel.tensor import shard_tensor_parallel
+from nslib.model.stream import LAUNCH_US, stream_ms
 
 __all__ = ["model_info", "check_degrees", "predict_parallel"]
 
