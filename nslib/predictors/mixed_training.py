@@ -9,11 +9,9 @@ trains and is evaluated on (the quick profile keeps a fixed, seeded subsample pe
 from __future__ import annotations
 
 import importlib
-import inspect
 import json
 import sys
 import time
-from pathlib import Path
 
 import pandas as pd
 
@@ -22,8 +20,8 @@ from nslib.data import mixed_data
 from nslib.data.cache import read_cache_entry
 from nslib.data.checks import check_int
 from nslib.data.paths import atomic_write_text, cache_dir, hash_files
-from nslib.kernels import tc_tiles
 from nslib.predictors import tensor_baselines
+from nslib.viz.layout import dependencies
 
 # kind name -> (module, kind object, NeuSight-style class in the module's PREDICTORS, table)
 KINDS = {"gemm": ("nslib.predictors.tc_gemm", "GEMM", mixed_data.gemm_table),
@@ -79,12 +77,9 @@ def make(kind: str, name: str, seed: int = 0, quick: bool = False):
 def _key(kind: str, name: str, seed: int, quick: bool, exclude: list, mixed) -> str:
     """Content key of a trained 16-bit predictor: its code, parameters, the kind's table files
     and the datasheets (:func:`nslib.data.mixed_data.table_files`), and the library version."""
-    # every file a 16-bit predictor's training can run: its package (fit loop, baselines,
-    # kinds), the tile heuristic, this module and the table loaders
-    package = Path(inspect.getfile(tensor_baselines)).parent
-    sources = sorted([*package.glob("*.py"), Path(inspect.getfile(tc_tiles)),
-                      Path(__file__),
-                      Path(inspect.getfile(mixed_data))])
+    # every file a 16-bit predictor's training can run: its module, this one (table loaders)
+    # and all they import (fit loop, kinds, tile heuristic)
+    sources = dependencies(predictors(kind)[name].__module__, KINDS[kind][0], __name__)
     data = mixed_data.table_files(kind, mixed)
     root = mixed_data.mixed_root(mixed)
     return hash_files(sources + data, extra=[kind, name, seed, quick, exclude, __version__,

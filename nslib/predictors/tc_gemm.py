@@ -38,7 +38,7 @@ from nslib.predictors.base import Predictor
 from nslib.predictors.fitting import MEMBER_SEED_STRIDE, fit_mlp, log_error
 from nslib.predictors.network import EXP_CLIP, SIGMOID_CLIP, mlp_forward
 from nslib.predictors.scaling import fit_scaling, standardise
-from nslib.predictors.units import GIGA, KILO, MEGA, MS_PER_S
+from nslib.predictors.units import GIGA, KILO, MIB, MS_PER_S
 
 FIXED_MS = 0.002      # scale of the fixed cost c: exp(raw) * 2 us (the smallest GEMMs' time)
 FIXED_CYCLES = 4000.0  # or in SM clocks: exp(raw) * 4000 cycles at the datasheet clock
@@ -120,7 +120,7 @@ def gemm_terms(frame: pd.DataFrame, l2: bool = True, macs: bool = False) -> dict
     k_split = np.ceil(k / tiles["split"].to_numpy(float))
     peak = frame["bf16_gflops"].to_numpy(float) * GIGA
     bw = frame["mem_bw"].to_numpy(float) * GIGA
-    l2_bytes = frame["l2_mb"].to_numpy(float) * MEGA
+    l2_bytes = frame["l2_mb"].to_numpy(float) * MIB  # NVIDIA quotes L2 in binary MB
     nbytes = GEMM.bytes(frame)
     beyond = np.maximum(nbytes - l2_bytes, 0.0) if l2 else nbytes
     active = np.minimum(tiles["ctas"].to_numpy(float), sm) / sm

@@ -6,7 +6,6 @@ when the data hash, the parameters and the library version match, training it ot
 """
 from __future__ import annotations
 
-import inspect
 import json
 import sys
 import time
@@ -19,8 +18,9 @@ from nslib import __version__
 from nslib.data.cache import read_cache_entry
 from nslib.data.checks import check_int
 from nslib.data.paths import CacheError, atomic_write_text, cache_dir, hash_files
-from nslib.kernels import measured, sizes, tiles
+from nslib.kernels import measured
 from nslib.predictors import available, get, predictor_class
+from nslib.viz.layout import dependencies
 
 # Per-predictor default parameters, and the quick profile used by tests and --quick runs.
 DEFAULTS: dict[str, dict] = {
@@ -89,12 +89,10 @@ def params_for(name: str, quick: bool = False, seed: int = 0, **overrides) -> di
 def cache_key(name: str, params: dict, data=None) -> str:
     """Content key of a trained predictor: data hash, parameters, library version and the
     source of the code that trains it (so an edited predictor never loads stale weights): the
-    predictor's class and every module of the predictors package (features, laws, the fit
-    loop), and the kernel sizes, tiles and tables it reads."""
-    sources = {Path(inspect.getfile(m)) for m in (predictor_class(name), sizes, tiles, measured)}
-    sources |= set(Path(__file__).parent.glob("*.py"))
-    return hash_files(sorted(sources), extra=[name, params, measured.train_hash(data),
-                                              __version__])
+    predictor's module, this one, and every module they import (features, laws, the fit loop,
+    the kernel sizes, tiles and tables)."""
+    sources = dependencies(predictor_class(name).__module__, __name__)
+    return hash_files(sources, extra=[name, params, measured.train_hash(data), __version__])
 
 
 def trained(name: str, data=None, quick: bool = False, seed: int = 0, out=None,

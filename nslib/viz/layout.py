@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 from collections import Counter
+from functools import lru_cache
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1]
@@ -55,6 +56,26 @@ def import_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
     """``{module: {modules it imports}}`` within the package."""
     known = modules(package)
     return {m: {t for _, t, _ in imports(m, p, known) if t != m} for m, p in known.items()}
+
+
+@lru_cache(maxsize=1)
+def _package_graph() -> dict[str, set[str]]:
+    return import_graph()
+
+
+def dependencies(*names: str) -> list[Path]:
+    """The files of modules ``names`` (dotted) and of every package module they import,
+    transitively, sorted: the code a result computed by them can depend on (cache keys hash
+    it, so an edit anywhere in it, and only there, invalidates the result)."""
+    graph, files = _package_graph(), modules()
+    todo, seen = list(names), set()
+    while todo:
+        m = todo.pop()
+        if m in seen or m not in files:
+            continue
+        seen.add(m)
+        todo.extend(graph.get(m, ()))
+    return sorted(files[m] for m in seen)
 
 
 def stage(module: str) -> str | None:
