@@ -59,22 +59,30 @@ def import_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
 
 
 @lru_cache(maxsize=1)
-def _package_graph() -> dict[str, set[str]]:
-    return import_graph()
+def _known() -> dict[str, Path]:
+    return modules()
+
+
+@lru_cache(maxsize=None)
+def _imported(name: str) -> frozenset[str]:
+    """The package modules ``name`` imports (its file is parsed once per process)."""
+    known = _known()
+    return frozenset(t for _, t, _ in imports(name, known[name], known) if t != name)
 
 
 def dependencies(*names: str) -> list[Path]:
     """The files of modules ``names`` (dotted) and of every package module they import,
     transitively, sorted: the code a result computed by them can depend on (cache keys hash
-    it, so an edit anywhere in it, and only there, invalidates the result)."""
-    graph, files = _package_graph(), modules()
+    it, so an edit anywhere in it, and only there, invalidates the result). Only the modules
+    reached are parsed: a cached prediction's start-up pays for its predictor's code alone."""
+    files = _known()
     todo, seen = list(names), set()
     while todo:
         m = todo.pop()
         if m in seen or m not in files:
             continue
         seen.add(m)
-        todo.extend(graph.get(m, ()))
+        todo.extend(_imported(m))
     return sorted(files[m] for m in seen)
 
 
