@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 
 from nslib.data.gpus import GPU
+from nslib.data.units import GIGA, S_PER_MS
 from nslib.explore.gpus import plain_number
 from nslib.explore.memory import memory_table, memory_warnings
 from nslib.explore.ranges import (clear_range_caches, data_key, kernel_warnings, kernel_waves,
@@ -41,8 +42,6 @@ STEPS_KEPT = 256
 # dominating GPU may be predicted before it is called out
 DOMINANCE_COLS = ("peak_gflops", "mem_bw", "mem_gb", "l2_mb")
 DOMINANCE_TOLERANCE = 0.01
-S_PER_MS = 1e-3
-FLOP_PER_GFLOP = 1e9
 
 
 # --------------------------------------------------------------------------------------------
@@ -154,7 +153,7 @@ def largest_kernels(frame: pd.DataFrame, label: str, spec: GPU, e2e_ms: float,
     flops, nbytes = g["flops"].to_numpy(float), g["bytes"].to_numpy(float)
     with np.errstate(divide="ignore", invalid="ignore"):
         g["intensity"] = np.where(nbytes > 0, flops / nbytes, np.nan)
-        g["achieved_gflops"] = flops / (g["pred_ms"].to_numpy(float) * S_PER_MS) / FLOP_PER_GFLOP
+        g["achieved_gflops"] = flops / (g["pred_ms"].to_numpy(float) * S_PER_MS) / GIGA
     g["roofline_gflops"] = np.minimum(spec.peak_gflops, g["intensity"] * spec.mem_bw)
     g["share"] = g["total_ms"] / e2e_ms if e2e_ms > 0 else np.nan
     g["peak_gflops"], g["mem_bw"] = spec.peak_gflops, spec.mem_bw

@@ -27,13 +27,13 @@ import time
 import numpy as np
 import pandas as pd
 
+from nslib.data.units import GHZ_PER_MHZ, GIGA, MEGA, MIB, MS_PER_S
 from nslib.predictors.attention_kind import (ATTENTION, attention_roofline_ms, check_frame,
                                              launch_geometry)
 from nslib.predictors.base import Predictor
 from nslib.predictors.fitting import fit_mlp, log_error
 from nslib.predictors.network import mlp_forward
 from nslib.predictors.scaling import fit_scaling, standardise
-from nslib.predictors.units import GHZ_PER_MHZ, GIGA, MEGA, MIB, MS_PER_S
 
 __all__ = ["ATTENTION", "attention_roofline_ms", "floor_ms", "TensorAttention", "PREDICTORS"]
 

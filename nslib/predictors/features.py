@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from nslib.predictors.units import KIB, KILO, MIB, MS_PER_S
+from nslib.data.units import KIB, KILO, MIB, MS_PER_S
 
 FEATURES = ("compute", "load", "dram_footprint", "l2_footprint")  # the paper's four
 PAPER_L2_FACTOR = 1024  # the paper's L2 footprint divides by L2 MB times 1024

@@ -33,12 +33,12 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import pandas as pd
 
+from nslib.data.units import GIGA, KILO, MIB, MS_PER_S
 from nslib.kernels.tc_tiles import MACS, choose_tiles
 from nslib.predictors.base import Predictor
 from nslib.predictors.fitting import MEMBER_SEED_STRIDE, fit_mlp, log_error
 from nslib.predictors.network import EXP_CLIP, SIGMOID_CLIP, mlp_forward
 from nslib.predictors.scaling import fit_scaling, standardise
-from nslib.predictors.units import GIGA, KILO, MIB, MS_PER_S
 
 FIXED_MS = 0.002      # scale of the fixed cost c: exp(raw) * 2 us (the smallest GEMMs' time)
 FIXED_CYCLES = 4000.0  # or in SM clocks: exp(raw) * 4000 cycles at the datasheet clock

@@ -16,10 +16,10 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from nslib.data.units import GIGA, MS_PER_S
 from nslib.predictors.base import Predictor
 from nslib.predictors.fitting import fit_mlp
 from nslib.predictors.network import mlp_forward
-from nslib.predictors.units import GIGA, MS_PER_S
 
 DATASHEET = ("num_sm", "bf16_gflops", "mem_bw", "l2_mb")  # learned baselines see these
 XGB_THREADS = 2    # XGBoost's threads, training and predicting

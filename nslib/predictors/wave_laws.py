@@ -31,10 +31,10 @@ import sys
 import numpy as np
 import pandas as pd
 
+from nslib.data.units import GIGA, MS_PER_S
 from nslib.kernels import sizes
 from nslib.predictors.features import roofline_wave_ms
 from nslib.predictors.network import EXP_CLIP, SIGMOID_CLIP
-from nslib.predictors.units import GIGA, MS_PER_S
 
 FORMS = ("paper", "overhead", "additive", "stream", "series")
 # raw MLP outputs each law needs

@@ -40,6 +40,7 @@ from itertools import chain
 import numpy as np
 import pandas as pd
 
+from nslib.data.units import GIB
 from nslib.kernels.dtypes import bytes_per_elem
 from nslib.model.parallel import raw_spec
 
@@ -48,7 +49,6 @@ __all__ = ["OPTIMIZERS", "CONTEXT_BASE_GB", "CONTEXT_THREADS_PER_SM", "CONTEXT_S
            "live_bytes", "saved_bytes", "framework_bytes", "kv_cache_bytes", "check_step",
            "step_memory"]
 
-GIB = float(2 ** 30)
 # Bytes of an FP32 element: optimizer states, master weights and nslib's default traces.
 FP32_BYTES = bytes_per_elem("fp32")
 

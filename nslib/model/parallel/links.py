@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from nslib.data.paths import data_root
+from nslib.data.units import GIGA, MS_PER_S, MS_PER_US
 
 __all__ = ["LINK_UTILISATION", "LINK_LATENCY_US", "LINK_DIRECTIONS", "LINK_RULES", "LinkSpec",
            "raw_spec", "default_link", "resolve_link"]
@@ -35,9 +36,6 @@ LINK_UTILISATION = 0.72
 LINK_LATENCY_US = 1.0
 # Datasheet link figures count both directions of a full-duplex link; a transfer sees one.
 LINK_DIRECTIONS = 2.0
-BYTES_PER_GB = 1e9    # link bandwidths are decimal GB/s
-MS_PER_S = 1e3
-MS_PER_US = 1e-3
 
 
 @dataclass(frozen=True)
@@ -69,13 +67,13 @@ class LinkSpec:
         if n <= 1:
             return nbytes * 0.0
         steps = 2 * (n - 1)
-        return (steps / n) * nbytes / (self.effective_gbps * BYTES_PER_GB) * MS_PER_S + \
+        return (steps / n) * nbytes / (self.effective_gbps * GIGA) * MS_PER_S + \
             steps * self.latency_us * MS_PER_US
 
     def p2p_ms(self, nbytes):
         """A point-to-point send of ``nbytes``, ms."""
         nbytes = np.asarray(nbytes, float)
-        return nbytes / (self.effective_gbps * BYTES_PER_GB) * MS_PER_S + \
+        return nbytes / (self.effective_gbps * GIGA) * MS_PER_S + \
             self.latency_us * MS_PER_US
 
     def to_dict(self) -> dict:
