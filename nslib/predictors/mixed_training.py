@@ -9,9 +9,7 @@ trains and is evaluated on (the quick profile keeps a fixed, seeded subsample pe
 from __future__ import annotations
 
 import importlib
-import json
 import sys
-import time
 
 import pandas as pd
 
@@ -19,8 +17,9 @@ from nslib import __version__
 from nslib.data import mixed_data
 from nslib.data.cache import read_cache_entry
 from nslib.data.checks import check_int
-from nslib.data.paths import atomic_write_text, cache_dir, hash_files
+from nslib.data.paths import cache_dir, hash_files
 from nslib.predictors import tensor_baselines
+from nslib.predictors.training import fit_and_save
 from nslib.viz.layout import dependencies
 
 # kind name -> (module, kind object, NeuSight-style class in the module's PREDICTORS, table)
@@ -110,11 +109,8 @@ def trained_tensor(kind: str, name: str = "neusight", seed: int = 0, quick: bool
     print(f"nslib: training the 16-bit {kind} {name} predictor ({'quick' if quick else 'full'}"
           f" profile{', without ' + ', '.join(exclude) if exclude else ''}); cached afterwards",
           file=sys.stderr, flush=True)
-    t0 = time.time()
     table = kind_table(kind, quick, mixed) if table is None else table
-    pred.fit(table[~table["gpu"].isin(exclude)].reset_index(drop=True), progress=progress)
-    pred.save(path)
-    meta = {"kind": kind, "predictor": name, "seed": seed, "quick": quick, "exclude": exclude,
-            "seconds": round(time.time() - t0, 1), "nslib": __version__}
-    atomic_write_text(path.with_suffix(".json"), json.dumps(meta, indent=1))
-    return pred
+    rows = table[~table["gpu"].isin(exclude)].reset_index(drop=True)
+    meta = {"kind": kind, "predictor": name, "seed": seed, "quick": quick, "exclude": exclude}
+    return fit_and_save(lambda: pred.fit(rows, progress=progress), path,
+                        f"16-bit {kind} {name} predictor", meta)[0]

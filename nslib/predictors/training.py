@@ -127,19 +127,30 @@ def trained(name: str, data=None, quick: bool = False, seed: int = 0, out=None,
     print(f"nslib: training the {name} predictor ({'quick' if quick else 'full'} profile, "
           f"key {key}): {why}. Roughly {_rough_time(name, quick, folder)}; cached afterwards "
           "(`nslib train --all` trains every predictor ahead).", file=sys.stderr, flush=True)
+    meta = {"predictor": name, "params": params, "exclude_gpus": exclude,
+            "profile": "quick" if quick else "full", "train_hash": measured.train_hash(data)}
+    pred, secs = fit_and_save(
+        lambda: get(name, **params).fit(train_frame(data, exclude), progress=progress), path,
+        f"{name} predictor", meta)
+    print(f"nslib: trained {name} in {secs:.0f} s", file=sys.stderr)
+    return pred
+
+
+def fit_and_save(fit, path: Path, what: str, meta: dict):
+    """``(fit(), seconds)``: the fitted predictor, saved at ``path`` (a cache entry) with
+    ``meta``, the training time (``train_seconds``) and the library version in a JSON beside
+    it. Saved only after a fit that finished; an unwritable folder is a :class:`CacheError`."""
     t0 = time.time()
-    pred = get(name, **params).fit(train_frame(data, exclude), progress=progress)
+    pred = fit()
     secs = round(time.time() - t0, 1)
     try:
         pred.save(path)
     except OSError as e:
-        raise CacheError(f"cannot save the trained {name} predictor to {path} "
-                         f"({e.strerror or e}): choose a writable --out or NSLIB_CACHE") from None
-    meta = {"predictor": name, "params": params, "exclude_gpus": exclude, "profile": "quick" if quick else "full",
-            "train_hash": measured.train_hash(data), "nslib": __version__, "train_seconds": secs}
+        raise CacheError(f"cannot save the trained {what} to {path} ({e.strerror or e}): "
+                         "choose a writable --out or NSLIB_CACHE") from None
+    meta = {**meta, "nslib": __version__, "train_seconds": secs}
     atomic_write_text(path.with_suffix(".json"), json.dumps(meta, indent=1, default=str))
-    print(f"nslib: trained {name} in {secs:.0f} s", file=sys.stderr)
-    return pred
+    return pred, secs
 
 
 def _rough_time(name: str, quick: bool, folder: Path) -> str:
@@ -172,4 +183,4 @@ def kernel_eval_frame(data=None) -> pd.DataFrame:
 
 
 __all__ = ["trained", "train_all", "train_frame", "kernel_eval_frame", "params_for", "DEFAULTS",
-           "QUICK"]
+           "QUICK", "fit_and_save"]
