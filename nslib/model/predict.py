@@ -17,7 +17,7 @@ from nslib.model import predict16
 from nslib.model.fusion import fuse
 from nslib.model.inputs import MODES, get_predictor, kernel_frame, resolve_gpu, traced
 from nslib.model.parallel import predict_parallel
-from nslib.model.stream import LAUNCH_US, stream_ms
+from nslib.model.stream import LAUNCH_US, per_class_ms, stream_ms
 from nslib.predictors.gpu_range import tensor_ranges, warn_out_of_range
 
 
@@ -25,9 +25,8 @@ def summarize(frame: pd.DataFrame) -> dict:
     """``{e2e_ms, fw_ms, bw_ms, per_class_ms: {...}, n_kernels}`` of a predicted frame."""
     fw = float(frame.loc[frame["phase"] == "fw", "pred_ms"].sum())
     bw = float(frame.loc[frame["phase"] == "bw", "pred_ms"].sum())
-    per = frame.groupby("kernel_class")["pred_ms"].sum()
-    return {"e2e_ms": fw + bw, "fw_ms": fw, "bw_ms": bw,
-            "per_class_ms": {k: float(v) for k, v in per.items()}, "n_kernels": int(len(frame))}
+    return {"e2e_ms": fw + bw, "fw_ms": fw, "bw_ms": bw, "per_class_ms": per_class_ms(frame),
+            "n_kernels": int(len(frame))}
 
 
 def predict_model(gpu, model, batch: int, seq: int, mode: str = "inf",

@@ -106,3 +106,9 @@ def stream_ms(pred, frame: pd.DataFrame, launch_us: float | None = LAUNCH_US,
         raise ValueError(f"launch_us must be >= 0 (microseconds), got {launch_us}")
     gpu_ms = np.maximum(raw - floors(pred, frame, data), sizes.roofline_ms(frame))
     return np.maximum(gpu_ms, launch_us / 1000.0)
+
+
+def per_class_ms(frame: pd.DataFrame) -> dict[str, float]:
+    """Predicted ms per kernel class (``kernel_class``) of a frame with ``pred_ms``."""
+    per = frame.groupby("kernel_class")["pred_ms"].sum()
+    return {k: float(v) for k, v in per.items()}

@@ -32,7 +32,7 @@ from nslib.model.parallel.pipeline import pipeline_stages
 from nslib.model.parallel.schedules import (dp_schedule, gradient_rows, insert_transfers,
                                             pp_schedule, tp_schedule)
 from nslib.model.parallel.tensor import shard_tensor_parallel
-from nslib.model.stream import LAUNCH_US, stream_ms
+from nslib.model.stream import LAUNCH_US, per_class_ms, stream_ms
 
 __all__ = ["model_info", "check_degrees", "predict_parallel"]
 
@@ -129,11 +129,6 @@ def _predict_rows(frame: pd.DataFrame, spec, pred, link: LinkSpec,
     return out.sort_values("_o").drop(columns="_o").reset_index(drop=True)
 
 
-def _per_class(frame: pd.DataFrame) -> dict:
-    per = frame.groupby("kernel_class")["pred_ms"].sum()
-    return {k: float(v) for k, v in per.items()}
-
-
 @dataclass(frozen=True)
 class _Step:
     """What every strategy's step needs: the model and shape, the GPU, predictor and link."""
@@ -228,7 +223,7 @@ def predict_parallel(gpu, model, batch: int, seq: int, mode: str = "train",
         frame, sched, kind = _pp_step(run, batch, pp, microbatches)
     desc = {"link": lk.to_dict(), "fused": bool(fused), "global_batch": int(batch), **kind}
     summary = {"e2e_ms": float(sched["e2e_ms"]), "fw_ms": float(sched["fw_ms"]),
-               "bw_ms": float(sched["bw_ms"]), "per_class_ms": _per_class(frame),
+               "bw_ms": float(sched["bw_ms"]), "per_class_ms": per_class_ms(frame),
                "n_kernels": int((frame["cls"] != "comm").sum()),
                "comm_ms": float(sched["comm_ms"]), "parallel": desc, "launch_us": launch_us}
     return frame, summary
