@@ -62,18 +62,32 @@ tables["paper"].T
 tables["summary"]
 
 # %% [markdown]
-# ## Per kernel class: in and out of distribution
+# ## Per class: in and out of distribution, and per GPU
 # The label CSVs hold measured per-operator latencies of a one-layer graph; repeated over the
 # layers and grouped by the class of each operator, they give the measured time per class.
-# Operators that launch no kernel (views, getitems of sizes and of split outputs, Python
-# scalars: timed one by one at 7-9 us each, 4-28 ms per model) form their own `host` class and
-# are not compared: the next table shows from the data that they cost nothing end to end.
-# `elementwise + memory` sums the two streaming classes: the original graphs mask attention
-# with a per-layer `where` (a memory op), transformers today with an `add` (elementwise), so
-# the label and the trace file the same milliseconds under different classes.
+# The comparison is like for like on both sides (`nslib.evaluation.per_class`):
+# - **By operator.** A graph node is one PyTorch call, and the trace files each kernel under
+#   the call that launched it (in the backward, the forward call whose gradient runs): the
+#   operand copies of a `matmul` count with its `bmm`, a linear layer's bias-gradient sum and
+#   weight-gradient accumulation with the linear layer, dropout's backward with dropout.
+# - **By what a node launches.** The graph's unnamed nodes are classed by the function they
+#   call (`torch.max(a, b)` is an elementwise maximum, casts and embeddings are memory ops);
+#   selects (`where`, `masked_fill`) are elementwise on both sides.
+# - **Timed one at a time.** Each node was timed alone, like a kernel microbenchmark, so each
+#   predicted operator is its kernels' stream times plus one dispatch.
+#
+# Nodes that launch no kernel (views, getitems, sizes: 7-9 us each, 4-28 ms per model) form
+# their own `host` class and are not compared: the table after next shows from the data that
+# they cost nothing end to end. `elementwise + memory` sums the two streaming classes.
+# Where the measured model's code differs from today's transformers, the classes cannot agree:
+# OPT's measured code copies its attention operands with explicit `contiguous()` calls
+# (memory), today's lets `matmul` copy them (bmm).
 
 # %%
 tables["per_class"]
+
+# %%
+tables["per_class_by_gpu"]
 
 # %% [markdown]
 # ## Host-only operators overlap GPU work

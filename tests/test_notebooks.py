@@ -55,6 +55,8 @@ def test_04_05_model_tables(data_dir, tmp_path, name, mode):
     summary = pd.read_csv(tmp_path / f"{prefix}_{mode}_summary.csv", index_col=0)
     assert "all" in summary.columns
     assert (tmp_path / f"{prefix}_{mode}_per_class_error.csv").exists()
+    by_gpu = pd.read_csv(tmp_path / f"{prefix}_{mode}_per_class_by_gpu.csv", index_col=0)
+    assert {"linear", "bmm"} <= set(by_gpu.index) and len(by_gpu.columns) >= 1
     assert (tmp_path / f"{prefix}_{mode}_breakdown.png").exists()
     agg = pd.read_csv(tmp_path / f"{prefix}_{mode}_aggregation.csv", index_col=[0, 1])
     assert set(agg.index.get_level_values(1)) == {"stream", "plain sum"}

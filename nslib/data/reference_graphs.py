@@ -18,6 +18,24 @@ LAYER1 = re.compile(r"(^|_)(h|layer|layers|block)_1_")
 # FX targets that return a view or a Python value: the host runs them, no kernel is launched
 HOST_TARGETS = re.compile(r"getitem|getattr|^(?:size|dim|view|split|chunk|permute|transpose|t|"
                           r"unsqueeze|squeeze|expand|narrow|select|detach)$")
+# Selects read their inputs and a mask and write one output per element, with no arithmetic:
+# elementwise operators, on the label side and the trace side alike (the original graph files
+# ``where`` on its own, nslib's kernel tables under memory, and GPT-2's causal mask is a
+# ``where`` in the measured code but an ``add`` in today's transformers).
+SELECT_OPS = ("where", "masked_fill")
+# What the graph's ``misc`` nodes launch, by the function or method they call: the nslib class
+# of the aten op they run (:mod:`nslib.model.aten`). ``max`` is ``torch.max(a, b)`` in these
+# graphs (OPT's clamp of the attention scores), the elementwise ``maximum``; casts, masks,
+# fills and gathers are memory ops.
+MISC_TARGETS = {
+    **{k: "elementwise" for k in ("max", "min", "add", "sub", "mul", "truediv", "pow")},
+    **{k: "elementwise" for k in SELECT_OPS + ("masked_fill_",)},
+    **{k: "memory" for k in ("lt", "gt", "eq", "ne", "to",
+                             "type", "type_as", "long", "bool", "float", "arange", "full",
+                             "ones", "zeros", "tensor", "cumsum", "embedding", "contiguous",
+                             "reshape", "cat")},
+}
+MODULE_CLASS = re.compile(r"<class '[\w.]*?(\w+)'>\)\]\)")
 MODULE_ROOTS = re.compile(r"^(transformer|bert|model|cls|lm_head|encoder|decoder|shared|"
                           r"final_logits)(_|$)")
 
@@ -66,19 +84,49 @@ def load_opgraph(tag: str, data=None) -> pd.DataFrame:
 def measured_per_class(gpu_key: str, tag: str, n_layer: int, data=None) -> pd.Series | None:
     """Measured ms per kernel class of one configuration, or None when the label has no CSV.
 
-    Node classes come from the original graph's ``OpName``; nodes that launch no kernel but
-    were timed one by one go to ``host`` (:func:`host_nodes`: views, getitems, sizes; the
-    original graph files getitems under memory ops) and the graph's other ``misc`` nodes to
-    ``other``; layer nodes count ``n_layer`` times.
+    Nodes are classed by :func:`node_classes`; layer nodes count ``n_layer`` times.
     """
     df = measured_nodes(gpu_key, tag, data)
     if df is None:
         return None
     rep = layer_repeats(df, n_layer)
+    return (df["latency"] * rep).groupby(node_classes(df, "-train-" in tag)).sum()
+
+
+def node_classes(df: pd.DataFrame, train: bool) -> pd.Series:
+    """The nslib class of each label node, by the kernels it launches.
+
+    - ``host``: nodes that launch none (:func:`host_nodes`), dropout in inference (the
+      identity), and a ``reshape`` of a contiguous tensor (a view);
+    - the class of the original graph's ``OpName`` (:func:`ref_class`) where it names one,
+      selects (:data:`SELECT_OPS`) as elementwise;
+    - the graph's ``misc`` nodes by what they call: :data:`MISC_TARGETS`, embedding modules as
+      memory (gathers), and ``other`` for the rest.
+    """
     op = df["OpName"].fillna("misc").astype(str)
-    cls = op.map(lambda k: "other" if k == "misc" else ref_class(k))
-    cls = cls.where(~host_nodes(df), "host")
-    return (df["latency"] * rep).groupby(cls).sum()
+    base = df["target"].astype(str).map(_target_base)
+    module = df.get("meta", pd.Series("", index=df.index)).astype(str).map(_module_class)
+    misc = base.map(MISC_TARGETS).where(module != "Embedding", "memory").fillna("other")
+    cls = op.map(ref_class).where(op != "misc", misc).where(~op.isin(SELECT_OPS), "elementwise")
+    dropout = (op == "dropout") | (module == "Dropout") | (base == "dropout")
+    view = (base == "reshape") & df.get("input_contiguous", pd.Series("", index=df.index)) \
+        .astype(str).str.startswith("[True")
+    host = host_nodes(df) | view | (dropout & (not train))
+    return cls.where(~dropout, "memory").where(~host, "host")
+
+
+def _target_base(target: str) -> str:
+    """``<built-in method max of type object at 0x..>`` -> ``max``; method names as they are;
+    a module path (``bert.embeddings.position_embeddings``) -> its last part."""
+    m = re.match(r"<(?:built-in )?(?:function|method) (\w+)", target)
+    return m.group(1) if m else target.rsplit(".", 1)[-1]
+
+
+def _module_class(meta: str) -> str:
+    """The class name of the innermost module of a node's ``nn_module_stack`` (``Embedding``),
+    or ""."""
+    m = MODULE_CLASS.search(meta)
+    return m.group(1) if m else ""
 
 
 def layer_repeats(df: pd.DataFrame, n_layer: int) -> pd.Series:
@@ -108,6 +156,7 @@ def measured_nodes(gpu_key: str, tag: str, data=None) -> pd.DataFrame | None:
     if missing:
         raise ValueError(f"{path}: per-operator label CSV without columns {missing}; is this "
                          "a NeuSight label CSV?")
-    meas = meas[["Name", "target", "dtype", "latency"]]
+    meas = meas[["Name", "target", "dtype", "latency"]
+                + [c for c in ("op", "meta", "input_contiguous") if c in meas.columns]]
     graph = load_opgraph(tag.removesuffix("-fusion"), data)[["Name", "OpName"]]
     return meas.merge(graph, on="Name", how="left")

@@ -16,7 +16,7 @@ from nslib.data.gpus import load_gpus
 from nslib.data.labels import load_labels
 from nslib.data.protocol import ood_models
 from nslib.evaluation.metrics import ape
-from nslib.evaluation.per_class import per_class_results, per_class_table
+from nslib.evaluation.per_class import per_class_by_gpu, per_class_results, per_class_table
 from nslib.kernels import measured
 from nslib.model.predict import predict_model
 from nslib.model.stream import LAUNCH_US
@@ -234,19 +234,21 @@ def report(mode: str, predictors, prefix: str, data=None, gpus=None, models=None
            quick: bool = False, out=None) -> dict:
     """Evaluate ``mode`` and save the model-level tables as ``<prefix>_<mode>_<name>``.
 
-    Returns ``{"results", "paper", "summary", "per_class", "aggregation"}`` frames (see the
-    functions above; ``per_class`` is :func:`nslib.evaluation.per_class.per_class_table` for the
-    first predictor, ``aggregation`` :func:`aggregation_table`).
+    Returns ``{"results", "paper", "summary", "per_class", "per_class_by_gpu", "aggregation"}``
+    frames (see the functions above; ``per_class`` and ``per_class_by_gpu`` are
+    :func:`nslib.evaluation.per_class.per_class_table` and ``per_class_by_gpu`` for the first
+    predictor, ``aggregation`` :func:`aggregation_table`).
     """
     results = evaluate_models(mode, predictors, data=data, gpus=gpus, models=models, quick=quick)
     per_class = per_class_results(results, predictors[0], data=data, quick=quick)
     tables = {"results": results, "paper": paper_table(results),
               "summary": summary_table(results), "per_class": per_class_table(per_class),
+              "per_class_by_gpu": per_class_by_gpu(per_class),
               "aggregation": aggregation_table(mode, predictors, data, gpus, models, quick,
                                                results=results)}
     save_table(results.drop(columns=["note"]).set_index(["gpu", "config", "predictor"]),
                f"{prefix}_{mode}_results", out, digits=2)
-    for name in ("paper", "summary", "per_class", "aggregation"):
+    for name in ("paper", "summary", "per_class", "per_class_by_gpu", "aggregation"):
         stem = {"paper": "error_table", "per_class": "per_class_error"}.get(name, name)
         save_table(tables[name], f"{prefix}_{mode}_{stem}", out)
     return tables

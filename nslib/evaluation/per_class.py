@@ -11,6 +11,7 @@ from nslib.data.reference_graphs import (host_nodes, layer_repeats, measured_nod
 from nslib.evaluation.metrics import ape
 from nslib.kernels.sizes import MODEL_CLASSES
 from nslib.model.config import load_model_config
+from nslib.model.operators import per_operator_class_ms
 from nslib.model.predict import predict_model
 from nslib.predictors.gpu_range import range_warnings_once
 
@@ -62,6 +63,14 @@ def per_class_results(results: pd.DataFrame, predictor: str, data=None,
                       quick: bool = False) -> pd.DataFrame:
     """One row per (label with a CSV, class): measured ms, predicted ms, APE, ood flag.
 
+    Both sides are classed by operator, as the label CSVs time them: the prediction by
+    :func:`nslib.model.operators.operator_class`, the measurement by
+    :func:`nslib.data.reference_graphs.node_classes`. The label CSVs time one node at a time
+    as the kernel microbenchmarks time one kernel (an ``add`` of 1.3M elements: 34 us in a
+    V100 label, 34-36 us in the V100 kernel table), dispatch included: each predicted operator
+    is its kernels' stream times plus one dispatch
+    (:func:`nslib.model.operators.per_operator_class_ms` with the microbenchmark latencies).
+
     ``results`` is :func:`nslib.evaluation.model_level.evaluate_models` output (its rows name the
     labels).
     """
@@ -72,9 +81,11 @@ def per_class_results(results: pd.DataFrame, predictor: str, data=None,
                                   _n_layer(load_model_config(r["model"], data)), data)
         if meas is None:
             continue
-        _, s = predict_model(r["gpu_key"], r["model"], r["batch"], r["seq"], r["mode"],
-                             predictor=predictor, data=data, quick=quick)
-        pred = s["per_class_ms"]
+        args = (r["gpu_key"], r["model"], r["batch"], r["seq"], r["mode"])
+        frame, _ = predict_model(*args, predictor=predictor, data=data, quick=quick)
+        raw, _ = predict_model(*args, predictor=predictor, data=data, quick=quick,
+                               launch_us=None)
+        pred = per_operator_class_ms(frame, raw_ms=raw["pred_ms"].to_numpy())
         groups = [(c, (c,)) for c in MODEL_CLASSES] + [(" + ".join(STREAMING), STREAMING)]
         for name, members in groups:
             measured = sum(float(meas.get(c, 0.0)) for c in members)
@@ -95,3 +106,10 @@ def per_class_table(per_class: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame(columns=["in-distribution", "out-of-distribution"])
     tab = per_class.pivot_table(index="cls", columns="ood", values="err", aggfunc="mean")
     return tab.rename(columns={False: "in-distribution", True: "out-of-distribution"})
+
+
+def per_class_by_gpu(per_class: pd.DataFrame) -> pd.DataFrame:
+    """Mean APE per class (rows) and GPU (columns) over the labels with a CSV."""
+    if per_class.empty:
+        return pd.DataFrame()
+    return per_class.pivot_table(index="cls", columns="gpu", values="err", aggfunc="mean")

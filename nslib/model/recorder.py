@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 
 from nslib.kernels import sizes
+from nslib.model.aten import tensors_in
 from nslib.model.kernel_rows import KernelRows
 from nslib.model.sdpa_trace import ATTENTION_COLUMNS
 from nslib.model.storages import StorageTracker
@@ -20,7 +21,7 @@ from nslib.model.storages import StorageTracker
 __all__ = ["TRACE_COLUMNS", "Tracer", "make_modes"]
 
 TRACE_COLUMNS = ("kid", "phase", "aten", "cls", "op", "B", "M", "N", "K", "H", "flops", "bytes",
-                 "inputs", "layer", "module")
+                 "inputs", "layer", "module", "call")
 
 
 class Tracer(KernelRows, StorageTracker):
@@ -39,6 +40,11 @@ class Tracer(KernelRows, StorageTracker):
         self.block_of = block_of
         self._layer_cache: dict[str, int] = {}
         self.n = 0
+        # the PyTorch operator call (a torch function or tensor method) running now, and the
+        # forward call that made each autograd node, so backward kernels join their operator
+        self.call = -1
+        self.n_calls = 0
+        self.node_call: dict = {}
 
     # --- module context --------------------------------------------------------------------
     def current_module(self) -> str:
@@ -59,6 +65,31 @@ class Tracer(KernelRows, StorageTracker):
                     break
             self._layer_cache[name] = hit
         return hit
+
+    # --- operator calls ----------------------------------------------------------------------
+    def current_call(self) -> int:
+        """Index of the operator call a kernel launched now belongs to, or -1: the top-level
+        call running in the forward; in the backward, the forward call whose autograd node is
+        running (``-1`` for the engine's own work, e.g. the ones gradient it starts from)."""
+        if self.phase != "bw":
+            return self.call
+        import torch
+
+        node = torch._C._current_autograd_node()
+        return -1 if node is None else self.node_call.get(node, -1)
+
+    def tag_nodes(self, out, call: int) -> None:
+        """File the autograd nodes ``call`` created (those between its outputs and the nodes
+        already filed) under ``call``. A parameter's gradient accumulator goes to the first
+        call that reads the parameter, as a per-operator profile times the accumulation with
+        the operator's backward."""
+        todo = [t.grad_fn for t in tensors_in(out, []) if t.grad_fn is not None]
+        while todo:
+            node = todo.pop()
+            if node is None or node in self.node_call:
+                continue
+            self.node_call[node] = call
+            todo.extend(n for n, _ in node.next_functions)
 
     # --- rows --------------------------------------------------------------------------------
     def elem(self, t) -> int:
@@ -87,6 +118,7 @@ class Tracer(KernelRows, StorageTracker):
         r["inputs"].append(tuple(k for k in inputs if k != kid))
         r["layer"].append(self.layer_of(mod) if mod else -1)
         r["module"].append(mod)
+        r["call"].append(self.current_call())
         for c in self.extra_cols:
             r[c].append(float((extra or {}).get(c, np.nan)))
         return kid
@@ -96,6 +128,7 @@ class Tracer(KernelRows, StorageTracker):
         df = pd.DataFrame(self.rows, columns=list(TRACE_COLUMNS + self.extra_cols))
         df["kid"] = df["kid"].astype(np.int64)
         df["layer"] = df["layer"].astype(np.int64)
+        df["call"] = df["call"].astype(np.int64)
         for c in ("B", "M", "N", "K", "H", "flops", "bytes") + self.extra_cols:
             df[c] = df[c].astype(np.float64)
         extra = df[list(self.extra_cols)]
@@ -188,8 +221,10 @@ def _meta_scalar(t):
 
 
 def make_modes(tracer: Tracer | None, redirect_dropout: bool):
-    """(the recording ``TorchDispatchMode`` of ``tracer``, the ``TorchFunctionMode`` running
-    ``F.dropout`` as CUDA does, or None unless ``redirect_dropout``)."""
+    """(the recording ``TorchDispatchMode`` of ``tracer``, the ``TorchFunctionMode`` that
+    files each kernel under the operator call that launched it and, if ``redirect_dropout``,
+    runs ``F.dropout`` as CUDA does). Enter the second one last, so it sees the model's own
+    calls before any other function mode. With ``tracer`` None it only redirects dropout."""
     import torch
     import torch.nn.functional as F
     from torch.overrides import TorchFunctionMode
@@ -211,24 +246,37 @@ def make_modes(tracer: Tracer | None, redirect_dropout: bool):
     local_scalar = torch.ops.aten._local_scalar_dense.default
     fast = _fast_meta_ops()
 
-    class CudaDropout(TorchFunctionMode):
+    def cuda_dropout(func, args, kwargs):
         """F.dropout as CUDA runs it: the fused native_dropout kernel when 0 < p < 1."""
+        names = ("input", "p", "training", "inplace") if func is F.dropout else \
+                ("input", "p", "train")
+        bound = dict(zip(names, args))
+        bound.update(kwargs)
+        x = bound["input"]
+        p = float(bound.get("p", 0.5))
+        train = bool(bound.get("training", bound.get("train", True)))
+        if not train or p == 0.0 or x.numel() == 0:
+            return x
+        if 0.0 < p < 1.0:
+            return torch.native_dropout(x, p, True)[0]
+        return func(*args, **kwargs)
 
+    class Calls(TorchFunctionMode):
+        # torch disables this mode while its handler runs, so only top-level calls land here
         def __torch_function__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
-            if func in dropouts:
-                names = ("input", "p", "training", "inplace") if func is F.dropout else \
-                        ("input", "p", "train")
-                bound = dict(zip(names, args))
-                bound.update(kwargs)
-                x = bound["input"]
-                p = float(bound.get("p", 0.5))
-                train = bool(bound.get("training", bound.get("train", True)))
-                if not train or p == 0.0 or x.numel() == 0:
-                    return x
-                if 0.0 < p < 1.0:
-                    return torch.native_dropout(x, p, True)[0]
-            return func(*args, **kwargs)
+            run = cuda_dropout if redirect_dropout and func in dropouts else \
+                (lambda f, a, k: f(*a, **k))
+            if tracer is None or tracer.phase == "bw":
+                return run(func, args, kwargs)
+            call, tracer.call = tracer.call, tracer.n_calls
+            tracer.n_calls += 1
+            try:
+                out = run(func, args, kwargs)
+            finally:
+                cid, tracer.call = tracer.call, call
+            if torch.is_grad_enabled():
+                tracer.tag_nodes(out, cid)
+            return out
 
-    return Recorder(), (CudaDropout() if redirect_dropout else None)
-
+    return (Recorder() if tracer is not None else None), Calls()

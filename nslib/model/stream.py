@@ -12,7 +12,9 @@ overpredicts small-batch training and models with many small ops (Switch-XL) by 
 the same predictor's latency, on the same GPU, of the smallest measured elementwise kernel,
 times the class's floor ratio: how much longer the smallest measured kernel of that class took
 than the smallest elementwise one on the same training GPU (the median over the training
-GPUs; e.g. about 1.8 for linear, whose op does more on the host). Both come from the data, for
+GPUs; e.g. about 1.8 for linear, whose op does more on the host). Softmax and layer norm are
+one ATen op and one launch like an elementwise op and share its floor (ratio 1): the extra
+time of their smallest kernels is the GPU time of their reductions. Both come from the data, for
 any predictor. Only the elementwise prediction is extrapolated to a new GPU, and it is a
 launch time under every NeuSight law; the GEMM MLPs' own tiny-kernel extrapolations put the
 H100's GEMM floors at 53-67 us and took too much off mid-size GEMMs. ``roofline`` keeps the
@@ -36,13 +38,15 @@ from nslib.kernels import measured, sizes
 # mean end-to-end errors moved by under half a point between 3 and 6 us when this was tried.
 LAUNCH_US = 3.0
 _PROBE_COLS = ["cls", "op", "B", "M", "N", "K", "H"]
+# vector classes dispatched like an elementwise op: they share its floor (DECISIONS.md 9)
+HOST_LIKE_ELEMENTWISE = ("elementwise", "softmax", "layernorm")
 
 
 @lru_cache(maxsize=8)
 def _probes(root: str) -> pd.DataFrame:
     """Built from the training tables once, then kept as a tiny cached table (reading the
     five class tables costs more than a whole cached prediction)."""
-    key = hash_files([], extra=["probes-2", *(measured.table_key(c, "train", root)
+    key = hash_files([], extra=["probes-3", *(measured.table_key(c, "train", root)
                                               for c in sizes.CLASSES)])
     return cached("tables", f"probes-{key}", lambda: _build_probes(root), "probe table")
 
@@ -62,6 +66,9 @@ def _build_probes(root: str) -> pd.DataFrame:
                          "floor of every class is measured against the smallest of them")
     out["ratio"] = [float((lat[c] / lat["elementwise"]).median()) for c in out["cls"]]
     out["ratio"] = out["ratio"].fillna(1.0)   # a class never measured beside elementwise ops
+    # one ATen op and one launch, like an elementwise op: the rest of their smallest
+    # kernels' time is their reductions' GPU time, which stays in a stream
+    out.loc[out["cls"].isin(HOST_LIKE_ELEMENTWISE), "ratio"] = 1.0
     return out
 
 
@@ -112,3 +119,4 @@ def per_class_ms(frame: pd.DataFrame) -> dict[str, float]:
     """Predicted ms per kernel class (``kernel_class``) of a frame with ``pred_ms``."""
     per = frame.groupby("kernel_class")["pred_ms"].sum()
     return {k: float(v) for k, v in per.items()}
+

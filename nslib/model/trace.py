@@ -50,7 +50,7 @@ __all__ = ["trace", "summarize", "logits_loss", "TRACE_VERSION", "TRACE_COLUMNS"
            "MEMORY_COLUMNS", "ATTENTION_COLUMNS"]
 
 # Bump when the rows trace() produces change, so caches of traces can key on it.
-TRACE_VERSION = 5
+TRACE_VERSION = 7
 
 
 def _check_args(batch, seq, mode):
@@ -216,7 +216,7 @@ def _trace(config, batch, seq, mode, grad_accumulation, architecture, imbalance,
     check_layers(hf, block_of, arch)
     patch_moe(model, imbalance, arch)
     tracer = Tracer(model, block_of, half=dtype != "fp32")
-    recorder, dropout_mode = make_modes(tracer, redirect_dropout=train)
+    recorder, calls = make_modes(tracer, redirect_dropout=train)
     attention = sdpa_mode(tracer) if tracer.half else contextlib.nullcontext()
     inputs = _model_inputs(hf, model, batch, seq)
     if train and grad_accumulation:
@@ -232,7 +232,7 @@ def _trace(config, batch, seq, mode, grad_accumulation, architecture, imbalance,
             warnings.simplefilter("ignore")  # transformers' own chatter about meta/eager/etc.
             try:
                 if train:
-                    with dropout_mode, attention, recorder:
+                    with attention, recorder, calls:
                         out = model(**inputs)
                         tracer.mark(tensors_in(out, []), "held")
                         loss = logits_loss(out)
@@ -240,7 +240,7 @@ def _trace(config, batch, seq, mode, grad_accumulation, architecture, imbalance,
                         tracer.fw_stack.clear()
                         loss.backward()
                 else:
-                    with torch.no_grad(), attention, recorder:
+                    with torch.no_grad(), attention, recorder, calls:
                         tracer.mark(tensors_in(model(**inputs), []), "held")
             except (ValueError, RuntimeError, IndexError, TypeError, NotImplementedError,
                     AttributeError, KeyError) as e:

@@ -1,0 +1,69 @@
+"""Kernels filed by the PyTorch operator that launched them, as a per-operator profile (and
+the label CSVs, which time one graph node at a time) sees a model: the like-for-like side of the
+per-class model-level comparison (:mod:`nslib.evaluation.per_class`)."""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from nslib.data.reference_graphs import SELECT_OPS
+
+# classes whose operator call owns the helper kernels it launches (copies, bias reductions)
+OWNING_CLASSES = ("linear", "bmm", "softmax", "layernorm")
+
+
+def operator_class(frame: pd.DataFrame) -> pd.Series:
+    """The class of the PyTorch operator that launched each kernel, as a per-operator
+    profile (and the label CSVs, which time one graph node, forward and backward, at a time)
+    sees it.
+
+    Every kernel of a call (``call`` column of the trace; in the backward, the forward call
+    whose gradient runs) takes the call's class: that of its slowest GEMM, softmax or
+    layer-norm kernel if it launches one (``matmul`` on transposed views copies its operands
+    before its ``bmm``, a linear layer's backward sums its bias gradient), else that of its
+    first forward kernel (dropout's backward is a multiply, its node a memory op). Kernels
+    outside any call (``call == -1``) keep their own class. Selects (``where``,
+    ``masked_fill``) count as elementwise on both sides of the comparison
+    (:data:`nslib.data.reference_graphs.SELECT_OPS`).
+    """
+    cls = _selects(frame, frame["kernel_class"].astype(str))
+    if "call" not in frame.columns or not (frame["call"] >= 0).any():
+        return cls
+    call = frame["call"]
+    sub = frame.loc[call >= 0, ["call", "pred_ms", "phase"]].assign(c=cls[call >= 0])
+    owning = sub[sub["c"].isin(OWNING_CLASSES)]
+    owners = (owning.sort_values("pred_ms", kind="stable")
+              .drop_duplicates("call", keep="last").set_index("call")["c"])
+    firsts = sub[sub["phase"] == "fw"].drop_duplicates("call").set_index("call")["c"]
+    mapped = call.map(owners).fillna(call.map(firsts))
+    return mapped.where(mapped.notna() & (call >= 0), cls)
+
+
+def _selects(frame: pd.DataFrame, cls: pd.Series) -> pd.Series:
+    """Selects (:data:`nslib.data.reference_graphs.SELECT_OPS`) as elementwise operators."""
+    if "aten" not in frame.columns:
+        return cls
+    base = frame["aten"].astype(str).str.split(".").str[1]
+    return cls.where(~base.isin(SELECT_OPS), "elementwise")
+
+
+def per_operator_class_ms(frame: pd.DataFrame, raw_ms=None) -> dict[str, float]:
+    """Predicted ms per operator class (:func:`operator_class`) of a frame with ``pred_ms``.
+
+    ``raw_ms`` (per row, optional): the predictor's microbenchmark latencies of the same
+    kernels, ``pred_ms`` being their stream times (:func:`nslib.model.stream.stream_ms`). Each
+    operator call, timed on its own, then costs its kernels' stream times plus one dispatch:
+    the largest ``raw_ms - pred_ms`` of its kernels (per phase; kernels outside any call are
+    calls of their own). That is how a profile timing one operator at a time records it.
+    """
+    pred = frame["pred_ms"].astype(float)
+    if raw_ms is not None:
+        pred = pred.copy()
+        gap = (pd.Series(np.asarray(raw_ms, float), index=frame.index) - pred).clip(lower=0.0)
+        call = frame["call"] if "call" in frame.columns else pd.Series(-1, index=frame.index)
+        solo = pd.Series(-1 - np.arange(len(frame)), index=frame.index)  # one call per row
+        group = frame["phase"].astype(str) + ":" + call.where(call >= 0, solo).astype(str)
+        first = gap.groupby(group).idxmax()
+        pred.loc[first.to_numpy()] += gap.loc[first.to_numpy()]
+    per = pred.groupby(operator_class(frame)).sum()
+    return {k: float(v) for k, v in per.items()}
