@@ -116,6 +116,10 @@ HEADLINE = {"03_baselines_kernel_error.csv": "Kernel-level MAPE (%) per predicto
                                      "design choices are made on this one",
             "04_inf_summary.csv": "Inference: mean end-to-end error (%) per GPU",
             "05_train_summary.csv": "Training: mean end-to-end error (%) per GPU",
+            "04_inf_per_class_error.csv": "Inference: model-level error (%) per operator class "
+                                          "against the label CSVs' per-operator times",
+            "05_train_per_class_error.csv": "Training: model-level error (%) per operator "
+                                            "class against the label CSVs' per-operator times",
             "06_fusion_summary.csv": "Fused kernels: mean error (%)",
             "07_distributed_summary.csv": "4-GPU DP / TP / PP: mean error (%)",
             "09_gemm_logo.csv": "BF16 GEMMs, leave-one-GPU-out MAPE (%) per held-out GPU",
