@@ -84,10 +84,10 @@ tables["summary"]
 # (memory), today's lets `matmul` copy them (bmm).
 
 # %%
-tables["per_class"]
+tables["per_class"].round(1)
 
 # %%
-tables["per_class_by_gpu"]
+tables["per_class_by_gpu"].round(1)
 
 # %% [markdown]
 # ## Host-only operators overlap GPU work

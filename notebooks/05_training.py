@@ -75,10 +75,10 @@ tables["summary"]
 # are copied by explicit `contiguous()` calls (memory) where today's `matmul` copies them (bmm).
 
 # %%
-tables["per_class"]
+tables["per_class"].round(1)
 
 # %%
-tables["per_class_by_gpu"]
+tables["per_class_by_gpu"].round(1)
 
 # %% [markdown]
 # ## Summing kernels as a stream, not as separate microbenchmarks
