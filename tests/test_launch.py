@@ -7,7 +7,7 @@ from nslib.data.gpus import GPU
 from nslib.kernels import sizes
 from nslib.model.inputs import kernel_frame
 from nslib.model.predict import predict_model
-from nslib.model.stream import floors, probe_kernels, stream_ms
+from nslib.model.stream import dispatch_ms, floors, host_bound, probe_kernels, stream_ms
 
 GPU0 = GPU(name="Test GPU", mem_gb=80, mem_bw=1000, num_sm=100, cores_per_sm=128,
            clock_mhz=1500, peak_gflops=10000, l2_mb=50)
@@ -71,8 +71,29 @@ def test_model_prediction_in_stream_is_below_the_plain_sum(data_dir):
     frame, s = predict_model(GPU0, cfg, 2, 16, "train", predictor=Floor())
     _, plain = predict_model(GPU0, cfg, 2, 16, "train", predictor=Floor(), launch_us=None)
     assert s["launch_us"] == 3.0 and plain["launch_us"] is None
-    # every kernel of this tiny model is dispatch-bound: it costs the launch gap
-    assert frame["pred_ms"].to_numpy() == pytest.approx(np.full(len(frame), 0.003))
-    assert plain["e2e_ms"] > s["e2e_ms"] == pytest.approx(0.003 * len(frame))
+    # every kernel of this tiny model takes the GPU the launch gap, but the host needs its
+    # dispatch floor to issue each: the step is host-bound and costs the floors' sum
+    fl = dispatch_ms(Floor(), frame)
+    assert s["e2e_ms"] == pytest.approx(fl.sum())
+    assert (fl > 0.003).all() and (fl <= Floor().predict(frame)).all()
+    # the classes keep their GPU-time shares: in each phase every kernel is stretched alike
+    for phase in ("fw", "bw"):
+        m = (frame["phase"] == phase).to_numpy()
+        assert frame["pred_ms"].to_numpy()[m] == pytest.approx(np.full(m.sum(),
+                                                                       fl[m].sum() / m.sum()))
+    assert plain["e2e_ms"] > s["e2e_ms"]
     kf = kernel_frame(frame, GPU0)
     assert len(kf) == len(frame)
+
+
+def test_host_bound_by_hand():
+    """Per phase: GPU time when it exceeds the dispatches, else the dispatches' sum, each
+    kernel stretched in proportion to its GPU time."""
+    frame = pd.DataFrame({"phase": ["fw", "fw", "bw", "bw"]})
+    gpu = np.array([0.010, 0.030, 0.500, 0.100])
+    host = np.array([0.025, 0.025, 0.025, 0.025])
+    out = host_bound(frame, gpu, host)
+    assert out[:2] == pytest.approx([0.0125, 0.0375])   # fw: 40 us of GPU, 50 us of dispatch
+    assert out[2:] == pytest.approx(gpu[2:])            # bw: GPU-bound, unchanged
+    assert host_bound(frame.iloc[:0], gpu[:0], host[:0]).size == 0
+

@@ -17,7 +17,7 @@ from nslib.model import predict16
 from nslib.model.fusion import fuse
 from nslib.model.inputs import MODES, get_predictor, kernel_frame, resolve_gpu, traced
 from nslib.model.parallel import predict_parallel
-from nslib.model.stream import LAUNCH_US, per_class_ms, stream_ms
+from nslib.model.stream import LAUNCH_US, per_class_ms, step_ms
 from nslib.predictors.gpu_range import tensor_ranges, warn_out_of_range
 
 
@@ -48,10 +48,10 @@ def predict_model(gpu, model, batch: int, seq: int, mode: str = "inf",
     :class:`nslib.model.parallel.LinkSpec`) for the communication; see :mod:`nslib.model.parallel`.
     The summary then gains ``comm_ms`` and ``parallel``.
 
-    ``launch_us``: kernels are timed as launched back to back in the model, with this launch
-    gap in microseconds (:func:`nslib.model.stream.stream_ms`: the dispatch floor that every
-    microbenchmark carries is taken off); ``None`` sums the predictor's microbenchmark
-    latencies as they are (the original tool's aggregation). The summary records it.
+    ``launch_us``: kernels run back to back with this launch gap in us, each microbenchmark's
+    dispatch floor off, a phase no faster than its host dispatches (FP32:
+    :func:`nslib.model.stream.step_ms`); ``None`` sums the microbenchmark latencies as they
+    are (the original tool's aggregation). The summary records it.
 
     ``imbalance``: routing of top-k mixture-of-experts layers (1 = tokens spread evenly over
     the experts; see :func:`nslib.model.moe.expert_tokens`); single-GPU steps only.
@@ -106,7 +106,7 @@ def _predict_one(spec: GPU, model, batch, seq, mode, predictor, data, quick, fus
     tr = traced(model, batch, seq, mode, data, imbalance)
     frame = kernel_frame(fuse(tr, prologues=True) if fused else tr, spec)
     pred = get_predictor(predictor, data, quick)
-    frame["pred_ms"] = stream_ms(pred, frame, launch_us, data)
+    frame["pred_ms"] = step_ms(pred, frame, launch_us, data)
     extra = {"fused": True, "n_kernels_unfused": int(len(tr))} if fused else {}
     return frame, {**summarize(frame), **extra, "launch_us": launch_us, "warnings": notes}
 

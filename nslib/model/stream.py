@@ -8,7 +8,10 @@ GPU time, down to a launch gap of a few microseconds. Summing microbenchmark-lik
 therefore charges every one of a model's ~1,000-3,000 small kernels the floor again, which
 overpredicts small-batch training and models with many small ops (Switch-XL) by 20-60%.
 
-:func:`stream_ms` removes the floor: ``max(pred - floor, roofline, launch)``. ``floor`` is
+:func:`stream_ms` removes the floor: ``max(pred - floor, roofline, launch)``. A step is still
+no faster than its host can issue it (:func:`step_ms`, :func:`host_bound`): when a phase's
+floors sum to more than its kernels' GPU time (small kernels on a fast GPU), the phase takes
+the floors' sum. ``floor`` is
 the same predictor's latency, on the same GPU, of the smallest measured elementwise kernel,
 times the class's floor ratio: how much longer the smallest measured kernel of that class took
 than the smallest elementwise one on the same training GPU (the median over the training
@@ -113,6 +116,42 @@ def stream_ms(pred, frame: pd.DataFrame, launch_us: float | None = LAUNCH_US,
         raise ValueError(f"launch_us must be >= 0 (microseconds), got {launch_us}")
     gpu_ms = np.maximum(raw - floors(pred, frame, data), sizes.roofline_ms(frame))
     return np.maximum(gpu_ms, launch_us / 1000.0)
+
+
+def step_ms(pred, frame: pd.DataFrame, launch_us: float | None = LAUNCH_US,
+            data=None) -> np.ndarray:
+    """Per kernel of a model step's ``frame`` (launch order, ``phase`` column): ms in the
+    step, the kernel stream (:func:`stream_ms`) no faster than the host issues it
+    (:func:`host_bound`, each kernel costing the host its dispatch, :func:`dispatch_ms`).
+    ``launch_us=None``: the microbenchmark latencies, as :func:`stream_ms`."""
+    if launch_us is None or not len(frame):
+        return stream_ms(pred, frame, launch_us, data)
+    return host_bound(frame, stream_ms(pred, frame, launch_us, data),
+                      dispatch_ms(pred, frame, data))
+
+
+def dispatch_ms(pred, frame: pd.DataFrame, data=None) -> np.ndarray:
+    """Per kernel, the host's time to issue it (ms): its dispatch floor (:func:`floors`),
+    never more than its whole microbenchmark latency."""
+    return np.minimum(floors(pred, frame, data), np.asarray(pred.predict(frame), float))
+
+
+def host_bound(frame: pd.DataFrame, gpu_ms: np.ndarray, dispatch_ms: np.ndarray) -> np.ndarray:
+    """Per-kernel ms of a step whose host needs ``dispatch_ms`` to issue each kernel.
+
+    The GPU runs the kernels back to back while the host issues the next ones; it cannot run
+    them faster than they are issued. Per phase (``fw``, ``bw``): when the kernels' dispatches
+    sum to more than their GPU time, the phase takes the dispatch sum, each kernel stretched
+    in proportion to its GPU time (so the classes keep their shares). Units: ms.
+    """
+    out = np.asarray(gpu_ms, float).copy()
+    phase = frame["phase"].to_numpy() if "phase" in frame.columns else np.zeros(len(out))
+    for p in pd.unique(phase):
+        m = phase == p
+        gpu, host = out[m].sum(), float(np.sum(np.asarray(dispatch_ms, float)[m]))
+        if host > gpu > 0:
+            out[m] *= host / gpu
+    return out
 
 
 def per_class_ms(frame: pd.DataFrame) -> dict[str, float]:

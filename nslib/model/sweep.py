@@ -16,7 +16,7 @@ from nslib.kernels import sizes
 from nslib.model.inputs import (LAW_POINTS, LAW_POINTS_ONE, get_predictor, kernel_frame,
                                 resolve_gpu, traced)
 from nslib.model.memory import sweep_memory
-from nslib.model.stream import LAUNCH_US, stream_ms
+from nslib.model.stream import LAUNCH_US, dispatch_ms, stream_ms
 from nslib.predictors.gpu_range import warn_out_of_range
 
 DIMS = ["B", "M", "N", "K", "H"]
@@ -131,11 +131,16 @@ def sweep(model, mode: str, scenarios: pd.DataFrame, predictor="neusight", data=
     sheet = pd.DataFrame([gpus[g].columns() for g in combos["gpu"]])
     for col in sheet.columns:
         big[col] = sheet[col].to_numpy()[combo_row]
-    pred_ms = stream_ms(pred, big, launch_us, data) * big["count"].to_numpy(float)
+    count = big["count"].to_numpy(float)
+    pred_ms = stream_ms(pred, big, launch_us, data) * count
+    # the host's dispatches bound each phase (nslib.model.stream.host_bound)
+    host_ms = dispatch_ms(pred, big, data) * count if launch_us is not None else np.zeros(len(big))
     out = scenarios.copy()
     for phase in ("fw", "bw"):
         mask = (big["phase"] == phase).to_numpy()
-        per_combo = np.bincount(combo_row[mask], pred_ms[mask], minlength=len(combos))
+        per_combo = np.maximum(
+            np.bincount(combo_row[mask], pred_ms[mask], minlength=len(combos)),
+            np.bincount(combo_row[mask], host_ms[mask], minlength=len(combos)))
         out[f"{phase}_ms"] = per_combo[combo_of]
     out["e2e_ms"] = out["fw_ms"] + out["bw_ms"]
     out["warnings"] = [notes[g] for g in out["gpu"]]

@@ -32,7 +32,7 @@ from nslib.model.parallel.pipeline import pipeline_stages
 from nslib.model.parallel.schedules import (dp_schedule, gradient_rows, insert_transfers,
                                             pp_schedule, tp_schedule)
 from nslib.model.parallel.tensor import shard_tensor_parallel
-from nslib.model.stream import LAUNCH_US, per_class_ms, stream_ms
+from nslib.model.stream import LAUNCH_US, per_class_ms, step_ms
 
 __all__ = ["model_info", "check_degrees", "predict_parallel"]
 
@@ -107,11 +107,11 @@ def check_degrees(info: dict, batch: int, dp: int = 1, tp: int = 1, pp: int = 1,
 
 def _predict_rows(frame: pd.DataFrame, spec, pred, link: LinkSpec,
                   launch_us: float | None = LAUNCH_US, data=None) -> pd.DataFrame:
-    """Kernel rows by the predictor (as a kernel stream, :func:`nslib.model.stream.stream_ms`),
+    """Kernel rows by the predictor (as a step, :func:`nslib.model.stream.step_ms`),
     comm rows by the link model; adds ``pred_ms``."""
     is_comm = (frame["cls"] == "comm").to_numpy()
     kf = kernel_frame(frame[~is_comm], spec)
-    kf["pred_ms"] = stream_ms(pred, kf, launch_us, data)
+    kf["pred_ms"] = step_ms(pred, kf, launch_us, data)
     if not is_comm.any():
         return kf
     cf = frame[is_comm].copy()
