@@ -170,8 +170,10 @@ def trace(config: dict, batch: int, seq: int, mode: str, *, grad_accumulation: b
     at their real dtypes), ``inputs`` (sorted tuple of the kids that produced this kernel's
     tensor inputs, followed through views; () for model inputs and parameters), ``layer``
     (transformer block index, encoder blocks then decoder blocks, or -1 outside the blocks)
-    and ``module`` (qualified name of the innermost module running it, or ""). Unknown aten ops give
-    no row and one warning listing them.
+    ``module`` (qualified name of the innermost module running it, or "") and ``call`` (index of
+    the top-level PyTorch operator call that launched it; in the backward, of the forward call
+    whose gradient it computes; -1 for none: :mod:`nslib.model.operators`). Unknown aten ops
+    give no row and one warning listing them.
 
     ``dtype``: ``"fp32"`` (default: the paper's traces, eager attention) or ``"bf16"``/``"fp16"``:
     the model is built in that format with PyTorch's scaled-dot-product attention, each call of
