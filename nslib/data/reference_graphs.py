@@ -25,8 +25,8 @@ HOST_TARGETS = re.compile(r"getitem|getattr|^(?:size|dim|view|split|chunk|permut
 SELECT_OPS = ("where", "masked_fill")
 # What the graph's ``misc`` nodes launch, by the function or method they call: the nslib class
 # of the aten op they run (:mod:`nslib.model.aten`). ``max`` is ``torch.max(a, b)`` in these
-# graphs (OPT's clamp of the attention scores), the elementwise ``maximum``; casts, masks,
-# fills and gathers are memory ops.
+# graphs (OPT's clamp of the attention scores), the elementwise ``maximum``; casts, the
+# comparisons that build masks, fills and gathers are memory ops.
 MISC_TARGETS = {
     **{k: "elementwise" for k in ("max", "min", "add", "sub", "mul", "truediv", "pow")},
     **{k: "elementwise" for k in SELECT_OPS + ("masked_fill_",)},
