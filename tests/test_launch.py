@@ -7,7 +7,7 @@ from nslib.data.gpus import GPU
 from nslib.kernels import sizes
 from nslib.model.inputs import kernel_frame
 from nslib.model.predict import predict_model
-from nslib.model.stream import dispatch_ms, floors, host_bound, probe_kernels, stream_ms
+from nslib.model.stream import floors, host_bound, probe_kernels, stream_ms, stream_terms
 
 GPU0 = GPU(name="Test GPU", mem_gb=80, mem_bw=1000, num_sm=100, cores_per_sm=128,
            clock_mhz=1500, peak_gflops=10000, l2_mb=50)
@@ -73,7 +73,7 @@ def test_model_prediction_in_stream_is_below_the_plain_sum(data_dir):
     assert s["launch_us"] == 3.0 and plain["launch_us"] is None
     # every kernel of this tiny model takes the GPU the launch gap, but the host needs its
     # dispatch floor to issue each: the step is host-bound and costs the floors' sum
-    fl = dispatch_ms(Floor(), frame)
+    fl = stream_terms(Floor(), frame)[2]
     assert s["e2e_ms"] == pytest.approx(fl.sum())
     assert (fl > 0.003).all() and (fl <= Floor().predict(frame)).all()
     # the classes keep their GPU-time shares: in each phase every kernel is stretched alike

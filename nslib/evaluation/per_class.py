@@ -14,7 +14,7 @@ from nslib.model.config import load_model_config
 from nslib.model.inputs import get_predictor
 from nslib.model.operators import per_operator_class_ms
 from nslib.model.predict import predict_model
-from nslib.model.stream import LAUNCH_US, stream_ms
+from nslib.model.stream import LAUNCH_US, stream_terms
 from nslib.predictors.gpu_range import range_warnings_once
 
 # Streaming kernels, whichever of the two classes an operator lands in: the original graphs
@@ -88,9 +88,8 @@ def per_class_results(results: pd.DataFrame, predictor: str, data=None,
                                  predictor=predictor, data=data, quick=quick, launch_us=None)
         # each operator timed alone: its kernels' GPU times in a stream (not stretched to the
         # step's host, nslib.model.stream.step_ms) plus one dispatch
-        pred = per_operator_class_ms(
-            frame.assign(pred_ms=stream_ms(fitted, frame, LAUNCH_US, data)),
-            raw_ms=frame["pred_ms"].to_numpy())
+        raw, gpu_ms, _ = stream_terms(fitted, frame, LAUNCH_US, data)
+        pred = per_operator_class_ms(frame.assign(pred_ms=gpu_ms), raw_ms=raw)
         groups = [(c, (c,)) for c in MODEL_CLASSES] + [(" + ".join(STREAMING), STREAMING)]
         for name, members in groups:
             measured = sum(float(meas.get(c, 0.0)) for c in members)

@@ -8,22 +8,22 @@ GPU time, down to a launch gap of a few microseconds. Summing microbenchmark-lik
 therefore charges every one of a model's ~1,000-3,000 small kernels the floor again, which
 overpredicts small-batch training and models with many small ops (Switch-XL) by 20-60%.
 
-:func:`stream_ms` removes the floor: ``max(pred - floor, roofline, launch)``. A step is still
-no faster than its host can issue it (:func:`step_ms`, :func:`host_bound`): when a phase's
-floors sum to more than its kernels' GPU time (small kernels on a fast GPU), the phase takes
-the floors' sum. ``floor`` is
-the same predictor's latency, on the same GPU, of the smallest measured elementwise kernel,
-times the class's floor ratio: how much longer the smallest measured kernel of that class took
-than the smallest elementwise one on the same training GPU (the median over the training
-GPUs; e.g. about 1.8 for linear, whose op does more on the host). Softmax and layer norm are
-one ATen op and one launch like an elementwise op and share its floor (ratio 1): the extra
-time of their smallest kernels is the GPU time of their reductions. Both come from the data, for
-any predictor. Only the elementwise prediction is extrapolated to a new GPU, and it is a
+:func:`stream_ms` removes the floor: ``max(pred - floor, roofline, launch)``. ``floor`` is the
+same predictor's latency, on the same GPU, of the smallest measured elementwise kernel, times
+the class's floor ratio: how much longer the smallest measured kernel of that class took than
+the smallest elementwise one on the same training GPU (the median over the training GPUs;
+e.g. about 1.8 for linear, whose op does more on the host). Softmax and layer norm are one ATen
+op and one launch like an elementwise op and share its floor (ratio 1): the extra time of their
+smallest kernels is the GPU time of their reductions. Both come from the data, for any
+predictor. Only the elementwise prediction is extrapolated to a new GPU, and it is a
 launch time under every NeuSight law; the GEMM MLPs' own tiny-kernel extrapolations put the
 H100's GEMM floors at 53-67 us and took too much off mid-size GEMMs. ``roofline`` keeps the
 result physical and ``launch`` (``launch_us``, default :data:`LAUNCH_US`) is the gap between
 back-to-back kernels. ``launch_us=None`` keeps the plain sum of microbenchmark latencies (the
-original tool's aggregation). Units: ms throughout, ``launch_us`` in microseconds.
+original tool's aggregation). A step is still no faster than its host can issue it
+(:func:`step_ms`, :func:`host_bound`): when a phase's floors sum to more than its kernels' GPU
+time (small kernels on a fast GPU), the phase takes the floors' sum. Units: ms throughout,
+``launch_us`` in microseconds.
 """
 from __future__ import annotations
 
@@ -107,33 +107,36 @@ def stream_ms(pred, frame: pd.DataFrame, launch_us: float | None = LAUNCH_US,
     ``frame``: predictor input (dims, ``cls``, ``op``, GPU columns). ``launch_us=None``
     returns the predictor's microbenchmark latencies unchanged.
     """
+    return stream_terms(pred, frame, launch_us, data)[1]
+
+
+def stream_terms(pred, frame: pd.DataFrame, launch_us: float | None = LAUNCH_US,
+                 data=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per kernel of ``frame``, from one prediction and one floor lookup (ms): the
+    microbenchmark latency, the time in the stream (:func:`stream_ms`) and the host's time to
+    issue the kernel, its dispatch floor (:func:`floors`) but never more than its whole
+    microbenchmark latency. ``launch_us=None``: the stream time is the microbenchmark latency
+    and the dispatch 0 (the plain sum)."""
     if not len(frame):
-        return np.zeros(0)
+        return np.zeros(0), np.zeros(0), np.zeros(0)
     raw = np.asarray(pred.predict(frame), float)
     if launch_us is None:
-        return raw
+        return raw, raw, np.zeros(len(raw))
     if launch_us < 0:
         raise ValueError(f"launch_us must be >= 0 (microseconds), got {launch_us}")
-    gpu_ms = np.maximum(raw - floors(pred, frame, data), sizes.roofline_ms(frame))
-    return np.maximum(gpu_ms, launch_us / 1000.0)
+    floor = floors(pred, frame, data)
+    gpu_ms = np.maximum(np.maximum(raw - floor, sizes.roofline_ms(frame)), launch_us / 1000.0)
+    return raw, gpu_ms, np.minimum(floor, raw)
 
 
 def step_ms(pred, frame: pd.DataFrame, launch_us: float | None = LAUNCH_US,
             data=None) -> np.ndarray:
     """Per kernel of a model step's ``frame`` (launch order, ``phase`` column): ms in the
     step, the kernel stream (:func:`stream_ms`) no faster than the host issues it
-    (:func:`host_bound`, each kernel costing the host its dispatch, :func:`dispatch_ms`).
+    (:func:`host_bound`, each kernel costing the host its dispatch, :func:`stream_terms`).
     ``launch_us=None``: the microbenchmark latencies, as :func:`stream_ms`."""
-    if launch_us is None or not len(frame):
-        return stream_ms(pred, frame, launch_us, data)
-    return host_bound(frame, stream_ms(pred, frame, launch_us, data),
-                      dispatch_ms(pred, frame, data))
-
-
-def dispatch_ms(pred, frame: pd.DataFrame, data=None) -> np.ndarray:
-    """Per kernel, the host's time to issue it (ms): its dispatch floor (:func:`floors`),
-    never more than its whole microbenchmark latency."""
-    return np.minimum(floors(pred, frame, data), np.asarray(pred.predict(frame), float))
+    _, gpu_ms, dispatch = stream_terms(pred, frame, launch_us, data)
+    return host_bound(frame, gpu_ms, dispatch)
 
 
 def host_bound(frame: pd.DataFrame, gpu_ms: np.ndarray, dispatch_ms: np.ndarray) -> np.ndarray:
@@ -145,10 +148,11 @@ def host_bound(frame: pd.DataFrame, gpu_ms: np.ndarray, dispatch_ms: np.ndarray)
     in proportion to its GPU time (so the classes keep their shares). Units: ms.
     """
     out = np.asarray(gpu_ms, float).copy()
+    dispatch = np.asarray(dispatch_ms, float)
     phase = frame["phase"].to_numpy() if "phase" in frame.columns else np.zeros(len(out))
     for p in pd.unique(phase):
         m = phase == p
-        gpu, host = out[m].sum(), float(np.sum(np.asarray(dispatch_ms, float)[m]))
+        gpu, host = out[m].sum(), dispatch[m].sum()
         if host > gpu > 0:
             out[m] *= host / gpu
     return out
@@ -158,4 +162,3 @@ def per_class_ms(frame: pd.DataFrame) -> dict[str, float]:
     """Predicted ms per kernel class (``kernel_class``) of a frame with ``pred_ms``."""
     per = frame.groupby("kernel_class")["pred_ms"].sum()
     return {k: float(v) for k, v in per.items()}
-

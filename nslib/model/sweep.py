@@ -16,7 +16,7 @@ from nslib.kernels import sizes
 from nslib.model.inputs import (LAW_POINTS, LAW_POINTS_ONE, get_predictor, kernel_frame,
                                 resolve_gpu, traced)
 from nslib.model.memory import sweep_memory
-from nslib.model.stream import LAUNCH_US, dispatch_ms, stream_ms
+from nslib.model.stream import LAUNCH_US, stream_terms
 from nslib.predictors.gpu_range import warn_out_of_range
 
 DIMS = ["B", "M", "N", "K", "H"]
@@ -132,9 +132,9 @@ def sweep(model, mode: str, scenarios: pd.DataFrame, predictor="neusight", data=
     for col in sheet.columns:
         big[col] = sheet[col].to_numpy()[combo_row]
     count = big["count"].to_numpy(float)
-    pred_ms = stream_ms(pred, big, launch_us, data) * count
+    _, pred_ms, host_ms = stream_terms(pred, big, launch_us, data)
     # the host's dispatches bound each phase (nslib.model.stream.host_bound)
-    host_ms = dispatch_ms(pred, big, data) * count if launch_us is not None else np.zeros(len(big))
+    pred_ms, host_ms = pred_ms * count, host_ms * count
     out = scenarios.copy()
     for phase in ("fw", "bw"):
         mask = (big["phase"] == phase).to_numpy()
