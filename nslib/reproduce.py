@@ -116,6 +116,11 @@ HEADLINE = {"03_baselines_kernel_error.csv": "Kernel-level MAPE (%) per predicto
                                      "design choices are made on this one",
             "04_inf_summary.csv": "Inference: mean end-to-end error (%) per GPU",
             "05_train_summary.csv": "Training: mean end-to-end error (%) per GPU",
+            "04_inf_logo.csv": "Inference, training GPUs' labels: mean end-to-end error (%) "
+                               "under the paper's protocol and leave-one-GPU-out (each GPU "
+                               "priced by the predictor trained without it)",
+            "05_train_logo.csv": "Training, training GPUs' labels: mean end-to-end error (%) "
+                                 "under the paper's protocol and leave-one-GPU-out",
             "04_inf_per_class_error.csv": "Inference: model-level error (%) per operator class "
                                           "against the label CSVs' per-operator times",
             "05_train_per_class_error.csv": "Training: model-level error (%) per operator "

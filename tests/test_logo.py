@@ -98,3 +98,61 @@ def test_host_only_operators_overlap_gpu_work(data_dir):
     # end to end, the kernel-launching operators alone account for the measured time better
     # than all timed operators do (median over every label with a CSV)
     assert abs(h["e2e_over_kernels"].median() - 1) < abs(h["e2e_over_all"].median() - 1)
+
+
+# ---------------------------------------------------------------------------------------------
+# Model level: each training GPU's labels priced by the fold that never saw it
+# ---------------------------------------------------------------------------------------------
+
+def test_model_level_folds_price_each_training_gpu_without_it(data_dir, monkeypatch):
+    from nslib.evaluation import folds as folds_mod
+    from nslib.evaluation.model_level import evaluate_models
+    from nslib.model.stream import probe_kernels
+    asked = []
+
+    def fake_trained(name, data=None, exclude_gpus=(), **kw):
+        asked.append(tuple(exclude_gpus))
+        return training.trained("roofline")   # any fitted predictor: the wiring is checked
+
+    monkeypatch.setattr(folds_mod, "trained", fake_trained)
+    splits = measured.gpu_splits()
+    res = evaluate_models("inf", ["linreg"], models=["bert_large"], progress=False, logo=True)
+    held = res[res["held_out"]]
+    # every training GPU with labels is held out from the predictor pricing it, by itself
+    assert set(held["gpu"]) <= set(splits["train_gpus"]) and len(held)
+    assert not res.loc[res["gpu"].isin(splits["new_gpus"]), "held_out"].any()
+    assert set(asked) == {(g,) for g in held["gpu"].unique()} | (
+        {()} if (~res["held_out"]).any() else set())
+    # one fit per fold, reused for every label of its GPU
+    assert len(asked) == len(set(asked))
+    # the dispatch floor's class ratios leave the held-out GPU out too
+    gpu = held["gpu"].iloc[0]
+    without = probe_kernels(exclude_gpus=[gpu]).set_index("cls")["ratio"]
+    lat = {}
+    for cls in ("linear", "elementwise"):
+        tab = measured.kernel_table(cls, "train")
+        probe = probe_kernels().set_index("cls").loc[cls]
+        same = np.ones(len(tab), bool)
+        for c in ("op", "B", "M", "N", "K", "H"):
+            if pd.notna(probe[c]):
+                same &= (tab[c] == probe[c]).to_numpy()
+        sub = tab[same & (tab["gpu"] != gpu).to_numpy()]
+        lat[cls] = sub.groupby("gpu")["latency_ms"].median()
+    assert without["linear"] == pytest.approx((lat["linear"] / lat["elementwise"]).median())
+
+
+def test_model_logo_table_by_hand():
+    from nslib.evaluation.kernel_level import WORST
+    from nslib.evaluation.model_level import logo_table
+
+    def res(errs, held):
+        return pd.DataFrame([{"gpu": g, "predictor": "p", "err": e, "held_out": held}
+                             for g, es in errs.items() for e in es])
+    paper = res({"A": [2, 4], "B": [10], "N": [7]}, False)
+    logo = pd.concat([res({"A": [6, 8], "B": [20]}, True), res({"N": [7]}, False)])
+    tab = logo_table(paper, logo)
+    assert list(tab.index) == ["p (paper protocol)", "p (leave-one-GPU-out)"]
+    assert list(tab.columns[:2]) == ["A", "B"]        # new GPUs (N) are not held out
+    assert tab.loc["p (paper protocol)", "A"] == 3 and tab.loc["p (leave-one-GPU-out)", "A"] == 7
+    assert tab.loc["p (leave-one-GPU-out)", LOGO_MEAN] == 13.5
+    assert tab.loc["p (leave-one-GPU-out)", WORST] == 20

@@ -62,6 +62,19 @@ def test_04_05_model_tables(data_dir, tmp_path, name, mode):
     assert set(agg.index.get_level_values(1)) == {"stream", "plain sum"}
     assert agg.loc[("neusight", "stream"), "all"] == pytest.approx(res.loc[
         res["predictor"] == "neusight", "err"].mean())
+    # leave-one-GPU-out beside the paper's protocol, on the training GPUs' labels
+    logo = pd.read_csv(tmp_path / f"{prefix}_{mode}_logo.csv", index_col=0)
+    rows = {f"{p} ({proto})" for p in ("neusight", "roofline")
+            for proto in ("paper protocol", "leave-one-GPU-out")}
+    assert set(logo.index) == rows and "worst held-out GPU" in logo.columns
+    paper = res[res["gpu"].isin(logo.columns)].groupby(["predictor", "gpu"])["err"].mean()
+    for gpu in logo.columns[:-2]:
+        assert logo.loc["neusight (paper protocol)", gpu] == pytest.approx(paper["neusight", gpu])
+        # the roofline is not trained: both protocols agree
+        assert logo.loc["roofline (leave-one-GPU-out)", gpu] == pytest.approx(
+            paper["roofline", gpu])
+    assert (tmp_path / f"{prefix}_{mode}_logo.png").stat().st_size > 1000
+    assert (tmp_path / f"{prefix}_{mode}_logo_per_class_by_gpu.csv").exists()
 
 
 def test_09_mixed_precision(data_dir, mixed_dir, tmp_path):

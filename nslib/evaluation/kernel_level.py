@@ -11,6 +11,7 @@ from nslib.kernels import measured
 from nslib.predictors.training import kernel_eval_frame, trained
 
 LOGO_MEAN = "mean (training GPUs held out)"
+WORST = "worst held-out GPU"
 
 
 def _predict(pred, frame: pd.DataFrame, unseen: np.ndarray) -> np.ndarray:
@@ -77,13 +78,13 @@ def logo_table(frame: pd.DataFrame) -> pd.DataFrame:
     held = sorted(df.loc[df["held_out"], "gpu"].unique())
     tab = tab[held + sorted(c for c in tab.columns if c not in held)]
     tab[LOGO_MEAN] = tab[held].mean(axis=1)
-    tab["worst held-out GPU"] = tab[held].max(axis=1)
+    tab[WORST] = tab[held].max(axis=1)
     return order_classes(tab)
 
 
 def logo_json(tab: pd.DataFrame) -> dict:
     """``{class: {GPU Device name: mape}}`` of a :func:`logo_table` (GPU columns only)."""
-    gpus = [c for c in tab.columns if c not in (LOGO_MEAN, "worst held-out GPU")]
+    gpus = [c for c in tab.columns if c not in (LOGO_MEAN, WORST)]
     return {cls: {g: round(float(row[g]), 4) for g in gpus if pd.notna(row[g])}
             for cls, row in tab.iterrows()}
 

@@ -15,6 +15,8 @@ from tqdm.auto import tqdm
 from nslib.data.gpus import load_gpus
 from nslib.data.labels import load_labels
 from nslib.data.protocol import ood_models
+from nslib.evaluation.folds import LOGO, PAPER, Folds
+from nslib.evaluation.kernel_level import LOGO_MEAN, WORST
 from nslib.evaluation.metrics import ape
 from nslib.evaluation.per_class import per_class_by_gpu, per_class_results, per_class_table
 from nslib.kernels import measured
@@ -42,21 +44,27 @@ def label_configs(mode: str, data=None, gpus=None, models=None, variant: str = "
 @range_warnings_once()
 def evaluate_models(mode: str, predictors, data=None, gpus=None, models=None,
                     quick: bool = False, progress: bool = True,
-                    launch_us: float | None = LAUNCH_US) -> pd.DataFrame:
+                    launch_us: float | None = LAUNCH_US, logo: bool = False,
+                    seed: int = 0) -> pd.DataFrame:
     """One row per (label, predictor): measured and predicted ms, APE, and whether the GPU
     and model are in distribution. Configurations the tracer cannot handle are reported in a
     ``note`` column, not dropped silently. ``launch_us``: as in
-    :func:`nslib.model.predict.predict_model` (``None``: plain sums of kernel latencies)."""
+    :func:`nslib.model.predict.predict_model` (``None``: plain sums of kernel latencies).
+
+    ``logo``: price each training GPU's labels with the predictor of the leave-one-GPU-out
+    fold that held it out (:class:`nslib.evaluation.folds.Folds`); the ``held_out`` column
+    says which rows were. ``seed``: the predictors' training seed."""
     lab = label_configs(mode, data, gpus, models)
     new = set(measured.gpu_splits(data)["new_gpus"])
+    folds = Folds(logo, data, quick, seed)
     rows = []
     for _, r in tqdm(list(lab.iterrows()), desc=f"{mode} configs", disable=not progress):
         for name in predictors:
-            rec = {**r.to_dict(), "predictor": name}
+            rec = {**r.to_dict(), "predictor": name, "held_out": folds.held_out(r["gpu"])}
             try:
                 _, s = predict_model(r["gpu_key"], r["model"], r["batch"], r["seq"], mode,
-                                     predictor=name, data=data, quick=quick,
-                                     launch_us=launch_us)
+                                     predictor=folds.predictor(name, r["gpu"]), data=data,
+                                     quick=quick, launch_us=launch_us)
                 rec.update(pred_ms=s["e2e_ms"], pred_fw_ms=s["fw_ms"], pred_bw_ms=s["bw_ms"],
                            note="")
             except (ValueError, NotImplementedError, RuntimeError) as e:
@@ -115,6 +123,27 @@ def summary_table(results: pd.DataFrame) -> pd.DataFrame:
     by_gpu["out-of-distribution"] = results[ood].groupby("predictor")["err"].mean()
     by_gpu["all"] = results.groupby("predictor")["err"].mean()
     return by_gpu
+
+
+def logo_table(paper: pd.DataFrame, logo: pd.DataFrame) -> pd.DataFrame:
+    """Mean error (%) per GPU of the training GPUs' labels under both protocols, side by side:
+    rows ``<predictor> (<protocol>)`` (the paper's protocol, then leave-one-GPU-out), columns
+    the held-out training GPUs, their mean and the worst of them.
+
+    ``paper``, ``logo``: :func:`evaluate_models` output without and with ``logo=True``. A
+    predictor that is not trained (the roofline) has the same numbers under both.
+    """
+    held = logo[logo["held_out"]]
+    gpus = sorted(held["gpu"].unique())
+    parts = []
+    for proto, res in ((PAPER, paper), (LOGO, logo)):
+        res = res[res["gpu"].isin(gpus) & res["predictor"].isin(held["predictor"].unique())]
+        tab = res.pivot_table(index="predictor", columns="gpu", values="err", aggfunc="mean")
+        parts.append(tab.rename(index=lambda p, proto=proto: f"{p} ({proto})"))
+    out = pd.concat(parts).reindex(columns=gpus)
+    out[LOGO_MEAN] = out[gpus].mean(axis=1)
+    out[WORST] = out[gpus].max(axis=1)
+    return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -231,24 +260,46 @@ def evaluate_variant(kind: str, predictors, data=None, gpus=None, models=None,
 
 
 def report(mode: str, predictors, prefix: str, data=None, gpus=None, models=None,
-           quick: bool = False, out=None) -> dict:
+           quick: bool = False, out=None, logo_predictors=(), seed: int = 0) -> dict:
     """Evaluate ``mode`` and save the model-level tables as ``<prefix>_<mode>_<name>``.
 
     Returns ``{"results", "paper", "summary", "per_class", "per_class_by_gpu", "aggregation"}``
     frames (see the functions above; ``per_class`` and ``per_class_by_gpu`` are
     :func:`nslib.evaluation.per_class.per_class_table` and ``per_class_by_gpu`` for the first
-    predictor, ``aggregation`` :func:`aggregation_table`).
+    predictor, ``aggregation`` :func:`aggregation_table`). ``logo_predictors`` (those of
+    ``predictors`` to also price leave-one-GPU-out) add ``logo_results``, ``logo``
+    (:func:`logo_table`) and ``logo_per_class_by_gpu`` (the first of them), saved the same way
+    when any training GPU has labels of ``mode``. ``seed``: the predictors' training seed.
     """
-    results = evaluate_models(mode, predictors, data=data, gpus=gpus, models=models, quick=quick)
-    per_class = per_class_results(results, predictors[0], data=data, quick=quick)
+    results = evaluate_models(mode, predictors, data=data, gpus=gpus, models=models,
+                              quick=quick, seed=seed)
+    per_class = per_class_results(results, predictors[0], data=data, quick=quick, seed=seed)
     tables = {"results": results, "paper": paper_table(results),
               "summary": summary_table(results), "per_class": per_class_table(per_class),
               "per_class_by_gpu": per_class_by_gpu(per_class),
               "aggregation": aggregation_table(mode, predictors, data, gpus, models, quick,
                                                results=results)}
-    save_table(results.drop(columns=["note"]).set_index(["gpu", "config", "predictor"]),
+    names = ["paper", "summary", "per_class", "per_class_by_gpu", "aggregation"]
+    logo = [p for p in logo_predictors if p in list(predictors)]
+    if logo and len(results) and results["gpu"].isin(
+            measured.gpu_splits(data)["train_gpus"]).any():
+        tables.update(_logo_tables(mode, logo, results, data, gpus, models, quick, seed))
+        names += ["logo", "logo_per_class_by_gpu"]
+    save_table(results.drop(columns=["note", "held_out"]).set_index(["gpu", "config",
+                                                                     "predictor"]),
                f"{prefix}_{mode}_results", out, digits=2)
-    for name in ("paper", "summary", "per_class", "per_class_by_gpu", "aggregation"):
+    for name in names:
         stem = {"paper": "error_table", "per_class": "per_class_error"}.get(name, name)
         save_table(tables[name], f"{prefix}_{mode}_{stem}", out)
     return tables
+
+
+def _logo_tables(mode, predictors, results, data, gpus, models, quick, seed) -> dict:
+    """The leave-one-GPU-out part of :func:`report` (training GPUs' labels only: the new
+    GPUs are priced alike under both protocols)."""
+    train = measured.gpu_splits(data)["train_gpus"]
+    keys = sorted(results.loc[results["gpu"].isin(train), "gpu_key"].unique())
+    logo = evaluate_models(mode, predictors, data, keys, models, quick, logo=True, seed=seed)
+    per_class = per_class_results(logo, predictors[0], data, quick, logo=True, seed=seed)
+    return {"logo_results": logo, "logo": logo_table(results, logo),
+            "logo_per_class_by_gpu": per_class_by_gpu(per_class)}

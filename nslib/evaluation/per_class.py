@@ -8,10 +8,10 @@ import pandas as pd
 from nslib.data.labels import load_labels
 from nslib.data.reference_graphs import (host_nodes, layer_repeats, measured_nodes,
                                          measured_per_class)
+from nslib.evaluation.folds import Folds
 from nslib.evaluation.metrics import ape
 from nslib.kernels.sizes import MODEL_CLASSES
 from nslib.model.config import load_model_config
-from nslib.model.inputs import get_predictor
 from nslib.model.operators import per_operator_class_ms
 from nslib.model.predict import predict_model
 from nslib.model.stream import LAUNCH_US, stream_terms
@@ -62,7 +62,7 @@ def _n_layer(config: dict) -> int:
 
 @range_warnings_once()
 def per_class_results(results: pd.DataFrame, predictor: str, data=None,
-                      quick: bool = False) -> pd.DataFrame:
+                      quick: bool = False, logo: bool = False, seed: int = 0) -> pd.DataFrame:
     """One row per (label with a CSV, class): measured ms, predicted ms, APE, ood flag.
 
     Both sides are classed by operator, as the label CSVs time them: the prediction by
@@ -74,18 +74,20 @@ def per_class_results(results: pd.DataFrame, predictor: str, data=None,
     (:func:`nslib.model.operators.per_operator_class_ms` with the microbenchmark latencies).
 
     ``results`` is :func:`nslib.evaluation.model_level.evaluate_models` output (its rows name the
-    labels).
+    labels). ``logo``, ``seed``: which trained predictor prices each label
+    (:class:`nslib.evaluation.folds.Folds`).
     """
     rows = []
-    fitted = get_predictor(predictor, data, quick)
+    folds = Folds(logo, data, quick, seed)
     labs = results[results["predictor"] == predictor].drop_duplicates(["gpu_key", "tag"])
     for _, r in labs.iterrows():
         meas = measured_per_class(r["gpu_key"], r["tag"],
                                   _n_layer(load_model_config(r["model"], data)), data)
         if meas is None:
             continue
+        fitted = folds.predictor(predictor, r["gpu"])
         frame, _ = predict_model(r["gpu_key"], r["model"], r["batch"], r["seq"], r["mode"],
-                                 predictor=predictor, data=data, quick=quick, launch_us=None)
+                                 predictor=fitted, data=data, quick=quick, launch_us=None)
         # each operator timed alone: its kernels' GPU times in a stream (not stretched to the
         # step's host, nslib.model.stream.step_ms) plus one dispatch
         raw, gpu_ms, _ = stream_terms(fitted, frame, LAUNCH_US, data)

@@ -45,18 +45,21 @@ _PROBE_COLS = ["cls", "op", "B", "M", "N", "K", "H"]
 HOST_LIKE_ELEMENTWISE = ("elementwise", "softmax", "layernorm")
 
 
-@lru_cache(maxsize=8)
-def _probes(root: str) -> pd.DataFrame:
+@lru_cache(maxsize=16)
+def _probes(root: str, exclude: tuple = ()) -> pd.DataFrame:
     """Built from the training tables once, then kept as a tiny cached table (reading the
-    five class tables costs more than a whole cached prediction)."""
-    key = hash_files([], extra=["probes-3", *(measured.table_key(c, "train", root)
-                                              for c in sizes.CLASSES)])
-    return cached("tables", f"probes-{key}", lambda: _build_probes(root), "probe table")
+    five class tables costs more than a whole cached prediction). ``exclude``: GPUs left out
+    (a leave-one-GPU-out fold's predictor never saw them)."""
+    extra = ["probes-3", *(measured.table_key(c, "train", root) for c in sizes.CLASSES)]
+    key = hash_files([], extra=extra + ([list(exclude)] if exclude else []))
+    return cached("tables", f"probes-{key}", lambda: _build_probes(root, exclude),
+                  "probe table")
 
 
-def _build_probes(root: str) -> pd.DataFrame:
+def _build_probes(root: str, exclude: tuple = ()) -> pd.DataFrame:
     rows, lat = [], {}
     for cls, tab in measured.kernel_tables("train", root).items():
+        tab = tab[~tab["gpu"].isin(list(exclude))]
         if len(tab):
             size = tab["flops"].fillna(0).to_numpy(float) + tab["bytes"].fillna(0).to_numpy(float)
             row = tab.iloc[[int(np.argmin(size))]][_PROBE_COLS]
@@ -75,20 +78,20 @@ def _build_probes(root: str) -> pd.DataFrame:
     return out
 
 
-def probe_kernels(data=None) -> pd.DataFrame:
+def probe_kernels(data=None, exclude_gpus=()) -> pd.DataFrame:
     """The smallest training kernel (by FLOPs + bytes) of each class: dims, ``cls``, ``op``,
     and ``ratio``, its measured latency over the smallest elementwise kernel's (median over
-    the training GPUs that ran both)."""
-    return _probes(str(data_root(data))).copy()
+    the training GPUs that ran both, but ``exclude_gpus``)."""
+    return _probes(str(data_root(data)), tuple(sorted(exclude_gpus))).copy()
 
 
 def floors(pred, frame: pd.DataFrame, data=None) -> np.ndarray:
     """Per row of a predictor-input ``frame``: the dispatch floor (ms) its prediction carries,
     the predictor's latency of the elementwise probe on the row's GPU times the row's class
-    ratio (:func:`probe_kernels`)."""
+    ratio (:func:`probe_kernels`, without the GPUs the predictor's training left out)."""
     if not len(frame):
         return np.zeros(0)
-    probe = probe_kernels(data)
+    probe = probe_kernels(data, getattr(pred, "excluded_gpus", ()))
     gcols = list(sizes.GPU_COLS)
     gpus = frame[gcols].drop_duplicates().reset_index(drop=True)
     grid = gpus.merge(probe[probe["cls"] == "elementwise"], how="cross")
