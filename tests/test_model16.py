@@ -194,6 +194,27 @@ def test_layer_sums_and_report():
     assert [round(rep[c], 6) for c in ("layer", "n", "add", "gemm")] == [20.0, 1, 50.0, 10.0]
 
 
+def test_source_agreement_by_hand(monkeypatch):
+    layers = pd.DataFrame([{"gpu": "G", "model": "m", "num_tokens": t, "tp": 1, "n_head": 32,
+                            "n_kv_head": 32, "n_embd": 4096, "n_expanded_embd": 11008,
+                            "vocab_size": 32000, "use_gated_mlp": True, "op": op,
+                            "latency_ms": ms}
+                           for t, op, ms in [(512, "attn_post_proj", 0.22),
+                                             (512, "attn_pre_proj", 0.75),
+                                             (512, "add", 0.05),           # not a GEMM
+                                             (128, "attn_post_proj", 0.10)]])  # < 256 tokens
+    # rows as [m x k] @ [k x n]: the output projection is m 512, k 4096, n 4096; QKV's n
+    # 12288 has no row, so only the output projection is matched
+    table = pd.DataFrame({"gpu": ["G", "G", "G"], "m": [512.0, 128.0, 512.0],
+                          "n": [4096.0, 4096.0, 8192.0], "k": [4096.0, 4096.0, 4096.0],
+                          "latency_ms": [0.2, 0.05, 0.4]})
+    monkeypatch.setattr(layer_check.mixed_data, "layer_table", lambda mixed=None: layers)
+    monkeypatch.setattr(layer_check.mixed_data, "gemm_table", lambda mixed=None: table)
+    out = layer_check.source_agreement().loc["G"]
+    assert out["shapes"] == 1
+    assert out["median"] == pytest.approx(1.1) and out["attn_post_proj"] == pytest.approx(1.1)
+
+
 class _Fp32Roof:
     """An FP32 predictor stand-in: the FP32 roofline of each kernel (ms)."""
 

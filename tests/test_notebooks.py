@@ -89,6 +89,8 @@ def test_09_mixed_precision(data_dir, mixed_dir, tmp_path):
         assert (tab.loc["neusight"] < tab.loc["roofline_eff"]).all()
     layers = pd.read_csv(tmp_path / "09_layer_check.csv", index_col=0)
     assert {"layer", "gemm", "norm", "n"} <= set(layers.columns) and (layers["n"] > 0).all()
+    agree = pd.read_csv(tmp_path / "09_source_agreement.csv", index_col=0)
+    assert (agree["shapes"] > 0).all() and agree["median"].between(0.5, 2).all()
     fc = pd.read_csv(tmp_path / "09_forecast_llama3_8b.csv")
     assert fc["datasheet only"].any() and (fc["ms"] > 0).all()
     # a GPU with more tensor-core peak and bandwidth is forecast faster

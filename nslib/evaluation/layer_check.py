@@ -151,3 +151,28 @@ def layer_report(frame: pd.DataFrame, min_tokens: int = 256) -> pd.DataFrame:
     err = (100 * (big["pred_ms"] - big["latency_ms"]).abs() / big["latency_ms"])
     per = err.groupby([big["gpu"], big["layer_op"].map(OP_CLASS)]).median().unstack()
     return out.join(per)
+
+
+def source_agreement(mixed=None, min_tokens: int = 256) -> pd.DataFrame:
+    """How far the two 16-bit sources disagree on the same GEMM on the same GPU: every layer
+    GEMM of vidur's tables whose ``(tokens, reduction, width)`` is also a row of the BF16 GEMM
+    table (:func:`nslib.data.mixed_data.gemm_table`), vidur's fp16 ms over the GEMM table's
+    BF16 ms (both formats run at one tensor-core rate on these GPUs).
+
+    One row per GPU with matches: ``shapes`` (matched GEMMs with at least ``min_tokens``
+    tokens), the median ratio over them (``median``), its quartiles (``q25``, ``q75``), and the
+    median per layer op. A median of 1.1 means the layer check's GEMMs run 10% slower than the
+    table the GEMM predictor learns from, whatever the predictor.
+    """
+    gemm = layer_kernels(mixed_data.layer_table(mixed))
+    gemm = gemm[np.isin(gemm["layer_op"], GEMM_OPS) & (gemm["num_tokens"] >= min_tokens)]
+    table = mixed_data.gemm_table(mixed)[["gpu", "m", "n", "k", "latency_ms"]]
+    both = gemm.merge(table.rename(columns={"latency_ms": "table_ms"}),
+                      left_on=["gpu", "M", "N", "K"], right_on=["gpu", "m", "k", "n"])
+    both["ratio"] = both["latency_ms"] / both["table_ms"]
+    by = both.groupby("gpu", sort=False)["ratio"]
+    out = pd.DataFrame({"shapes": by.size(), "median": by.median(),
+                        "q25": by.quantile(0.25), "q75": by.quantile(0.75)})
+    return out.join(both.pivot_table(index="gpu", columns="layer_op", values="ratio",
+                                     aggfunc="median"))
+
