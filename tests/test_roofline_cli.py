@@ -44,3 +44,30 @@ def test_entry_point_runs():
     out = subprocess.run([sys.executable, "-m", "nslib.cli", "predictors"], capture_output=True,
                          text=True, check=True).stdout
     assert "roofline" in out and "neusight" in out
+
+
+def test_eval_models_json_and_logo_with_the_roofline(data_dir, capsys):
+    from nslib.evaluation.model_level import evaluate_models
+    args = ["eval-models", "--predictor", "roofline", "--models", "bert_large", "--json"]
+    assert main(args) == 0
+    got = json.loads(capsys.readouterr().out)["roofline"]
+    res = evaluate_models("inf", ["roofline"], models=["bert_large"], progress=False)
+    by_gpu = res.groupby("gpu")["err"].mean()
+    assert got["Tesla T4"] == round(by_gpu["Tesla T4"], 4)
+    assert got["all"] == round(res["err"].mean(), 4)
+    # the roofline is not trained: both protocols give the same figures, training GPUs only
+    assert main(args + ["--logo"]) == 0
+    logo = json.loads(capsys.readouterr().out)
+    paper, held = logo["roofline (paper protocol)"], logo["roofline (leave-one-GPU-out)"]
+    assert paper == held and "NVIDIA H100 80GB HBM3" not in held
+    assert held["Tesla T4"] == got["Tesla T4"]
+
+
+def test_eval_models_errors(data_dir, capsys):
+    assert main(["eval-models", "--predictor", "nope"]) == 2
+    assert "unknown predictor" in capsys.readouterr().err
+    assert main(["eval-models", "--predictor", "roofline", "--gpus", "Nowhere GPU"]) == 2
+    assert "no inf labels" in capsys.readouterr().err
+    assert main(["eval-models", "--predictor", "roofline", "--gpus", "NVIDIA_H100_80GB_HBM3",
+                 "--logo"]) == 2
+    assert "none of them" in capsys.readouterr().err

@@ -138,8 +138,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_data_commands(sub)
     _add_kernel_commands(sub)
     _add_reproduce(sub)
+    from nslib.cli.models import add_eval_models_parser
     from nslib.cli.predict import add_predict_parser
     add_predict_parser(sub)
+    add_eval_models_parser(sub)
     _global_options_anywhere(p, sub)
     return p
 
