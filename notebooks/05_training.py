@@ -27,7 +27,7 @@ out = None         # folder for figures and tables; None: figures/
 predictors = ["neusight", "roofline", "habitat", "li"]
 gpus = None        # GPU file stems to evaluate; None: every GPU with labels
 models = None      # model names; None: every labelled model
-logo_predictors = ["neusight", "roofline"]  # also priced leave-one-GPU-out (trained ones: 1 fit per GPU)
+logo_predictors = ["neusight", "roofline", "habitat", "li"]  # also priced leave-one-GPU-out (1 fit per GPU)
 seed = 0
 quick = False      # quick profile: quick-trained predictors, a subset of configurations
 
