@@ -49,11 +49,12 @@ data: setup
 test: setup
 	MPLBACKEND=Agg $(BIN)/pytest -q
 
+# no MPLBACKEND=Agg here: the executed notebooks in results/ keep their figures inline
 reproduce: data
-	MPLBACKEND=Agg $(BIN)/nslib reproduce
+	$(BIN)/nslib reproduce
 
 reproduce-quick: data
-	MPLBACKEND=Agg $(BIN)/nslib reproduce --quick
+	$(BIN)/nslib reproduce --quick
 
 clean-cache:
 	rm -rf $${NSLIB_CACHE:-$$HOME/.cache/nslib}
