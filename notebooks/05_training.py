@@ -68,14 +68,14 @@ tables["paper"].T
 logo = tables.get("logo")  # None when no training GPU has labels of this mode
 if logo is not None:
     save_figure(logo_heatmap(logo, "training: mean end-to-end error (%)"), f"{prefix}_{mode}_logo", out)
-logo
+logo if logo is None else logo.round(1)
 
 # %% [markdown]
 # Per class and held-out GPU, against the label CSVs' per-operator times (as the per-class
 # tables below, each GPU priced by the fold that never saw it).
 
 # %%
-tables.get("logo_per_class_by_gpu")
+None if logo is None else tables["logo_per_class_by_gpu"].round(1)
 
 # %% [markdown]
 # ## Summary: mean error per GPU, in and out of distribution
