@@ -156,3 +156,12 @@ def test_model_logo_table_by_hand():
     assert tab.loc["p (paper protocol)", "A"] == 3 and tab.loc["p (leave-one-GPU-out)", "A"] == 7
     assert tab.loc["p (leave-one-GPU-out)", LOGO_MEAN] == 13.5
     assert tab.loc["p (leave-one-GPU-out)", WORST] == 20
+
+
+def test_folds_take_fitted_predictors_only_under_the_paper_protocol(data_dir):
+    from nslib.evaluation.folds import Folds
+    fitted = training.trained("roofline")
+    gpu = measured.gpu_splits()["train_gpus"][0]
+    assert Folds(logo=False).predictor(fitted, gpu) is fitted
+    with pytest.raises(ValueError, match="name"):
+        Folds(logo=True).predictor(fitted, gpu)

@@ -30,9 +30,16 @@ class Folds:
         """Whether ``gpu`` (a Device name) is priced by a fold that never saw it."""
         return gpu in self._train
 
-    def predictor(self, name: str, gpu: str):
-        """The fitted predictor ``name`` that prices labels of ``gpu`` (a Device name)."""
+    def predictor(self, name, gpu: str):
+        """The fitted predictor ``name`` that prices labels of ``gpu`` (a Device name). A
+        predictor passed already fitted prices every GPU as it is (it cannot be refitted per
+        fold, so leave-one-GPU-out needs a name)."""
         held = (gpu,) if self.held_out(gpu) else ()
+        if not isinstance(name, str):
+            if held:
+                raise ValueError("leave-one-GPU-out trains one predictor per held-out GPU: "
+                                 "give the predictor's name, not a fitted predictor")
+            return name
         key = (name, held)
         if key not in self._memo:
             # the paper-protocol predictor shows its bars (its first training is long); a
