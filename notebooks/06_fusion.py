@@ -43,7 +43,7 @@ quick = False      # quick profile: quick-trained predictors, BERT only
 from nslib.viz.figures import save_figure, save_table
 from nslib.evaluation.fusion_eval import (fused_group_counts, fusion_example, fusion_speedups,
                                           fusion_summary, fusion_table)
-from nslib.evaluation.model_level import evaluate_variant, paper_table
+from nslib.evaluation.model_level import evaluate_variant, paper_table, variant_logo
 from nslib.model.fusion import fuse
 from nslib.model.inputs import traced
 from nslib.predictors import available
@@ -56,7 +56,7 @@ if quick and models is None:
 
 # %%
 results = evaluate_variant("fusion", names, data=data, gpus=gpus, models=models, quick=quick,
-                           with_base=True)
+                           with_base=True, seed=seed)
 table = fusion_table(results)
 save_table(table, f"{prefix}_fusion_results", out, digits=2)
 results.loc[results["note"] != "", ["gpu", "tag", "predictor", "note"]]
@@ -82,6 +82,18 @@ err_table.T
 summary = fusion_summary(results)
 save_table(summary, f"{prefix}_fusion_summary", out)
 summary
+
+# %% [markdown]
+# ## Leave-one-GPU-out
+# Fused labels of a training GPU priced by the predictor trained without that GPU (as in
+# notebook 04), beside the paper's protocol; None when no training GPU has fused labels.
+
+# %%
+fusion_logo = variant_logo("fusion", results, names, data=data, models=models, quick=quick,
+                           seed=seed)
+if fusion_logo is not None:
+    save_table(fusion_logo, f"{prefix}_fusion_logo", out)
+fusion_logo
 
 # %% [markdown]
 # ## What fusion saves: measured against predicted speed-up

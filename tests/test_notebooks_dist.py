@@ -14,6 +14,11 @@ def test_06_fusion(data_dir, tmp_path):
     assert (res["predicted fused ms"] <= res["predicted ms"] + 1e-9).all()
     assert (tmp_path / "06_fusion_error_table.md").exists()
     assert (tmp_path / "06_fusion_groups.csv").exists()
+    # a training GPU has fused labels: leave-one-GPU-out beside the paper's protocol (the
+    # roofline is not trained, so the two rows agree)
+    logo = pd.read_csv(tmp_path / "06_fusion_logo.csv", index_col=0)
+    assert (logo.loc["roofline (paper protocol)"] ==
+            logo.loc["roofline (leave-one-GPU-out)"]).all()
 
 
 def test_07_distributed(data_dir, tmp_path):

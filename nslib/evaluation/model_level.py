@@ -206,7 +206,7 @@ def variant_labels(kind: str, data=None, gpus=None, models=None) -> pd.DataFrame
 @range_warnings_once()
 def evaluate_variant(kind: str, predictors, data=None, gpus=None, models=None,
                      quick: bool = False, progress: bool = True, with_base: bool = False,
-                     link=None) -> pd.DataFrame:
+                     link=None, logo: bool = False, seed: int = 0) -> pd.DataFrame:
     """One row per (variant label, predictor): measured and predicted ms and APE.
 
     ``kind``: see :func:`variant_labels`. ``with_base``: also predict the single-GPU,
@@ -214,22 +214,25 @@ def evaluate_variant(kind: str, predictors, data=None, gpus=None, models=None,
     ``batch / dp``, in ``base_batch``; otherwise the same batch), with the plain label's
     ``base_e2e_ms`` where one exists, to separate the single-GPU prediction error from the
     fusion/parallel modelling. ``link``: passed to predict_model (None: each GPU's default).
-    Failures are reported in ``note``, not dropped."""
+    ``logo``, ``seed``: as :func:`evaluate_models`. Failures are reported in ``note``, not
+    dropped."""
     lab = variant_labels(kind, data, gpus, models)
     plain = load_labels(data)
     plain = plain[plain["variant"] == ""].set_index(["gpu_key", "model", "mode", "seq",
                                                      "batch"])["e2e_ms"]
     new = set(measured.gpu_splits(data)["new_gpus"])
+    folds = Folds(logo, data, quick, seed)
     rows = []
     for _, r in tqdm(list(lab.iterrows()), desc=f"{kind} configs", disable=not progress):
         args = variant_args(r["variant"])
         if not args.get("fused"):
             args["link"] = link
         for name in predictors:
-            rec = {**r.to_dict(), "predictor": name}
+            rec = {**r.to_dict(), "predictor": name, "held_out": folds.held_out(r["gpu"])}
+            pred = folds.predictor(name, r["gpu"])
             try:
                 _, s = predict_model(r["gpu_key"], r["model"], r["batch"], r["seq"],
-                                     r["mode"], predictor=name, data=data, quick=quick, **args)
+                                     r["mode"], predictor=pred, data=data, quick=quick, **args)
                 rec.update(pred_ms=s["e2e_ms"], pred_fw_ms=s["fw_ms"], pred_bw_ms=s["bw_ms"],
                            comm_ms=s.get("comm_ms", 0.0), note="")
             except (ValueError, NotImplementedError, RuntimeError) as e:
@@ -242,7 +245,7 @@ def evaluate_variant(kind: str, predictors, data=None, gpus=None, models=None,
                 rec["base_e2e_ms"] = float(plain.get(key, np.nan))
                 try:
                     _, s0 = predict_model(r["gpu_key"], r["model"], b0, r["seq"],
-                                          r["mode"], predictor=name, data=data, quick=quick)
+                                          r["mode"], predictor=pred, data=data, quick=quick)
                     rec["base_pred_ms"] = s0["e2e_ms"]
                 except (ValueError, NotImplementedError, RuntimeError):
                     rec["base_pred_ms"] = np.nan
@@ -257,6 +260,26 @@ def evaluate_variant(kind: str, predictors, data=None, gpus=None, models=None,
     out["ood_model"] = out["model"].isin(ood_models())
     out["config"] = out["model"] + " b" + out["batch"].astype(str)
     return out
+
+
+def training_gpu_keys(results: pd.DataFrame, data=None) -> list[str]:
+    """The label folders (``gpu_key``) of ``results`` whose GPU is a training GPU: the labels
+    leave-one-GPU-out can hold out."""
+    train = measured.gpu_splits(data)["train_gpus"]
+    return sorted(results.loc[results["gpu"].isin(train), "gpu_key"].unique())
+
+
+def variant_logo(kind: str, results: pd.DataFrame, predictors, data=None, models=None,
+                 quick: bool = False, seed: int = 0, **kw) -> pd.DataFrame | None:
+    """:func:`logo_table` of a variant kind's labels (``results``: :func:`evaluate_variant`
+    output under the paper's protocol), or None when no training GPU has such labels. ``kw``
+    goes to :func:`evaluate_variant` (``link``)."""
+    keys = training_gpu_keys(results, data) if len(results) else []
+    if not keys:
+        return None
+    held = evaluate_variant(kind, predictors, data, keys, models, quick, progress=False,
+                            logo=True, seed=seed, **kw)
+    return logo_table(results, held)
 
 
 def report(mode: str, predictors, prefix: str, data=None, gpus=None, models=None,
@@ -297,8 +320,7 @@ def report(mode: str, predictors, prefix: str, data=None, gpus=None, models=None
 def _logo_tables(mode, predictors, results, data, gpus, models, quick, seed) -> dict:
     """The leave-one-GPU-out part of :func:`report` (training GPUs' labels only: the new
     GPUs are priced alike under both protocols)."""
-    train = measured.gpu_splits(data)["train_gpus"]
-    keys = sorted(results.loc[results["gpu"].isin(train), "gpu_key"].unique())
+    keys = training_gpu_keys(results, data)
     logo = evaluate_models(mode, predictors, data, keys, models, quick, logo=True, seed=seed)
     per_class = per_class_results(logo, predictors[0], data, quick, logo=True, seed=seed)
     return {"logo_results": logo, "logo": logo_table(results, logo),
