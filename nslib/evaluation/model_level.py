@@ -291,7 +291,8 @@ def report(mode: str, predictors, prefix: str, data=None, gpus=None, models=None
     :func:`nslib.evaluation.per_class.per_class_table` and ``per_class_by_gpu`` for the first
     predictor, ``aggregation`` :func:`aggregation_table`). ``logo_predictors`` (those of
     ``predictors`` to also price leave-one-GPU-out) add ``logo_results``, ``logo``
-    (:func:`logo_table`) and ``logo_per_class_by_gpu`` (the first of them), saved the same way
+    (:func:`logo_table`) and ``logo_per_class_by_gpu`` (the first of them, with the mean over the
+    held-out GPUs and the worst), saved the same way
     when any training GPU has labels of ``mode``. ``seed``: the predictors' training seed.
     """
     results = evaluate_models(mode, predictors, data=data, gpus=gpus, models=models,
@@ -322,6 +323,11 @@ def _logo_tables(mode, predictors, results, data, gpus, models, quick, seed) -> 
     GPUs are priced alike under both protocols)."""
     keys = training_gpu_keys(results, data)
     logo = evaluate_models(mode, predictors, data, keys, models, quick, logo=True, seed=seed)
-    per_class = per_class_results(logo, predictors[0], data, quick, logo=True, seed=seed)
+    per_class = per_class_by_gpu(per_class_results(logo, predictors[0], data, quick,
+                                                   logo=True, seed=seed))
+    if len(per_class):
+        gpus = list(per_class.columns)
+        per_class[LOGO_MEAN] = per_class[gpus].mean(axis=1)
+        per_class[WORST] = per_class[gpus].max(axis=1)
     return {"logo_results": logo, "logo": logo_table(results, logo),
-            "logo_per_class_by_gpu": per_class_by_gpu(per_class)}
+            "logo_per_class_by_gpu": per_class}
