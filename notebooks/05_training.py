@@ -127,7 +127,7 @@ save_figure(pred_vs_measured_bars(results), f"{prefix}_{mode}_pred_vs_measured",
 
 # %%
 first = results["gpu_key"].iloc[0]
-breakdown = time_breakdown(results, first, names[0], data=data, quick=quick)
+breakdown = time_breakdown(results, first, names[0], data=data, quick=quick, seed=seed)
 save_table(breakdown, f"{prefix}_{mode}_breakdown", out, digits=2)
 save_figure(share_bars(breakdown, f"share of predicted time on {first} (%)"),
             f"{prefix}_{mode}_breakdown", out)

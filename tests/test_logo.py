@@ -115,9 +115,22 @@ def test_model_level_folds_price_each_training_gpu_without_it(data_dir, monkeypa
         return training.trained("roofline")   # any fitted predictor: the wiring is checked
 
     monkeypatch.setattr(folds_mod, "trained", fake_trained)
+    import nslib.model.stream as stream
+    floors_for = []   # (GPU the frame is on, GPUs the dispatch floor's ratios left out)
+    real_probes = stream.probe_kernels
+
+    def spy_probes(data=None, exclude_gpus=()):
+        floors_for.append(tuple(exclude_gpus))
+        return real_probes(data, exclude_gpus)
+
+    monkeypatch.setattr(stream, "probe_kernels", spy_probes)
     splits = measured.gpu_splits()
     res = evaluate_models("inf", ["linreg"], models=["bert_large"], progress=False, logo=True)
     held = res[res["held_out"]]
+    # the floors of each held-out GPU's labels were built without that GPU, the others' not
+    per_label = res.drop_duplicates(["gpu_key", "tag"])
+    expect = [(g,) if h else () for g, h in zip(per_label["gpu"], per_label["held_out"])]
+    assert sorted(floors_for) == sorted(expect)
     # every training GPU with labels is held out from the predictor pricing it, by itself
     assert set(held["gpu"]) <= set(splits["train_gpus"]) and len(held)
     assert not res.loc[res["gpu"].isin(splits["new_gpus"]), "held_out"].any()

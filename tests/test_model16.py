@@ -201,18 +201,23 @@ def test_source_agreement_by_hand(monkeypatch):
                             "latency_ms": ms}
                            for t, op, ms in [(512, "attn_post_proj", 0.22),
                                              (512, "attn_pre_proj", 0.75),
+                                             (512, "mlp_down_proj", 0.6),
                                              (512, "add", 0.05),           # not a GEMM
                                              (128, "attn_post_proj", 0.10)]])  # < 256 tokens
-    # rows as [m x k] @ [k x n]: the output projection is m 512, k 4096, n 4096; QKV's n
-    # 12288 has no row, so only the output projection is matched
-    table = pd.DataFrame({"gpu": ["G", "G", "G"], "m": [512.0, 128.0, 512.0],
-                          "n": [4096.0, 4096.0, 8192.0], "k": [4096.0, 4096.0, 4096.0],
-                          "latency_ms": [0.2, 0.05, 0.4]})
+    # rows as [m x k] @ [k x n]: the output projection is m 512, k 4096, n 4096; the down
+    # projection reduces over 11008 into 4096 (k 11008, n 4096: its transpose has no row);
+    # QKV's n 12288 has no row
+    table = pd.DataFrame({"gpu": "G", "m": [512.0, 128.0, 512.0, 512.0, 512.0],
+                          "n": [4096.0, 4096.0, 8192.0, 4096.0, 11008.0],
+                          "k": [4096.0, 4096.0, 4096.0, 11008.0, 4096.0],
+                          "latency_ms": [0.2, 0.05, 0.4, 0.5, 9.9]})
     monkeypatch.setattr(layer_check.mixed_data, "layer_table", lambda mixed=None: layers)
     monkeypatch.setattr(layer_check.mixed_data, "gemm_table", lambda mixed=None: table)
     out = layer_check.source_agreement().loc["G"]
-    assert out["shapes"] == 1
-    assert out["median"] == pytest.approx(1.1) and out["attn_post_proj"] == pytest.approx(1.1)
+    assert out["shapes"] == 2
+    assert out["attn_post_proj"] == pytest.approx(1.1)
+    assert out["mlp_down_proj"] == pytest.approx(1.2)
+    assert out["median"] == pytest.approx(1.15)
 
 
 class _Fp32Roof:

@@ -35,6 +35,7 @@ def _eval_models(args) -> int:
                              f"labels here: drop --logo or widen --gpus")
         held = evaluate_models(args.mode, args.predictor, **{**kw, "gpus": keys}, logo=True)
         tab = logo_table(res, held)
+        failed = pd.concat([failed, held[held["note"] != ""]])
         title = (f"{args.mode}: mean end-to-end error (%) on the training GPUs' labels, the "
                  "paper's protocol and leave-one-GPU-out (each GPU priced by the predictor "
                  "trained without it)")

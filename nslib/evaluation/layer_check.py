@@ -175,4 +175,3 @@ def source_agreement(mixed=None, min_tokens: int = 256) -> pd.DataFrame:
                         "q25": by.quantile(0.25), "q75": by.quantile(0.75)})
     return out.join(both.pivot_table(index="gpu", columns="layer_op", values="ratio",
                                      aggfunc="median"))
-

@@ -61,10 +61,11 @@ def evaluate_models(mode: str, predictors, data=None, gpus=None, models=None,
     for _, r in tqdm(list(lab.iterrows()), desc=f"{mode} configs", disable=not progress):
         for name in predictors:
             rec = {**r.to_dict(), "predictor": name, "held_out": folds.held_out(r["gpu"])}
+            pred = folds.predictor(name, r["gpu"])  # a failed training is an error, not a note
             try:
                 _, s = predict_model(r["gpu_key"], r["model"], r["batch"], r["seq"], mode,
-                                     predictor=folds.predictor(name, r["gpu"]), data=data,
-                                     quick=quick, launch_us=launch_us)
+                                     predictor=pred, data=data, quick=quick,
+                                     launch_us=launch_us)
                 rec.update(pred_ms=s["e2e_ms"], pred_fw_ms=s["fw_ms"], pred_bw_ms=s["bw_ms"],
                            note="")
             except (ValueError, NotImplementedError, RuntimeError) as e:
@@ -83,27 +84,30 @@ def evaluate_models(mode: str, predictors, data=None, gpus=None, models=None,
 
 @range_warnings_once()
 def time_breakdown(results: pd.DataFrame, gpu_key: str, predictor: str, data=None,
-                   quick: bool = False) -> pd.DataFrame:
+                   quick: bool = False, seed: int = 0) -> pd.DataFrame:
     """Predicted ms per kernel class (columns) for each configuration (rows) of ``results``
-    on one GPU."""
+    on one GPU (``predictor`` trained with ``seed``, the paper's protocol)."""
     rows = []
+    fitted = Folds(False, data, quick, seed).predictor(predictor, "")
     for _, r in results[results["gpu_key"] == gpu_key].drop_duplicates("tag").iterrows():
         _, s = predict_model(gpu_key, r["model"], r["batch"], r["seq"], r["mode"],
-                             predictor=predictor, data=data, quick=quick)
+                             predictor=fitted, data=data, quick=quick)
         rows.append({"config": r["config"], **s["per_class_ms"]})
     return pd.DataFrame(rows).set_index("config").fillna(0.0)
 
 
 def aggregation_table(mode: str, predictors, data=None, gpus=None, models=None,
-                      quick: bool = False, results: pd.DataFrame | None = None) -> pd.DataFrame:
+                      quick: bool = False, results: pd.DataFrame | None = None,
+                      seed: int = 0) -> pd.DataFrame:
     """Mean error (%) per predictor and GPU with kernels summed as a stream (the default,
     :mod:`nslib.model.stream`) and as plain sums of microbenchmark latencies (the original tool's
     aggregation): rows (predictor, aggregation), columns GPUs and ``all``. ``results``: the
-    default :func:`evaluate_models` output when already computed."""
+    default :func:`evaluate_models` output (same ``seed``) when already computed."""
     if results is None:
-        results = evaluate_models(mode, predictors, data, gpus, models, quick, progress=False)
+        results = evaluate_models(mode, predictors, data, gpus, models, quick, progress=False,
+                                  seed=seed)
     plain = evaluate_models(mode, predictors, data, gpus, models, quick, progress=False,
-                            launch_us=None)
+                            launch_us=None, seed=seed)
     both = pd.concat([results.assign(aggregation="stream"), plain.assign(aggregation="plain sum")])
     tab = both.pivot_table(index=["predictor", "aggregation"], columns="gpu", values="err")
     tab["all"] = both.groupby(["predictor", "aggregation"])["err"].mean()
@@ -302,7 +306,7 @@ def report(mode: str, predictors, prefix: str, data=None, gpus=None, models=None
               "summary": summary_table(results), "per_class": per_class_table(per_class),
               "per_class_by_gpu": per_class_by_gpu(per_class),
               "aggregation": aggregation_table(mode, predictors, data, gpus, models, quick,
-                                               results=results)}
+                                               results=results, seed=seed)}
     names = ["paper", "summary", "per_class", "per_class_by_gpu", "aggregation"]
     logo = [p for p in logo_predictors if p in list(predictors)]
     if logo and len(results) and results["gpu"].isin(
