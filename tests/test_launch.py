@@ -97,3 +97,13 @@ def test_host_bound_by_hand():
     assert out[2:] == pytest.approx(gpu[2:])            # bw: GPU-bound, unchanged
     assert host_bound(frame.iloc[:0], gpu[:0], host[:0]).size == 0
 
+
+
+def test_stream_terms_reuse_a_prediction(data_dir):
+    df = frame_of([{"cls": "elementwise", "op": "add", "B": 1e4, "H": 1e4},
+                   {"cls": "linear", "op": "linear", "B": 1, "M": 512, "N": 512, "K": 512}])
+    pred = Floor()
+    fresh = stream_terms(pred, df)
+    given = stream_terms(pred, df, raw=pred.predict(df))
+    for a, b in zip(fresh, given):
+        assert a == pytest.approx(b)

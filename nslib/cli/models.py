@@ -14,8 +14,7 @@ from nslib.data.checks import arg_int
 
 
 def _eval_models(args) -> int:
-    from nslib.evaluation.model_level import evaluate_models, logo_table
-    from nslib.kernels import measured
+    from nslib.evaluation.model_level import evaluate_models, logo_table, training_gpu_keys
     from nslib.predictors import available
     unknown = [p for p in args.predictor if p not in available()]
     if unknown:
@@ -28,8 +27,7 @@ def _eval_models(args) -> int:
                          "lists the GPUs; labels live in the data's label/<GPU>/ folders")
     failed = res[res["note"] != ""]
     if args.logo:
-        train = measured.gpu_splits()["train_gpus"]
-        keys = sorted(res.loc[res["gpu"].isin(train), "gpu_key"].unique())
+        keys = training_gpu_keys(res)
         if not keys:
             raise ValueError(f"--logo holds training GPUs out, and none of them has {args.mode} "
                              f"labels here: drop --logo or widen --gpus")

@@ -77,9 +77,14 @@ def logo_table(frame: pd.DataFrame) -> pd.DataFrame:
     tab = df.pivot_table(index="cls", columns="gpu", values="err", aggfunc="mean")
     held = sorted(df.loc[df["held_out"], "gpu"].unique())
     tab = tab[held + sorted(c for c in tab.columns if c not in held)]
-    tab[LOGO_MEAN] = tab[held].mean(axis=1)
-    tab[WORST] = tab[held].max(axis=1)
-    return order_classes(tab)
+    return order_classes(with_logo_summary(tab, held))
+
+
+def with_logo_summary(tab: pd.DataFrame, held) -> pd.DataFrame:
+    """``tab`` (rows x GPU columns) with the mean over the held-out GPU columns ``held``
+    (:data:`LOGO_MEAN`) and the worst of them (:data:`WORST`) as its last columns."""
+    return tab.assign(**{LOGO_MEAN: tab[list(held)].mean(axis=1),
+                         WORST: tab[list(held)].max(axis=1)})
 
 
 def logo_json(tab: pd.DataFrame) -> dict:

@@ -16,10 +16,11 @@ from nslib.data.gpus import load_gpus
 from nslib.data.labels import load_labels
 from nslib.data.protocol import ood_models
 from nslib.evaluation.folds import LOGO, PAPER, Folds
-from nslib.evaluation.kernel_level import LOGO_MEAN, WORST
+from nslib.evaluation.kernel_level import with_logo_summary
 from nslib.evaluation.metrics import ape
 from nslib.evaluation.per_class import per_class_by_gpu, per_class_results, per_class_table
 from nslib.kernels import measured
+from nslib.model.inputs import get_predictor
 from nslib.model.predict import predict_model
 from nslib.model.stream import LAUNCH_US
 from nslib.predictors.gpu_range import range_warnings_once
@@ -88,7 +89,7 @@ def time_breakdown(results: pd.DataFrame, gpu_key: str, predictor: str, data=Non
     """Predicted ms per kernel class (columns) for each configuration (rows) of ``results``
     on one GPU (``predictor`` trained with ``seed``, the paper's protocol)."""
     rows = []
-    fitted = Folds(False, data, quick, seed).predictor(predictor, "")
+    fitted = get_predictor(predictor, data, quick, seed)
     for _, r in results[results["gpu_key"] == gpu_key].drop_duplicates("tag").iterrows():
         _, s = predict_model(gpu_key, r["model"], r["batch"], r["seq"], r["mode"],
                              predictor=fitted, data=data, quick=quick)
@@ -144,10 +145,7 @@ def logo_table(paper: pd.DataFrame, logo: pd.DataFrame) -> pd.DataFrame:
         res = res[res["gpu"].isin(gpus) & res["predictor"].isin(held["predictor"].unique())]
         tab = res.pivot_table(index="predictor", columns="gpu", values="err", aggfunc="mean")
         parts.append(tab.rename(index=lambda p, proto=proto: f"{p} ({proto})"))
-    out = pd.concat(parts).reindex(columns=gpus)
-    out[LOGO_MEAN] = out[gpus].mean(axis=1)
-    out[WORST] = out[gpus].max(axis=1)
-    return out
+    return with_logo_summary(pd.concat(parts).reindex(columns=gpus), gpus)
 
 
 # --------------------------------------------------------------------------------------------
@@ -309,9 +307,9 @@ def report(mode: str, predictors, prefix: str, data=None, gpus=None, models=None
                                                results=results, seed=seed)}
     names = ["paper", "summary", "per_class", "per_class_by_gpu", "aggregation"]
     logo = [p for p in logo_predictors if p in list(predictors)]
-    if logo and len(results) and results["gpu"].isin(
-            measured.gpu_splits(data)["train_gpus"]).any():
-        tables.update(_logo_tables(mode, logo, results, data, gpus, models, quick, seed))
+    keys = training_gpu_keys(results, data) if logo and len(results) else []
+    if keys:
+        tables.update(_logo_tables(mode, logo, results, keys, data, models, quick, seed))
         names += ["logo", "logo_per_class_by_gpu"]
     save_table(results.drop(columns=["note", "held_out"]).set_index(["gpu", "config",
                                                                      "predictor"]),
@@ -322,16 +320,13 @@ def report(mode: str, predictors, prefix: str, data=None, gpus=None, models=None
     return tables
 
 
-def _logo_tables(mode, predictors, results, data, gpus, models, quick, seed) -> dict:
-    """The leave-one-GPU-out part of :func:`report` (training GPUs' labels only: the new
-    GPUs are priced alike under both protocols)."""
-    keys = training_gpu_keys(results, data)
+def _logo_tables(mode, predictors, results, keys, data, models, quick, seed) -> dict:
+    """The leave-one-GPU-out part of :func:`report`, on the labels of the training GPUs'
+    folders ``keys`` (the new GPUs are priced alike under both protocols)."""
     logo = evaluate_models(mode, predictors, data, keys, models, quick, logo=True, seed=seed)
     per_class = per_class_by_gpu(per_class_results(logo, predictors[0], data, quick,
                                                    logo=True, seed=seed))
     if len(per_class):
-        gpus = list(per_class.columns)
-        per_class[LOGO_MEAN] = per_class[gpus].mean(axis=1)
-        per_class[WORST] = per_class[gpus].max(axis=1)
+        per_class = with_logo_summary(per_class, list(per_class.columns))
     return {"logo_results": logo, "logo": logo_table(results, logo),
             "logo_per_class_by_gpu": per_class}

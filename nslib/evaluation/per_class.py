@@ -86,11 +86,13 @@ def per_class_results(results: pd.DataFrame, predictor: str, data=None,
         if meas is None:
             continue
         fitted = folds.predictor(predictor, r["gpu"])
+        # the microbenchmark latencies (the plain sum), then each operator timed alone: its
+        # kernels' GPU times in a stream (not stretched to the step's host,
+        # nslib.model.stream.step_ms) plus one dispatch
         frame, _ = predict_model(r["gpu_key"], r["model"], r["batch"], r["seq"], r["mode"],
                                  predictor=fitted, data=data, quick=quick, launch_us=None)
-        # each operator timed alone: its kernels' GPU times in a stream (not stretched to the
-        # step's host, nslib.model.stream.step_ms) plus one dispatch
-        raw, gpu_ms, _ = stream_terms(fitted, frame, LAUNCH_US, data)
+        raw, gpu_ms, _ = stream_terms(fitted, frame, LAUNCH_US, data,
+                                      raw=frame["pred_ms"].to_numpy())
         pred = per_operator_class_ms(frame.assign(pred_ms=gpu_ms), raw_ms=raw)
         groups = [(c, (c,)) for c in MODEL_CLASSES] + [(" + ".join(STREAMING), STREAMING)]
         for name, members in groups:

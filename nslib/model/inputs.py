@@ -117,12 +117,13 @@ def kernel_frame(trace: pd.DataFrame, gpu: GPU) -> pd.DataFrame:
     return df
 
 
-def get_predictor(predictor, data=None, quick: bool = False):
-    """``predictor`` itself when fitted; a registered name is trained (or read from the cache)."""
+def get_predictor(predictor, data=None, quick: bool = False, seed: int = 0):
+    """``predictor`` itself when fitted; a registered name is trained with ``seed`` (or read
+    from the cache)."""
     if not isinstance(predictor, str):
         return predictor
     # training on first use is announced and shows its bars (minutes of silence look a hang)
-    return trained(predictor, data=data, quick=quick, progress=True)
+    return trained(predictor, data=data, quick=quick, seed=seed, progress=True)
 
 
 

@@ -114,15 +114,16 @@ def stream_ms(pred, frame: pd.DataFrame, launch_us: float | None = LAUNCH_US,
 
 
 def stream_terms(pred, frame: pd.DataFrame, launch_us: float | None = LAUNCH_US,
-                 data=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                 data=None, raw=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per kernel of ``frame``, from one prediction and one floor lookup (ms): the
     microbenchmark latency, the time in the stream (:func:`stream_ms`) and the host's time to
     issue the kernel, its dispatch floor (:func:`floors`) but never more than its whole
     microbenchmark latency. ``launch_us=None``: the stream time is the microbenchmark latency
-    and the dispatch 0 (the plain sum)."""
+    and the dispatch 0 (the plain sum). ``raw``: ``pred``'s latencies of ``frame`` when
+    already predicted (ms)."""
     if not len(frame):
         return np.zeros(0), np.zeros(0), np.zeros(0)
-    raw = np.asarray(pred.predict(frame), float)
+    raw = np.asarray(pred.predict(frame) if raw is None else raw, float)
     if launch_us is None:
         return raw, raw, np.zeros(len(raw))
     if launch_us < 0:
