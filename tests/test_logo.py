@@ -1,6 +1,7 @@
 """Leave-one-GPU-out evaluation (nslib eval-kernels --logo) and the host-only operators of the
 label CSVs."""
 import json
+from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
@@ -58,11 +59,13 @@ def test_folds_have_their_own_cache_key_and_unknown_gpus_are_refused(data_dir, m
     keys = []
     monkeypatch.setattr(training, "cache_key",
                         lambda name, params, data=None: keys.append(params) or "k")
-    monkeypatch.setattr(training, "read_cache_entry", lambda *a, **k: object())
+    monkeypatch.setattr(training, "read_cache_entry", lambda *a, **k: SimpleNamespace())
     gpu = measured.gpu_splits()["train_gpus"][0]
-    training.trained("linreg", exclude_gpus=[gpu])
-    training.trained("linreg")
+    fold = training.trained("linreg", exclude_gpus=[gpu])
+    whole = training.trained("linreg")
     assert keys[0]["exclude_gpus"] == [gpu] and "exclude_gpus" not in keys[1]
+    # the predictor says what its training left out, wherever it is passed on fitted
+    assert fold.excluded_gpus == (gpu,) and whole.excluded_gpus == ()
     with pytest.raises(ValueError, match="not training GPUs"):
         training.trained("linreg", exclude_gpus=["No Such GPU"])
 
@@ -112,7 +115,8 @@ def test_model_level_folds_price_each_training_gpu_without_it(data_dir, monkeypa
 
     def fake_trained(name, data=None, exclude_gpus=(), **kw):
         asked.append(tuple(exclude_gpus))
-        return training.trained("roofline")   # any fitted predictor: the wiring is checked
+        # any fitted predictor, marked as `trained` marks a fold's: the wiring is checked
+        return training._mark(training.trained("roofline"), list(exclude_gpus))
 
     monkeypatch.setattr(folds_mod, "trained", fake_trained)
     import nslib.model.stream as stream

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from nslib.data.reference_graphs import node_classes
+from nslib.data.reference_graphs import gemm_copies_inside, node_classes
 from nslib.model.operators import operator_class, per_operator_class_ms
 from nslib.model.trace import trace
 
@@ -118,13 +118,49 @@ def test_label_nodes_classed_by_what_they_launch():
          "where", "call_function", "", "[True]"],
         ["contiguous", "contiguous", "torch.float32", 0.1, "contiguous", "call_method", "",
          "[False]"],
+        ["contiguous_1", "contiguous", "torch.float32", 0.006, "contiguous", "call_method", "",
+         "[True]"],
         ["size", "size", None, 0.01, "misc", "call_method", "", "[True]"],
         ["softmax", "<function softmax at 0x1>", "torch.float32", 1.0, "VECsoftmax",
          "call_function", "", "[True]"],
         ["finfo", "<class 'torch.finfo'>", "torch.float32", 0.01, "misc", "call_function", "",
          "[]"]])
+    # a contiguous() of a contiguous tensor returns it: no kernel, a host node
     assert node_classes(df, train=False).tolist() == [
         "elementwise", "memory", "host", "memory", "host", "elementwise", "memory", "host",
-        "softmax", "other"]
+        "host", "softmax", "other"]
     # in training, dropout launches its fused kernel: a memory op
     assert node_classes(df, train=True).tolist()[4] == "memory"
+
+
+def test_gemm_copies_inside_by_the_function_the_graph_calls():
+    def graph(*targets):
+        return _label([[f"n{i}", t, "torch.float32", 1.0, "BMM", "call_function", "",
+                        "[True, False]"] for i, t in enumerate(targets)]
+                      + [["c", "contiguous", "torch.float32", 0.1, "contiguous", "call_method",
+                          "", "[False]"]])
+    bmm = "<built-in method bmm of type object at 0x1>"
+    matmul = "<built-in method matmul of type object at 0x1>"
+    assert not gemm_copies_inside(graph(bmm, bmm))       # OPT's measured code
+    assert gemm_copies_inside(graph(matmul, matmul))     # GPT-2's and BERT's
+    assert gemm_copies_inside(graph(bmm, matmul))
+    assert gemm_copies_inside(graph())                   # no batched GEMM: nothing to move
+
+
+def test_gemm_copies_apart_are_memory_operators_of_their_own():
+    """Code that copies the operands in separate nodes before a bmm: the trace's copies inside
+    the matmul call become memory operators, each timed with its own dispatch."""
+    frame = pd.DataFrame({"phase": ["fw", "fw", "fw", "fw"], "call": [0, 0, 0, 1],
+                          "aten": ["aten.clone.default", "aten.clone.default",
+                                   "aten.bmm.default", "aten.clone.default"],
+                          "kernel_class": ["memory", "memory", "bmm", "memory"],
+                          "pred_ms": [0.010, 0.010, 0.100, 0.010]})
+    raw = [0.040, 0.040, 0.120, 0.040]   # gaps 0.030, 0.030, 0.020 | 0.030
+    assert operator_class(frame, gemm_copies=False).tolist() == ["memory"] * 2 + ["bmm",
+                                                                                  "memory"]
+    inside = per_operator_class_ms(frame, raw_ms=raw)
+    assert inside["bmm"] == pytest.approx(0.120 + 0.030)
+    assert inside["memory"] == pytest.approx(0.040)
+    apart = per_operator_class_ms(frame, raw_ms=raw, gemm_copies=False)
+    assert apart["bmm"] == pytest.approx(0.120)
+    assert apart["memory"] == pytest.approx(3 * 0.040)

@@ -2,8 +2,8 @@
 per-operator latencies beside the labels (``label/<GPU>/<tag>.csv``).
 
 Both hold the embedding and head plus ONE transformer layer (the original repeats it
-``n_layer`` times); :func:`layer_span` finds that layer, :func:`measured_per_class` sums the
-measured per-node latencies (ms) per kernel class with the layer rows repeated.
+``n_layer`` times); :func:`layer_span` finds that layer, :func:`class_ms` sums the measured
+per-node latencies (ms) per kernel class with the layer rows repeated.
 """
 from __future__ import annotations
 
@@ -81,23 +81,18 @@ def load_opgraph(tag: str, data=None) -> pd.DataFrame:
                                f"original operator graph of {tag}"))
 
 
-def measured_per_class(gpu_key: str, tag: str, n_layer: int, data=None) -> pd.Series | None:
-    """Measured ms per kernel class of one configuration, or None when the label has no CSV.
-
-    Nodes are classed by :func:`node_classes`; layer nodes count ``n_layer`` times.
-    """
-    df = measured_nodes(gpu_key, tag, data)
-    if df is None:
-        return None
-    rep = layer_repeats(df, n_layer)
-    return (df["latency"] * rep).groupby(node_classes(df, "-train-" in tag)).sum()
+def class_ms(df: pd.DataFrame, n_layer: int, train: bool) -> pd.Series:
+    """Measured ms per kernel class (:func:`node_classes`) of a label CSV's nodes
+    (:func:`measured_nodes`), the layer's nodes counted ``n_layer`` times."""
+    return (df["latency"] * layer_repeats(df, n_layer)).groupby(node_classes(df, train)).sum()
 
 
 def node_classes(df: pd.DataFrame, train: bool) -> pd.Series:
     """The nslib class of each label node, by the kernels it launches.
 
     - ``host``: nodes that launch none (:func:`host_nodes`), dropout in inference (the
-      identity), and a ``reshape`` of a contiguous tensor (a view);
+      identity), and a ``reshape`` or ``contiguous`` of a contiguous tensor (a view, the
+      tensor itself);
     - the class of the original graph's ``OpName`` (:func:`ref_class`) where it names one,
       selects (:data:`SELECT_OPS`) as elementwise;
     - the graph's ``misc`` nodes by what they call: :data:`MISC_TARGETS`, embedding modules as
@@ -109,10 +104,28 @@ def node_classes(df: pd.DataFrame, train: bool) -> pd.Series:
     misc = base.map(MISC_TARGETS).where(module != "Embedding", "memory").fillna("other")
     cls = op.map(ref_class).where(op != "misc", misc).where(~op.isin(SELECT_OPS), "elementwise")
     dropout = (op == "dropout") | (module == "Dropout") | (base == "dropout")
-    view = (base == "reshape") & df.get("input_contiguous", pd.Series("", index=df.index)) \
-        .astype(str).str.startswith("[True")
+    view = base.isin(("reshape", "contiguous")) & _contiguous_input(df)
     host = host_nodes(df) | view | (dropout & (not train))
     return cls.where(~dropout, "memory").where(~host, "host")
+
+
+def _contiguous_input(df: pd.DataFrame) -> pd.Series:
+    """True where the node's first input was contiguous (the graph's ``input_contiguous``)."""
+    flags = df.get("input_contiguous", pd.Series("", index=df.index))
+    return flags.astype(str).str.startswith("[True")
+
+
+def gemm_copies_inside(df: pd.DataFrame) -> bool:
+    """Whether the measured code's batched GEMM nodes copy their own operands.
+
+    ``torch.matmul`` copies operands it cannot view as 3-D batches and its node times those
+    copies; ``torch.bmm`` copies nothing, so code calling it makes its operands contiguous in
+    separate nodes first (OPT's ``contiguous()`` calls), timed as memory operators. False only
+    when every BMM node of the graph calls ``bmm`` or ``baddbmm``.
+    """
+    gemm = df["OpName"].astype(str) == "BMM"
+    base = df.loc[gemm, "target"].astype(str).map(_target_base)
+    return not (len(base) and base.isin(("bmm", "baddbmm")).all())
 
 
 def _target_base(target: str) -> str:

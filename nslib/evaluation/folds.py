@@ -43,11 +43,8 @@ class Folds:
         key = (name, held)
         if key not in self._memo:
             # the paper-protocol predictor shows its bars (its first training is long); a
-            # fold's training is announced on stderr by `trained` either way
-            pred = trained(name, data=self.data, quick=self.quick, seed=self.seed,
-                           exclude_gpus=held, progress=not held)
-            # what reads the training kernels on the predictor's behalf (the dispatch floors
-            # of nslib.model.stream) leaves the held-out GPU out too
-            pred.excluded_gpus = held
-            self._memo[key] = pred
+            # fold's training is announced on stderr by `trained` either way. A fold's predictor
+            # records its held-out GPU (`excluded_gpus`): the dispatch floors leave it out too
+            self._memo[key] = trained(name, data=self.data, quick=self.quick, seed=self.seed,
+                                      exclude_gpus=held, progress=not held)
         return self._memo[key]

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pandas as pd
 
 from nslib.data.labels import load_labels
-from nslib.data.reference_graphs import (host_nodes, layer_repeats, measured_nodes,
-                                         measured_per_class)
+from nslib.data.reference_graphs import (class_ms, gemm_copies_inside, host_nodes, layer_repeats,
+                                         measured_nodes)
 from nslib.evaluation.folds import Folds
 from nslib.evaluation.metrics import ape
 from nslib.kernels.sizes import MODEL_CLASSES
@@ -81,10 +81,11 @@ def per_class_results(results: pd.DataFrame, predictor: str, data=None,
     folds = Folds(logo, data, quick, seed)
     labs = results[results["predictor"] == predictor].drop_duplicates(["gpu_key", "tag"])
     for _, r in labs.iterrows():
-        meas = measured_per_class(r["gpu_key"], r["tag"],
-                                  _n_layer(load_model_config(r["model"], data)), data)
-        if meas is None:
+        nodes = measured_nodes(r["gpu_key"], r["tag"], data)
+        if nodes is None:
             continue
+        meas = class_ms(nodes, _n_layer(load_model_config(r["model"], data)),
+                        train="-train-" in r["tag"])
         fitted = folds.predictor(predictor, r["gpu"])
         # the microbenchmark latencies (the plain sum), then each operator timed alone: its
         # kernels' GPU times in a stream (not stretched to the step's host,
@@ -93,7 +94,10 @@ def per_class_results(results: pd.DataFrame, predictor: str, data=None,
                                  predictor=fitted, data=data, quick=quick, launch_us=None)
         raw, gpu_ms, _ = stream_terms(fitted, frame, LAUNCH_US, data,
                                       raw=frame["pred_ms"].to_numpy())
-        pred = per_operator_class_ms(frame.assign(pred_ms=gpu_ms), raw_ms=raw)
+        # the measured code's batched GEMMs either copy their operands inside their node or
+        # take operands copied by separate nodes: the trace's copies are filed to match
+        pred = per_operator_class_ms(frame.assign(pred_ms=gpu_ms), raw_ms=raw,
+                                     gemm_copies=gemm_copies_inside(nodes))
         groups = [(c, (c,)) for c in MODEL_CLASSES] + [(" + ".join(STREAMING), STREAMING)]
         for name, members in groups:
             measured = sum(float(meas.get(c, 0.0)) for c in members)

@@ -12,7 +12,7 @@ from nslib.data.reference_graphs import SELECT_OPS
 OWNING_CLASSES = ("linear", "bmm", "softmax", "layernorm")
 
 
-def operator_class(frame: pd.DataFrame) -> pd.Series:
+def operator_class(frame: pd.DataFrame, gemm_copies: bool = True) -> pd.Series:
     """The class of the PyTorch operator that launched each kernel, as a per-operator
     profile (and the label CSVs, which time one graph node, forward and backward, at a time)
     sees it.
@@ -25,6 +25,10 @@ def operator_class(frame: pd.DataFrame) -> pd.Series:
     outside any call (``call == -1``) keep their own class. Selects (``where``,
     ``masked_fill``) count as elementwise on both sides of the comparison
     (:data:`nslib.data.reference_graphs.SELECT_OPS`).
+
+    ``gemm_copies=False``: the operand copies of a batched GEMM call stay memory operators of
+    their own (:func:`_copies_apart`), as in code that makes the operands contiguous with
+    separate ``contiguous()`` calls before a ``torch.bmm``.
     """
     cls = _selects(frame, frame["kernel_class"].astype(str))
     if "call" not in frame.columns or not (frame["call"] >= 0).any():
@@ -36,7 +40,8 @@ def operator_class(frame: pd.DataFrame) -> pd.Series:
               .drop_duplicates("call", keep="last").set_index("call")["c"])
     firsts = sub[sub["phase"] == "fw"].drop_duplicates("call").set_index("call")["c"]
     mapped = call.map(owners).fillna(call.map(firsts))
-    return mapped.where(mapped.notna() & (call >= 0), cls)
+    owner = mapped.where(mapped.notna() & (call >= 0), cls)
+    return owner if gemm_copies else owner.where(~_copies_apart(frame, owner), "memory")
 
 
 def _selects(frame: pd.DataFrame, cls: pd.Series) -> pd.Series:
@@ -47,7 +52,13 @@ def _selects(frame: pd.DataFrame, cls: pd.Series) -> pd.Series:
     return cls.where(~base.isin(SELECT_OPS), "elementwise")
 
 
-def per_operator_class_ms(frame: pd.DataFrame, raw_ms=None) -> dict[str, float]:
+def _copies_apart(frame: pd.DataFrame, owner: pd.Series) -> pd.Series:
+    """Copy kernels (own class memory) inside a batched-GEMM operator call (``owner`` bmm)."""
+    return (frame["kernel_class"].astype(str) == "memory") & (owner == "bmm")
+
+
+def per_operator_class_ms(frame: pd.DataFrame, raw_ms=None,
+                          gemm_copies: bool = True) -> dict[str, float]:
     """Predicted ms per operator class (:func:`operator_class`) of a frame with ``pred_ms``.
 
     ``raw_ms`` (per row, optional): the predictor's microbenchmark latencies of the same
@@ -55,15 +66,19 @@ def per_operator_class_ms(frame: pd.DataFrame, raw_ms=None) -> dict[str, float]:
     operator call, timed on its own, then costs its kernels' stream times plus one dispatch:
     the largest ``raw_ms - pred_ms`` of its kernels (per phase; kernels outside any call are
     calls of their own). That is how a profile timing one operator at a time records it.
+    ``gemm_copies``: as in :func:`operator_class`; copies kept apart are calls of their own.
     """
     pred = frame["pred_ms"].astype(float)
+    owner = operator_class(frame)
+    apart = pd.Series(False, index=frame.index) if gemm_copies else _copies_apart(frame, owner)
     if raw_ms is not None:
         pred = pred.copy()
         gap = (pd.Series(np.asarray(raw_ms, float), index=frame.index) - pred).clip(lower=0.0)
         call = frame["call"] if "call" in frame.columns else pd.Series(-1, index=frame.index)
+        call = call.where(~apart, -1)
         solo = pd.Series(-1 - np.arange(len(frame)), index=frame.index)  # one call per row
         group = frame["phase"].astype(str) + ":" + call.where(call >= 0, solo).astype(str)
         first = gap.groupby(group).idxmax()
         pred.loc[first.to_numpy()] += gap.loc[first.to_numpy()]
-    per = pred.groupby(operator_class(frame)).sum()
+    per = pred.groupby(owner.where(~apart, "memory")).sum()
     return {k: float(v) for k, v in per.items()}

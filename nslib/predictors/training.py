@@ -99,7 +99,8 @@ def trained(name: str, data=None, quick: bool = False, seed: int = 0, out=None,
             progress: bool = True, retrain: bool = False, exclude_gpus=(), **overrides):
     """The predictor ``name`` trained on the training split (cached; see module doc).
 
-    ``exclude_gpus``: Device strings left out of training (a leave-one-GPU-out fold).
+    ``exclude_gpus``: Device strings left out of training (a leave-one-GPU-out fold); the
+    returned predictor records them as ``excluded_gpus``.
     Training (no cached weights for this data and these parameters) is announced on stderr
     with what, why and roughly how long; ``progress`` shows the fit's bars. Weights are saved
     only after a fit that finished.
@@ -121,7 +122,7 @@ def trained(name: str, data=None, quick: bool = False, seed: int = 0, out=None,
     if not retrain:
         pred = read_cache_entry(path, cls.load, f"{name} predictor")
         if pred is not None:
-            return pred
+            return _mark(pred, exclude)
     why = "--retrain asked for it" if retrain else "no cached weights for this training data " \
         "and these parameters"
     print(f"nslib: training the {name} predictor ({'quick' if quick else 'full'} profile, "
@@ -133,6 +134,14 @@ def trained(name: str, data=None, quick: bool = False, seed: int = 0, out=None,
         lambda: get(name, **params).fit(train_frame(data, exclude), progress=progress), path,
         f"{name} predictor", meta)
     print(f"nslib: trained {name} in {secs:.0f} s", file=sys.stderr)
+    return _mark(pred, exclude)
+
+
+def _mark(pred, exclude: list[str]):
+    """``pred`` with the GPUs its training left out (``excluded_gpus``), so what reads the
+    training kernels on its behalf (the dispatch floors of :mod:`nslib.model.stream`) leaves
+    them out too, wherever the fitted predictor goes."""
+    pred.excluded_gpus = tuple(exclude)
     return pred
 
 
