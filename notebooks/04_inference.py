@@ -103,9 +103,11 @@ tables["summary"]
 # Nodes that launch no kernel (views, getitems, sizes: 7-9 us each, 4-28 ms per model) form
 # their own `host` class and are not compared: the table after next shows from the data that
 # they cost nothing end to end. `elementwise + memory` sums the two streaming classes.
-# Where the measured model's code differs from today's transformers, the classes cannot agree:
-# OPT's measured code copies its attention operands with explicit `contiguous()` calls
-# (memory), today's lets `matmul` copy them (bmm).
+# Where the measured model's code differs from today's transformers, the operand copies of a
+# batched GEMM follow the measured code: OPT's copies its attention operands with explicit
+# `contiguous()` calls before a `torch.bmm` (which cannot copy), so the trace's copies inside
+# today's `matmul` count as memory operators there; GPT-2, GPT-3 and BERT call `matmul`, whose
+# node times its own copies.
 
 # %%
 tables["per_class"].round(1)

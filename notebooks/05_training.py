@@ -93,10 +93,11 @@ tables["summary"]
 # operator, as notebook 04 explains: each backward kernel counts with the forward call whose
 # gradient it computes (a linear layer's two GEMMs, bias-gradient sum and weight-gradient
 # accumulation; dropout's backward multiply with dropout). Operators that launch no kernel
-# form their own `host` class and are not compared. Two differences between the measured
-# model code (an older PyTorch and transformers) and today's remain: its dropout backward
-# takes 2.5x its forward where today's is one masked multiply, and OPT's attention operands
-# are copied by explicit `contiguous()` calls (memory) where today's `matmul` copies them (bmm).
+# form their own `host` class and are not compared. OPT's attention operands are copied by
+# explicit `contiguous()` calls in the measured code, so the trace's copies inside today's
+# `matmul` count as memory operators there (notebook 04). One difference between the measured
+# model code (an older PyTorch and transformers) and today's remains: its dropout backward
+# takes 2.5x its forward where today's is one masked multiply.
 
 # %%
 tables["per_class"].round(1)

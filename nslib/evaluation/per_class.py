@@ -72,6 +72,9 @@ def per_class_results(results: pd.DataFrame, predictor: str, data=None,
     V100 label, 34-36 us in the V100 kernel table), dispatch included: each predicted operator
     is its kernels' stream times plus one dispatch
     (:func:`nslib.model.operators.per_operator_class_ms` with the microbenchmark latencies).
+    Operand copies of a batched GEMM go where the measured code put them: inside the GEMM's
+    operator when its nodes call ``matmul``, memory operators of their own when they call
+    ``bmm`` (:func:`nslib.data.reference_graphs.gemm_copies_inside`).
 
     ``results`` is :func:`nslib.evaluation.model_level.evaluate_models` output (its rows name the
     labels). ``logo``, ``seed``: which trained predictor prices each label
