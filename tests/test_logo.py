@@ -64,10 +64,14 @@ def test_folds_have_their_own_cache_key_and_unknown_gpus_are_refused(data_dir, m
     fold = training.trained("linreg", exclude_gpus=[gpu])
     whole = training.trained("linreg")
     assert keys[0]["exclude_gpus"] == [gpu] and "exclude_gpus" not in keys[1]
-    # the predictor says what its training left out, wherever it is passed on fitted
+    # the predictor says what its training left out, wherever it is passed on fitted; the
+    # roofline fits nothing, but its dispatch floors read the training kernels too
     assert fold.excluded_gpus == (gpu,) and whole.excluded_gpus == ()
-    with pytest.raises(ValueError, match="not training GPUs"):
-        training.trained("linreg", exclude_gpus=["No Such GPU"])
+    assert training.trained("roofline", exclude_gpus=[gpu]).excluded_gpus == (gpu,)
+    assert training.trained("roofline").excluded_gpus == ()
+    for name in ("linreg", "roofline"):
+        with pytest.raises(ValueError, match="not training GPUs"):
+            training.trained(name, exclude_gpus=["No Such GPU"])
 
 
 def test_train_frame_excludes_a_gpu(data_dir):
@@ -115,8 +119,8 @@ def test_model_level_folds_price_each_training_gpu_without_it(data_dir, monkeypa
 
     def fake_trained(name, data=None, exclude_gpus=(), **kw):
         asked.append(tuple(exclude_gpus))
-        # any fitted predictor, marked as `trained` marks a fold's: the wiring is checked
-        return training._mark(training.trained("roofline"), list(exclude_gpus))
+        # any fitted predictor, marked by `trained` as a fold's: the wiring is checked
+        return training.trained("roofline", exclude_gpus=exclude_gpus)
 
     monkeypatch.setattr(folds_mod, "trained", fake_trained)
     import nslib.model.stream as stream

@@ -150,17 +150,24 @@ def test_gemm_copies_inside_by_the_function_the_graph_calls():
 def test_gemm_copies_apart_are_memory_operators_of_their_own():
     """Code that copies the operands in separate nodes before a bmm: the trace's copies inside
     the matmul call become memory operators, each timed with its own dispatch."""
-    frame = pd.DataFrame({"phase": ["fw", "fw", "fw", "fw"], "call": [0, 0, 0, 1],
+    frame = pd.DataFrame({"phase": ["fw", "fw", "fw", "fw", "bw", "bw"],
+                          "call": [0, 0, 0, 1, 0, 0],
                           "aten": ["aten.clone.default", "aten.clone.default",
-                                   "aten.bmm.default", "aten.clone.default"],
-                          "kernel_class": ["memory", "memory", "bmm", "memory"],
-                          "pred_ms": [0.010, 0.010, 0.100, 0.010]})
-    raw = [0.040, 0.040, 0.120, 0.040]   # gaps 0.030, 0.030, 0.020 | 0.030
-    assert operator_class(frame, gemm_copies=False).tolist() == ["memory"] * 2 + ["bmm",
-                                                                                  "memory"]
+                                   "aten.bmm.default", "aten.clone.default",
+                                   "aten.clone.default", "aten.bmm.default"],
+                          "kernel_class": ["memory", "memory", "bmm", "memory", "memory", "bmm"],
+                          "pred_ms": [0.010, 0.010, 0.100, 0.010, 0.010, 0.200]})
+    # gaps 0.030, 0.030, 0.020 | 0.030 | bw: 0.030, 0.010
+    raw = [0.040, 0.040, 0.120, 0.040, 0.040, 0.210]
+    # the backward copy (making the incoming gradient contiguous) stays with the GEMM
+    assert operator_class(frame, gemm_copies=False).tolist() == [
+        "memory", "memory", "bmm", "memory", "bmm", "bmm"]
     inside = per_operator_class_ms(frame, raw_ms=raw)
-    assert inside["bmm"] == pytest.approx(0.120 + 0.030)
+    assert inside["bmm"] == pytest.approx(0.120 + 0.030 + 0.210 + 0.030)
     assert inside["memory"] == pytest.approx(0.040)
     apart = per_operator_class_ms(frame, raw_ms=raw, gemm_copies=False)
-    assert apart["bmm"] == pytest.approx(0.120)
+    assert apart["bmm"] == pytest.approx(0.120 + 0.210 + 0.030)
     assert apart["memory"] == pytest.approx(3 * 0.040)
+    # a select inside the call is no operand copy: it stays with its call
+    sel = frame.assign(aten=frame["aten"].where(frame.index != 1, "aten.where.self"))
+    assert operator_class(sel, gemm_copies=False).tolist()[:2] == ["memory", "bmm"]

@@ -53,8 +53,13 @@ def _selects(frame: pd.DataFrame, cls: pd.Series) -> pd.Series:
 
 
 def _copies_apart(frame: pd.DataFrame, owner: pd.Series) -> pd.Series:
-    """Copy kernels (own class memory) inside a batched-GEMM operator call (``owner`` bmm)."""
-    return (frame["kernel_class"].astype(str) == "memory") & (owner == "bmm")
+    """Operand copies of a batched-GEMM operator call (``owner`` bmm): its forward kernels of
+    class memory (selects count as elementwise). A backward copy there makes the incoming
+    gradient contiguous, which the measured code does in a view's backward, not in a copy
+    node."""
+    own = _selects(frame, frame["kernel_class"].astype(str))
+    fw = frame["phase"].astype(str) == "fw" if "phase" in frame.columns else True
+    return (own == "memory") & (owner == "bmm") & fw
 
 
 def per_operator_class_ms(frame: pd.DataFrame, raw_ms=None,
