@@ -30,18 +30,25 @@ def operator_class(frame: pd.DataFrame, gemm_copies: bool = True) -> pd.Series:
     their own (:func:`_copies_apart`), as in code that makes the operands contiguous with
     separate ``contiguous()`` calls before a ``torch.bmm``.
     """
-    cls = _selects(frame, frame["kernel_class"].astype(str))
-    if "call" not in frame.columns or not (frame["call"] >= 0).any():
-        return cls
-    call = frame["call"]
-    sub = frame.loc[call >= 0, ["call", "pred_ms", "phase"]].assign(c=cls[call >= 0])
-    owning = sub[sub["c"].isin(OWNING_CLASSES)]
-    owners = (owning.sort_values("pred_ms", kind="stable")
-              .drop_duplicates("call", keep="last").set_index("call")["c"])
-    firsts = sub[sub["phase"] == "fw"].drop_duplicates("call").set_index("call")["c"]
-    mapped = call.map(owners).fillna(call.map(firsts))
-    owner = mapped.where(mapped.notna() & (call >= 0), cls)
-    return owner if gemm_copies else owner.where(~_copies_apart(frame, owner), "memory")
+    return _classes(frame, gemm_copies)[0]
+
+
+def _classes(frame: pd.DataFrame, gemm_copies: bool) -> tuple[pd.Series, pd.Series]:
+    """(:func:`operator_class` of each kernel, whether it is an operand copy kept apart)."""
+    own = _selects(frame, frame["kernel_class"].astype(str))
+    owner = own
+    if "call" in frame.columns and (frame["call"] >= 0).any():
+        call = frame["call"]
+        sub = frame.loc[call >= 0, ["call", "pred_ms", "phase"]].assign(c=own[call >= 0])
+        owning = sub[sub["c"].isin(OWNING_CLASSES)]
+        owners = (owning.sort_values("pred_ms", kind="stable")
+                  .drop_duplicates("call", keep="last").set_index("call")["c"])
+        firsts = sub[sub["phase"] == "fw"].drop_duplicates("call").set_index("call")["c"]
+        mapped = call.map(owners).fillna(call.map(firsts))
+        owner = mapped.where(mapped.notna() & (call >= 0), own)
+    apart = (pd.Series(False, index=frame.index) if gemm_copies
+             else _copies_apart(frame, own, owner))
+    return owner.where(~apart, "memory"), apart
 
 
 def _selects(frame: pd.DataFrame, cls: pd.Series) -> pd.Series:
@@ -52,12 +59,11 @@ def _selects(frame: pd.DataFrame, cls: pd.Series) -> pd.Series:
     return cls.where(~base.isin(SELECT_OPS), "elementwise")
 
 
-def _copies_apart(frame: pd.DataFrame, owner: pd.Series) -> pd.Series:
+def _copies_apart(frame: pd.DataFrame, own: pd.Series, owner: pd.Series) -> pd.Series:
     """Operand copies of a batched-GEMM operator call (``owner`` bmm): its forward kernels of
-    class memory (selects count as elementwise). A backward copy there makes the incoming
-    gradient contiguous, which the measured code does in a view's backward, not in a copy
-    node."""
-    own = _selects(frame, frame["kernel_class"].astype(str))
+    own class (``own``, selects as elementwise) memory. A backward copy there makes the
+    incoming gradient contiguous, which the measured code does in a view's backward, not in a
+    copy node."""
     fw = frame["phase"].astype(str) == "fw" if "phase" in frame.columns else True
     return (own == "memory") & (owner == "bmm") & fw
 
@@ -74,8 +80,7 @@ def per_operator_class_ms(frame: pd.DataFrame, raw_ms=None,
     ``gemm_copies``: as in :func:`operator_class`; copies kept apart are calls of their own.
     """
     pred = frame["pred_ms"].astype(float)
-    owner = operator_class(frame)
-    apart = pd.Series(False, index=frame.index) if gemm_copies else _copies_apart(frame, owner)
+    cls, apart = _classes(frame, gemm_copies)
     if raw_ms is not None:
         pred = pred.copy()
         gap = (pd.Series(np.asarray(raw_ms, float), index=frame.index) - pred).clip(lower=0.0)
@@ -85,5 +90,5 @@ def per_operator_class_ms(frame: pd.DataFrame, raw_ms=None,
         group = frame["phase"].astype(str) + ":" + call.where(call >= 0, solo).astype(str)
         first = gap.groupby(group).idxmax()
         pred.loc[first.to_numpy()] += gap.loc[first.to_numpy()]
-    per = pred.groupby(owner.where(~apart, "memory")).sum()
+    per = pred.groupby(cls).sum()
     return {k: float(v) for k, v in per.items()}
