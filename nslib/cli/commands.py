@@ -12,7 +12,7 @@ from nslib.data.checks import arg_int
 
 
 def _gpus(args) -> int:
-    from nslib.data.gpus import load_gpus, load_mixed_gpus_if_present
+    from nslib.data.gpus import listing_table, load_gpus, load_mixed_gpus_if_present
     rows = [{"key": k, "data": "neusight", **g.to_json()} for k, g in load_gpus().items()]
     # then the 16-bit data's datasheets (with Bf16FLOPs), when that folder is there
     rows += [{"key": k, "data": "mixed", **g.to_json()}
@@ -20,7 +20,7 @@ def _gpus(args) -> int:
     if args.json:
         print(json.dumps(rows, indent=1))
     else:
-        print(pd.DataFrame(rows).set_index("key").to_string())
+        print(listing_table(rows))  # optional TDP (W) etc.: "-" where a datasheet lacks it
     return 0
 
 
@@ -87,9 +87,35 @@ def _eval_kernels_16bit(args) -> int:
     return 0
 
 
+def _eval_kernelbench(args) -> int:
+    from nslib.evaluation.kernelbench import MEAN, evaluate, problem_rows, table_json
+    if args.dtype != "fp32" or args.logo or args.lookup or args.test_gpus:
+        raise ValueError("--kernelbench evaluates FP32 kernels on the KernelBench GPUs with "
+                         "the predictor trained on the NeuSight training GPUs: drop --dtype, "
+                         "--logo, --lookup and --test-gpus")
+    root = args.kernelbench or None
+    names = [args.predictor] + [b for b in ("roofline",) if b != args.predictor]
+    res = evaluate(names, root=root, progress=not args.json, **_train_kw(args))
+    if args.json:
+        print(json.dumps(table_json(res[args.predictor]), indent=1))
+        return 0
+    _, skipped = problem_rows(root, progress=False)
+    n = len(res["frame"])
+    print(f"KernelBench level 1: {n} priced problem runs, {len(skipped)} skipped "
+          f"({', '.join(f'{k} {v}' for k, v in skipped['reason'].value_counts().items())})")
+    for name in names:
+        print(f"\nMAPE (%) of {name}, trained on the NeuSight training GPUs (per-call "
+              f"harness cost added)")
+        print(res[name].round(1).to_string())
+    print(f"\n'{MEAN}' is the mean of the per-GPU MAPEs of a row")
+    return 0
+
+
 def _eval_kernels(args) -> int:
     from nslib.kernels.dtypes import check_dtype
     args.dtype = check_dtype(args.dtype)
+    if args.kernelbench is not None:
+        return _eval_kernelbench(args)
     if args.dtype != "fp32":
         return _eval_kernels_16bit(args)
     if args.test_gpus:
@@ -199,6 +225,10 @@ def _add_kernel_commands(sub) -> None:
     s.add_argument("--test-gpus", nargs="+", metavar="GPU",
                    help="16-bit only: train on every other measured GPU and report these "
                         "(Device names or file stems)")
+    s.add_argument("--kernelbench", nargs="?", const="", metavar="DIR",
+                   help="KernelBench's level-1 problems on its GPUs as the test set (DIR, "
+                        "default: $NSLIB_KERNELBENCH or datasets/kernelbench; JSON: {class: "
+                        "{GPU: mape}}), the roofline beside the predictor")
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=_eval_kernels)
 

@@ -1,0 +1,89 @@
+"""KernelBench's public eager timings: campaigns, their timing files and their datasheets.
+
+Setting: ``NSLIB_KERNELBENCH`` (or ``--kernelbench``), default ``datasets/kernelbench``: a
+folder with ``device_configs/*.json`` (NeuSight-format datasheets, ``Device`` = the name PyTorch
+reports) and one folder per campaign holding ``baseline_time_torch.json`` (KernelBench's file:
+``{"level1": {"<N>_<Name>.py": {"mean", "std", "min", "max", "hardware", ...}}, ...}``, ms)
+and the problem files ``level1/*.py`` as they were when timed. A campaign folder dropped in
+later is read like the others.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+import pandas as pd
+
+from nslib.data.gpus import GPU, load_gpu_file
+from nslib.data.paths import PROJECT_ROOT, DataNotFoundError
+
+DEFAULT_KERNELBENCH = PROJECT_ROOT / "datasets" / "kernelbench"
+TIMING_FILE = "baseline_time_torch.json"
+LEVELS = (1, 2, 3)
+
+
+def kernelbench_root(root: str | os.PathLike | None = None) -> Path:
+    """The KernelBench folder (``root``, else ``NSLIB_KERNELBENCH``, else the default);
+    :class:`DataNotFoundError` saying how to get it when it has no ``device_configs/``."""
+    raw = root if root is not None else os.environ.get("NSLIB_KERNELBENCH") or DEFAULT_KERNELBENCH
+    path = Path(raw).expanduser()
+    if (path / "device_configs").is_dir():
+        return path.resolve()
+    raise DataNotFoundError(
+        f"No KernelBench timings at {path} (looked for device_configs/ there). Get them with "
+        f"`nslib fetch --kernelbench` (into {DEFAULT_KERNELBENCH}), or point NSLIB_KERNELBENCH "
+        "(or --kernelbench) at a copy, e.g. NSLIB_KERNELBENCH=../shared/kernelbench.")
+
+
+def campaigns(root: str | os.PathLike | None = None) -> list[str]:
+    """The campaign folders (those holding a timing file), sorted."""
+    base = kernelbench_root(root)
+    return sorted(p.parent.name for p in base.glob(f"*/{TIMING_FILE}"))
+
+
+def datasheets(root: str | os.PathLike | None = None) -> dict[str, GPU]:
+    """The datasheets of ``device_configs/``, keyed by their ``Device`` name."""
+    base = kernelbench_root(root)
+    return {g.name: g for g in (load_gpu_file(p) for p in sorted((base / "device_configs")
+                                                                  .glob("*.json")))}
+
+
+def _number(problem: str) -> int:
+    m = re.match(r"(\d+)_", problem)
+    return int(m.group(1)) if m else -1
+
+
+def timings(root: str | os.PathLike | None = None, level: int = 1) -> pd.DataFrame:
+    """One row per timed problem of ``level`` in every campaign: ``campaign``, ``problem`` (file
+    name), ``number``, ``path`` (the problem file, None when the campaign lacks it),
+    ``hardware`` (the GPU's ``Device`` name), ``latency_ms`` (mean of the trials), ``std_ms``,
+    ``min_ms``. ValueError naming the file for a malformed timing file."""
+    if level not in LEVELS:
+        raise ValueError(f"KernelBench level must be one of {LEVELS}, got {level!r}")
+    base = kernelbench_root(root)
+    rows = []
+    for camp in campaigns(base):
+        path = base / camp / TIMING_FILE
+        try:
+            raw = json.loads(path.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ValueError(f"{path}: not a KernelBench timing file ({e}); fix or remove "
+                             "the campaign folder") from None
+        entries = raw.get(f"level{level}", {}) if isinstance(raw, dict) else None
+        if not isinstance(entries, dict):
+            raise ValueError(f"{path}: 'level{level}' must map problem files to timings")
+        for problem, t in sorted(entries.items(), key=lambda kv: _number(kv[0])):
+            if not isinstance(t, dict) or not isinstance(t.get("mean"), (int, float)) \
+                    or not isinstance(t.get("hardware"), str):
+                raise ValueError(f"{path}: level{level} entry {problem!r} needs a numeric "
+                                 "'mean' (ms) and a 'hardware' name")
+            file = base / camp / f"level{level}" / problem
+            rows.append({"campaign": camp, "problem": problem, "number": _number(problem),
+                         "path": str(file) if file.is_file() else None,
+                         "hardware": t["hardware"].strip(), "latency_ms": float(t["mean"]),
+                         "std_ms": float(t.get("std", float("nan"))),
+                         "min_ms": float(t.get("min", float("nan")))})
+    cols = ["campaign", "problem", "number", "path", "hardware", "latency_ms", "std_ms", "min_ms"]
+    return pd.DataFrame(rows, columns=cols)

@@ -1,0 +1,167 @@
+"""KernelBench's level-1 problems as an FP32 kernel test set measured by another harness.
+
+Each problem file is traced on the meta device (:func:`nslib.model.module_trace.problem_trace`):
+what it computes comes from its ``forward``, its shapes from its own ``get_inputs()``. A
+problem that launches exactly one kernel of an nslib class (not a convolution, no op without a
+kernel mapping) becomes one kernel row on the datasheet of the GPU it ran on; the others are
+skipped with the reason. Problems are grouped by shape family: ``matrix-vector`` (a GEMM with
+an output dimension of at most :data:`VECTOR_DIM`), ``long reduction`` (a GEMM whose reduction
+is at least :data:`LONG_REDUCTION` times its larger output dimension), other GEMMs, and the
+vector classes.
+
+The harness: KernelBench times one Python call of the model between CUDA events, so every
+time holds a fixed per-call cost ``h`` of the campaign besides the kernel. No kernel runs
+faster than its roofline, so ``h <= measured - roofline`` for every problem of the campaign;
+:func:`harness_ms` takes that bound (at most :data:`MAX_HARNESS_MS`: tens of us is what an
+eager call costs, and a campaign of only large problems would bound it loosely), and every
+predictor's kernel GPU time (its latency less its own harness's dispatch floor) is compared as
+``h + GPU time``.
+"""
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from tqdm.auto import tqdm
+
+from nslib.data import kernelbench as kb
+from nslib.evaluation.metrics import ape, order_classes
+from nslib.kernels import sizes
+from nslib.model.module_trace import ProblemError, problem_trace
+from nslib.model.stream import stream_terms
+
+VECTOR_DIM = 4          # output columns (or rows) of a matrix-vector product
+LONG_REDUCTION = 16     # reduction length over the larger output dimension
+MAX_HARNESS_MS = 0.05   # the per-call cost bound is taken at most this (50 us)
+FAMILIES = ("matrix-vector", "long reduction")
+MEAN = "mean over GPUs"
+
+_TRACES: dict[str, object] = {}
+
+
+def _trace(path: str):
+    """The trace of a problem file (memoised on its text: campaigns share most files), or the
+    :class:`ProblemError` it raised."""
+    key = hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    if key not in _TRACES:
+        try:
+            _TRACES[key] = problem_trace(path)
+        except ProblemError as e:
+            _TRACES[key] = e
+    return _TRACES[key]
+
+
+def _one_kernel(trace) -> tuple[dict | None, str]:
+    """(the kernel row of a one-kernel problem, "") or (None, why it is skipped)."""
+    if isinstance(trace, ProblemError):
+        return None, "cannot trace"
+    if trace.attrs.get("unknown_ops"):
+        return None, "op without a kernel class"
+    if len(trace) != 1:
+        return None, f"{len(trace)} kernels" if len(trace) else "no kernel"
+    row = trace.iloc[0]
+    if "convolution" in row["aten"]:
+        return None, "convolution"
+    if row["cls"] not in sizes.CLASSES:
+        return None, f"class {row['cls']}"
+    return {c: row[c] for c in ("cls", "op") + sizes.DIM_COLS}, ""
+
+
+def family(frame: pd.DataFrame) -> np.ndarray:
+    """The shape family of each kernel row (module docstring)."""
+    B, M, N, K = (frame[c].to_numpy(float) for c in ("B", "M", "N", "K"))
+    gemm = frame["cls"].isin(sizes.GEMM_CLASSES).to_numpy()
+    vec = gemm & (np.minimum(M, K) <= VECTOR_DIM)
+    long = gemm & ~vec & (N >= LONG_REDUCTION * np.maximum(M, K))
+    return np.where(vec, "matrix-vector", np.where(long, "long reduction",
+                    np.where(gemm, "GEMM", frame["cls"].to_numpy())))
+
+
+def problem_rows(root=None, level: int = 1, progress: bool = True) -> tuple[pd.DataFrame,
+                                                                             pd.DataFrame]:
+    """(kernel rows of the priced problems, the skipped problems with ``reason``).
+
+    Kernel rows carry the dims, the GPU columns of the datasheet whose ``Device`` is the
+    problem's ``hardware``, ``latency_ms`` (the measured mean), ``campaign``, ``problem``,
+    ``gpu`` and ``family``."""
+    times = kb.timings(root, level)
+    sheets = kb.datasheets(root)
+    rows, skipped = [], []
+    for t in tqdm(times.itertuples(index=False), total=len(times), disable=not progress,
+                  desc=f"KernelBench level {level}"):
+        base = {"campaign": t.campaign, "problem": t.problem, "hardware": t.hardware}
+        gpu = sheets.get(t.hardware)
+        if gpu is None:
+            skipped.append({**base, "reason": f"no datasheet with Device {t.hardware!r}"})
+            continue
+        if t.path is None:
+            skipped.append({**base, "reason": "problem file missing"})
+            continue
+        row, why = _one_kernel(_trace(t.path))
+        if row is None:
+            skipped.append({**base, "reason": why})
+            continue
+        rows.append({**base, **row, **gpu.columns(), "latency_ms": t.latency_ms})
+    frame = pd.DataFrame(rows)
+    if len(frame):
+        frame["family"] = family(frame)
+    return frame, pd.DataFrame(skipped, columns=["campaign", "problem", "hardware", "reason"])
+
+
+def harness_ms(frame: pd.DataFrame) -> pd.Series:
+    """Per campaign, the fixed per-call cost (ms): ``min(measured - roofline)`` over its
+    priced problems, within ``[0, MAX_HARNESS_MS]`` (module docstring)."""
+    slack = frame["latency_ms"].to_numpy(float) - sizes.roofline_ms(frame)
+    return (pd.Series(slack, index=frame.index).groupby(frame["campaign"]).min()
+            .clip(0.0, MAX_HARNESS_MS))
+
+
+def predict(pred, frame: pd.DataFrame, data=None) -> np.ndarray:
+    """Predicted per-call time (ms) of each row: the campaign's :func:`harness_ms` plus the
+    kernel's GPU time as ``pred`` (a fitted predictor) prices it on a GPU it never saw (tiles
+    looked up). The GPU time is the predictor's microbenchmark latency less the dispatch floor
+    its own training harness put in it (:func:`nslib.model.stream.stream_terms`): the two
+    harnesses' fixed costs differ, the kernel's GPU time does not."""
+    raw = pred.predict(frame, lookup=True) if hasattr(pred, "tiles") else pred.predict(frame)
+    gpu_ms = stream_terms(pred, frame, data=data, raw=raw)[1]
+    return gpu_ms + frame["campaign"].map(harness_ms(frame)).to_numpy(float)
+
+
+def error_table(frame: pd.DataFrame, pred_ms) -> pd.DataFrame:
+    """MAPE (%) per class (rows; then the shape families) and GPU (columns), with the mean over
+    the GPUs as the last column."""
+    df = frame.assign(err=ape(np.asarray(pred_ms, float), frame["latency_ms"]))
+    by_cls = df.pivot_table(index="cls", columns="gpu", values="err", aggfunc="mean")
+    fam = df[df["family"].isin(FAMILIES)]
+    by_fam = fam.pivot_table(index="family", columns="gpu", values="err", aggfunc="mean")
+    tab = pd.concat([order_classes(by_cls), by_fam.reindex([f for f in FAMILIES
+                                                            if f in by_fam.index])])
+    return tab.assign(**{MEAN: tab.mean(axis=1)})
+
+
+def evaluate(predictors, root=None, level: int = 1, data=None, progress: bool = True,
+             **train_kw) -> dict[str, pd.DataFrame]:
+    """``{predictor name: error_table}`` for registered predictors trained on the NeuSight
+    training GPUs (the KernelBench GPUs held out whole); the frame with a ``pred_<name>``
+    column per predictor is under the key ``"frame"``."""
+    from nslib.predictors.training import trained
+
+    frame, _ = problem_rows(root, level, progress=progress)
+    if not len(frame):
+        raise ValueError("no KernelBench problem maps to one kernel of an nslib class: check "
+                         "the folder (see `nslib eval-kernels --kernelbench DIR`)")
+    out = {}
+    for name in [predictors] if isinstance(predictors, str) else predictors:
+        pred = trained(name, data=data, progress=progress, **train_kw)
+        frame[f"pred_{name}"] = predict(pred, frame, data)
+        out[name] = error_table(frame, frame[f"pred_{name}"])
+    out["frame"] = frame
+    return out
+
+
+def table_json(tab: pd.DataFrame) -> dict:
+    """``{class or family: {GPU: mape}}`` of an :func:`error_table` (GPU columns only)."""
+    return {r: {g: round(float(v), 4) for g, v in row.items() if g != MEAN and pd.notna(v)}
+            for r, row in tab.iterrows()}
