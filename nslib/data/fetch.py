@@ -4,6 +4,11 @@ The pin lives in ``datasets/registry.json``. Archives are checked against a SHA-
 into a temporary folder beside the destination, checked to be a NeuSight repository and only
 then renamed into place, so the data folder is either the old copy or the complete new one.
 A lock file ``<dest>.lock.json`` beside the data records what was fetched.
+
+Upstream's device JSONs lack two vendor-datasheet figures the project uses, ``TDP`` (maximum
+board power, W) and ``Link_Bw`` (GPU-to-GPU link bandwidth, GB/s both directions):
+``datasets/neusight_extras.json`` holds them per file stem with their source, and the staged
+copy's device JSONs get each key they lack (:func:`add_datasheet_keys`) before it is installed.
 """
 from __future__ import annotations
 
@@ -23,6 +28,8 @@ from urllib.parse import urlparse
 import pooch
 
 from nslib.data import paths
+from nslib.data.checks import check_float
+from nslib.data.gpus import OPTIONAL_FIELDS
 
 URL_SCHEMES = ("http", "https", "ftp", "sftp")
 NO_NETWORK_HINT = ("Without a network, pass --source with a local archive or folder of the "
@@ -30,6 +37,11 @@ NO_NETWORK_HINT = ("Without a network, pass --source with a local archive or fol
 # what a cut-off or damaged archive raises while it is read
 ARCHIVE_ERRORS = (tarfile.ReadError, EOFError, zipfile.BadZipFile, zlib.error)
 REPO_MARKER = paths.ASPLOS / "data" / "device_configs"
+# the folders of device JSONs, relative to the data root (scripts/asplos): the datasheets and
+# the copies that name each split's GPUs
+DEVICE_CONFIG_DIRS = (Path("data") / "device_configs",
+                      Path("data") / "dataset" / "train" / "device_configs",
+                      Path("data") / "dataset" / "test" / "device_configs")
 
 
 def registry_path() -> Path:
@@ -47,6 +59,89 @@ def load_registry(name: str = "neusight") -> dict:
         raise ValueError(f"Unknown dataset {name!r} in {registry_path()}; "
                          f"known: {', '.join(sorted(entries)) or 'none'}")
     return dict(entries[name])
+
+
+def extras_path() -> Path:
+    """The datasheet keys upstream lacks, ``<project>/datasets/neusight_extras.json``."""
+    return paths.PROJECT_ROOT / "datasets" / "neusight_extras.json"
+
+
+def load_extras() -> dict[str, dict]:
+    """``{file stem: {JSON key: value}}``: the optional datasheet keys (``TDP`` W, ``Link_Bw``
+    GB/s, any of :data:`nslib.data.gpus.OPTIONAL_FIELDS`) to add to the fetched device JSONs.
+
+    Each entry is ``{"source": citation, "keys": {...}}``; ``ValueError`` naming the file, the
+    stem and the key when the stem is not a plain name, the source is missing, a key is not an
+    optional datasheet key, or a value is not a positive finite number.
+    """
+    path = extras_path()
+    out = {}
+    for stem, item in json.loads(path.read_text(encoding="utf-8")).items():
+        where = f"{path} [{stem}]"
+        if not stem or "/" in stem or "\\" in stem or not safe_member_name(stem):
+            raise ValueError(f"{where}: not a plain file stem; fix the file")
+        if not isinstance(item, dict) or not str(item.get("source") or "").strip() \
+                or not isinstance(item.get("keys"), dict) or not item["keys"]:
+            raise ValueError(f"{where}: needs 'source' (where the figures are published) and "
+                             "'keys' (a non-empty object {JSON key: value}); fix the file")
+        keys = {}
+        for k, v in item["keys"].items():
+            if k not in OPTIONAL_FIELDS:
+                raise ValueError(f"{where}: key {k!r} is not an optional datasheet key "
+                                 f"({', '.join(OPTIONAL_FIELDS)}); fix the file")
+            try:
+                check_float(f"key '{k}' ({OPTIONAL_FIELDS[k][1]})", v, positive=True)
+            except ValueError as e:
+                raise ValueError(f"{where}: {e}; fix the file") from None
+            keys[k] = v  # as written (70, not 70.0)
+        out[stem] = keys
+    return out
+
+
+def add_datasheet_keys(root: Path, extras: dict[str, dict] | None = None) -> int:
+    """Add to each device JSON under data root ``root`` (:data:`DEVICE_CONFIG_DIRS`) the keys
+    of its stem in ``extras`` (default :func:`load_extras`) that it lacks; a key already there
+    is never overwritten, a file whose stem is not listed is left as it is. Each file is
+    rewritten atomically (4-space JSON, the new keys last); return how many were changed.
+    ``ValueError`` naming the file when a listed one is not a JSON object."""
+    extras = load_extras() if extras is None else extras
+    changed = 0
+    for rel in DEVICE_CONFIG_DIRS:
+        folder = root / rel
+        if not folder.is_dir():
+            continue
+        for cfg in sorted(folder.glob("*.json")):
+            add = extras.get(cfg.stem)
+            if not add:
+                continue
+            try:
+                raw = json.loads(cfg.read_text(encoding="utf-8"))
+            except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+                raise ValueError(f"{cfg}: not a valid device JSON ({exc}); nothing was "
+                                 "installed") from None
+            if not isinstance(raw, dict):
+                raise ValueError(f"{cfg}: a device JSON must be an object; nothing was installed")
+            missing = {k: v for k, v in add.items() if k not in raw}
+            if missing:
+                with _writable(folder):
+                    paths.atomic_write_text(cfg, json.dumps({**raw, **missing}, indent=4) + "\n")
+                changed += 1
+    return changed
+
+
+@contextlib.contextmanager
+def _writable(folder: Path):
+    """Let the owner write into ``folder`` for a while (a copy of a read-only mirror keeps its
+    modes), then give it its mode back."""
+    mode = folder.stat().st_mode
+    if os.access(folder, os.W_OK):
+        yield
+        return
+    os.chmod(folder, mode | 0o200)
+    try:
+        yield
+    finally:
+        os.chmod(folder, mode)
 
 
 def lock_path(dest: str | os.PathLike | None = None) -> Path:
@@ -234,6 +329,11 @@ def _stage(scratch: Path, archive: Path | None, folder: Path | None, label: str)
     return scratch / "copy"
 
 
+def _data_root(root: Path) -> Path:
+    """The staged copy's ``scripts/asplos`` folder (``root`` itself for a copy of that folder)."""
+    return root / paths.ASPLOS if (root / REPO_MARKER).is_dir() else root
+
+
 def fetch(dest: str | os.PathLike | None = None, source: str | os.PathLike | None = None,
           sha256: str | None = None, force: bool = False, progress: bool = True) -> Path:
     """Install the NeuSight repository at ``dest`` (default ``datasets/neusight``); return ``dest``.
@@ -242,7 +342,9 @@ def fetch(dest: str | os.PathLike | None = None, source: str | os.PathLike | Non
     ``.zip`` archive, or a local folder (the repository or its ``scripts/asplos`` folder).
     ``sha256`` (hex) overrides the registry's hash; archives whose hash differs are refused
     (``ValueError``). An existing ``dest`` raises ``FileExistsError`` unless ``force``.
-    ``progress`` shows pooch's download bar. Writes ``<dest>.lock.json`` (see :func:`read_lock`).
+    ``progress`` shows pooch's download bar. The device JSONs get the datasheet keys of
+    ``datasets/neusight_extras.json`` they lack (:func:`add_datasheet_keys`) before the copy is
+    installed. Writes ``<dest>.lock.json`` (see :func:`read_lock`).
     """
     entry = load_registry()
     dest = abs_path(dest if dest is not None else paths.DEFAULT_DATA)
@@ -255,10 +357,13 @@ def fetch(dest: str | os.PathLike | None = None, source: str | os.PathLike | Non
     dest.parent.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".tmp"))
     try:
-        install(_stage(scratch, archive, folder, label), dest, force, scratch)
+        staged = _stage(scratch, archive, folder, label)
+        added = add_datasheet_keys(_data_root(staged))
+        install(staged, dest, force, scratch)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     lock = {"source": label, "sha256": digest, "commit": entry.get("commit"),
+            "datasheet_keys": {"source": extras_path().name, "files": added},
             "fetched_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
     paths.atomic_write_text(lock_path(dest), json.dumps(lock, indent=2) + "\n")
     return dest

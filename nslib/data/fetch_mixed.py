@@ -6,7 +6,8 @@ paths relative to the repository root. Only those files are taken from the archi
 local mirror folder), and each is checked, so the pin holds however the archive was compressed;
 an archive SHA-256 in the registry (``sha256``) is checked too, and the lock file records the
 one seen. ``datasets/mixed_datasheets.json`` holds the datasheets (NeuSight JSON format plus
-``Bf16FLOPs``, each with its published source), written as ``device_configs/<stem>.json``.
+``Bf16FLOPs``, ``TDP`` and ``Link_Bw``, each with its published source), written as
+``device_configs/<stem>.json``.
 
 Everything is built in a temporary folder beside the destination and renamed into place only
 once every file checked out, so the data folder is the old copy or the complete new one. A lock

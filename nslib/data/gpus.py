@@ -20,9 +20,15 @@ FIELDS = {
     "SingleFLOPs": ("peak_gflops", "FP32 peak, GFLOP/s"),
     "L2Cache": ("l2_mb", "L2 cache, MB"),
 }
-# Optional: dense tensor-core BF16 peak (FP16 runs at the same rate on the GPUs in the data).
-# Datasheets without it load; a 16-bit prediction asks for it by name (GPU.bf16_peak).
-OPTIONAL_FIELDS = {"Bf16FLOPs": ("bf16_gflops", "dense tensor-core BF16 peak, GFLOP/s")}
+# Optional vendor-datasheet figures; datasheets without them load (the field is then None).
+# Bf16FLOPs: dense tensor-core BF16 peak (FP16 runs at the same rate on the GPUs in the data);
+# a 16-bit prediction asks for it by name (GPU.bf16_peak). TDP: maximum board power. Link_Bw:
+# GPU-to-GPU link bandwidth counting both directions (NVLink of SXM parts, else PCIe x16).
+OPTIONAL_FIELDS = {
+    "Bf16FLOPs": ("bf16_gflops", "dense tensor-core BF16 peak, GFLOP/s"),
+    "TDP": ("tdp_w", "maximum board power, W"),
+    "Link_Bw": ("link_gbps", "GPU-to-GPU link bandwidth, GB/s both directions"),
+}
 INT_FIELDS = ("Num_Sm", "Core_Per_SM")  # counts: 0.5 SMs is a typo, not a GPU
 
 
@@ -40,6 +46,8 @@ class GPU:
     l2_mb: float        # MB
     key: str = ""       # file stem, e.g. NVIDIA_H100_80GB_HBM3 (also the label folder name)
     bf16_gflops: float | None = None  # dense tensor-core BF16 GFLOP/s; None if not given
+    tdp_w: float | None = None        # maximum board power, W; None if not given
+    link_gbps: float | None = None    # GPU-to-GPU link, GB/s both directions; None if not given
 
     def bf16_peak(self) -> float:
         """Dense tensor-core BF16/FP16 peak, GFLOP/s; a clear error when the datasheet lacks it."""
@@ -55,7 +63,8 @@ class GPU:
                 "mem_bw": self.mem_bw, "mem_gb": self.mem_gb, "l2_mb": self.l2_mb}
 
     def to_json(self) -> dict:
-        """The datasheet in NeuSight's JSON format (round-trips through :func:`gpu_from_dict`)."""
+        """The datasheet in NeuSight's JSON format, optional keys (``Bf16FLOPs``, ``TDP``,
+        ``Link_Bw``) only when given (round-trips through :func:`gpu_from_dict`)."""
         d = asdict(self)
         out = {"Device": self.name, **{k: d[f] for k, (f, _) in FIELDS.items()}}
         out.update({k: d[f] for k, (f, _) in OPTIONAL_FIELDS.items() if d[f] is not None})
@@ -65,9 +74,10 @@ class GPU:
 def gpu_from_dict(raw: dict, source: str = "<dict>", key: str = "") -> GPU:
     """Validate a NeuSight-format dict and build a :class:`GPU`.
 
-    Raises ValueError naming ``source`` and the field when a key is missing, a value is not a
-    finite number (JSON ``NaN``/``Infinity`` included), a count is not a whole number, or a
-    value is zero or negative.
+    The keys of :data:`OPTIONAL_FIELDS` (``Bf16FLOPs``, ``TDP``, ``Link_Bw``) may be absent or
+    ``null``. Raises ValueError naming ``source`` and the field when a required key is missing,
+    a value is not a finite number (JSON ``NaN``/``Infinity`` included), a count is not a whole
+    number, or a value is zero or negative.
     """
     if not isinstance(raw, dict):
         raise ValueError(f"{source}: a GPU spec must be a JSON object with keys Device, "
@@ -91,7 +101,8 @@ def gpu_from_dict(raw: dict, source: str = "<dict>", key: str = "") -> GPU:
             try:
                 vals[field] = check_float(f"field '{k}' ({desc})", raw[k], positive=True)
             except ValueError as e:
-                raise ValueError(f"{source}: {e}") from None
+                raise ValueError(f"{source}: {e}; fix the value, or drop the key (it is "
+                                 "optional)") from None
     return GPU(name=name.strip(), key=key or _stem(name), **vals)
 
 
@@ -136,6 +147,19 @@ def load_mixed_gpus(mixed: str | os.PathLike | None = None) -> dict[str, GPU]:
     keyed by file stem, in sorted order; measured or not (a datasheet alone can be predicted)."""
     folder = mixed_root(mixed) / "device_configs"
     return {p.stem: load_gpu_file(p) for p in sorted(folder.glob("*.json"))}
+
+
+def listing_table(rows: list[dict]) -> str:
+    """The ``nslib gpus`` table: ``rows`` (``key``, ``data`` and the :meth:`GPU.to_json` keys),
+    one line per GPU. Every optional figure (``Bf16FLOPs`` GFLOP/s, ``TDP`` W, ``Link_Bw`` GB/s)
+    is a column even when no datasheet gives it, ``-`` where a datasheet lacks it."""
+    import pandas as pd
+    if not rows:
+        return "(no GPU datasheets)"
+    frame = pd.DataFrame(rows).set_index("key")
+    known = [c for c in ("data", "Device", *FIELDS) if c in frame.columns] + list(OPTIONAL_FIELDS)
+    frame = frame.reindex(columns=known + [c for c in frame.columns if c not in known])
+    return frame.to_string(na_rep="-")
 
 
 def norm_name(s: str) -> str:

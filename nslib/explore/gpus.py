@@ -83,6 +83,16 @@ def hypothetical_gpu(base: GPU, name: str | None = None, **overrides) -> GPU:
     return gpu_from_dict(raw, source=f"hypothetical GPU {str(name)!r}")
 
 
+def datasheet_summary(gpu: GPU) -> str:
+    """One line of a GPU's datasheet figures for the explorer: SMs, FP32 GFLOP/s, memory GB/s,
+    GB, L2 MB, then TDP (maximum board power, W) when the datasheet gives it."""
+    parts = [f"{gpu.num_sm} SMs", f"{gpu.peak_gflops:,.0f} GFLOP/s", f"{gpu.mem_bw:,.0f} GB/s",
+             f"{gpu.mem_gb:,.0f} GB", f"L2 {gpu.l2_mb:,.3g} MB"]
+    if gpu.tdp_w is not None:
+        parts.append(f"TDP {gpu.tdp_w:,.0f} W")
+    return ", ".join(parts)
+
+
 def explorer_gpus(data=None) -> dict[str, GPU]:
     """The GPUs the explorer offers: the NeuSight data's datasheets, joined by the 16-bit
     data's (which carry ``Bf16FLOPs``; they win for a stem both folders have) when that folder
@@ -91,4 +101,4 @@ def explorer_gpus(data=None) -> dict[str, GPU]:
 
 
 __all__ = ["SLIDER_FIELDS", "INT_FIELDS", "hypothetical_gpu", "explorer_gpus", "short_name",
-           "plain_number"]
+           "plain_number", "datasheet_summary"]

@@ -10,7 +10,8 @@ import json
 
 from nslib.data.gpus import GPU
 from nslib.data.paths import data_root
-from nslib.explore.gpus import INT_FIELDS, SLIDER_FIELDS, explorer_gpus, hypothetical_gpu
+from nslib.explore.gpus import (INT_FIELDS, SLIDER_FIELDS, datasheet_summary, explorer_gpus,
+                                hypothetical_gpu)
 from nslib.explore.pasted import parse_pasted_config
 from nslib.explore.plots import plot_scenario
 from nslib.explore.whatif import TOP_KERNELS, scenario
@@ -168,9 +169,8 @@ class Explorer:
         if g is None:
             self.custom_info.value = ""
             return
-        self.custom_info.value = (f"<small>{html.escape(g.name)}: {g.num_sm} SMs, "
-                                  f"{g.peak_gflops:,.0f} GFLOP/s, {g.mem_bw:,.0f} GB/s, "
-                                  f"{g.mem_gb:,.0f} GB, L2 {g.l2_mb:,.3g} MB</small>")
+        self.custom_info.value = (f"<small>{html.escape(g.name)}: "
+                                  f"{html.escape(datasheet_summary(g))}</small>")
 
     def _model_value(self):
         if self.model.value != PASTED:
