@@ -38,13 +38,15 @@ lock:
 	} > $(LOCK).tmp && mv $(LOCK).tmp $(LOCK)
 	rm -rf $(LOCK_VENV)
 
-# Find the data (NSLIB_DATA, or datasets/neusight; NSLIB_MIXED, or datasets/mixed), fetching
-# the pinned copies when absent.
+# Find the data (NSLIB_DATA, or datasets/neusight; NSLIB_MIXED, or datasets/mixed;
+# NSLIB_KERNELBENCH, or datasets/kernelbench), fetching the pinned copies when absent.
 data: setup
 	@$(BIN)/python -c "from nslib.data.paths import data_root; data_root()" 2>/dev/null \
 		|| $(BIN)/nslib fetch
 	@$(BIN)/python -c "from nslib.data.paths import mixed_root; mixed_root()" 2>/dev/null \
 		|| $(BIN)/nslib fetch --mixed
+	@$(BIN)/python -c "from nslib.data.kernelbench import kernelbench_root; kernelbench_root()" \
+		2>/dev/null || $(BIN)/nslib fetch --kernelbench
 
 test: setup
 	MPLBACKEND=Agg $(BIN)/pytest -q

@@ -9,8 +9,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = ROOT.parent / "shared" / "neusight"
 SHARED_MIXED = ROOT.parent / "shared" / "mixed"
+SHARED_KERNELBENCH = ROOT.parent / "shared" / "kernelbench"
 os.environ.setdefault("NSLIB_DATA", str(SHARED_DATA))
 os.environ.setdefault("NSLIB_MIXED", str(SHARED_MIXED))
+os.environ.setdefault("NSLIB_KERNELBENCH", str(SHARED_KERNELBENCH))
 os.environ.setdefault("MPLBACKEND", "Agg")
 
 
@@ -22,23 +24,32 @@ def _cache(tmp_path_factory):
     yield
 
 
-def _root_or_skip(name: str):
-    """``nslib.data.paths.<name>()``, or skip the test when that data is not there."""
+def _root_or_skip(find):
+    """``find()`` (a data-folder finder of nslib.data), or skip the test when that data is
+    not there."""
     from nslib.data import paths
     try:
-        return getattr(paths, name)()
+        return find()
     except paths.DataNotFoundError as e:
         pytest.skip(str(e))
 
 
 @pytest.fixture(scope="session")
 def data_dir():
-    return _root_or_skip("data_root")
+    from nslib.data.paths import data_root
+    return _root_or_skip(data_root)
 
 
 @pytest.fixture(scope="session")
 def mixed_dir():
-    return _root_or_skip("mixed_root")
+    from nslib.data.paths import mixed_root
+    return _root_or_skip(mixed_root)
+
+
+@pytest.fixture(scope="session")
+def kernelbench_dir():
+    from nslib.data.kernelbench import kernelbench_root
+    return _root_or_skip(kernelbench_root)
 
 
 def run_notebook(name: str, out_dir: Path, **params) -> Path:

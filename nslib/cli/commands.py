@@ -26,6 +26,18 @@ def _gpus(args) -> int:
 
 def _fetch(args) -> int:
     from nslib.data.fetch import fetch, read_lock
+    if args.fetch_kernelbench is not None:
+        if args.fetch_mixed is not None:
+            raise ValueError("--kernelbench and --mixed fetch different data: pass one of them")
+        if args.sha256:
+            raise ValueError("--sha256 pins the NeuSight archive; the KernelBench data is "
+                             "checked file by file against datasets/kernelbench_registry.json: "
+                             "drop --sha256")
+        from nslib.data.fetch_kernelbench import fetch_kernelbench
+        dest = fetch_kernelbench(dest=args.fetch_kernelbench or None, source=args.source,
+                                 force=args.force)
+        print(f"KernelBench timings ready at {dest} (every pinned file checked)")
+        return 0
     if args.fetch_mixed is not None:
         from nslib.data.fetch_mixed import fetch_mixed
         if args.sha256:
@@ -179,12 +191,17 @@ def _add_data_commands(sub) -> None:
     s.set_defaults(func=_gpus)
 
     s = sub.add_parser("fetch", help="download the pinned NeuSight data (or copy a mirror); "
-                       "--mixed: the 16-bit data")
+                       "--mixed: the 16-bit data; --kernelbench: the KernelBench timings")
     s.add_argument("--mixed", dest="fetch_mixed", nargs="?", const="", metavar="PATH",
                    help="fetch the 16-bit data instead, into PATH (default: $NSLIB_MIXED, "
                    "or the global --mixed, or datasets/mixed)")
+    s.add_argument("--kernelbench", dest="fetch_kernelbench", nargs="?", const="",
+                   metavar="PATH", help="fetch the KernelBench timings instead, into PATH "
+                   "(default: $NSLIB_KERNELBENCH, or datasets/kernelbench)")
     s.add_argument("--source", help="mirror URL, local archive or folder (with --mixed: a "
-                   "folder holding each repository as a folder or .tar.gz/.zip)")
+                   "folder holding each repository as a folder or .tar.gz/.zip; with "
+                   "--kernelbench: a copy laid out like the data, or <commit>/ folders or "
+                   "<commit>.tar.gz archives)")
     s.add_argument("--sha256", help="expected SHA-256 of the archive")
     s.add_argument("--force", action="store_true", help="replace existing data")
     s.set_defaults(func=_fetch)

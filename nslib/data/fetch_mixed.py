@@ -81,10 +81,14 @@ def load_mixed_registry() -> dict[str, dict]:
     return entries
 
 
-def load_datasheets() -> dict[str, dict]:
+def load_datasheets(path: str | os.PathLike | None = None,
+                    need_bf16: bool = True) -> dict[str, dict]:
     """The datasheets to write, ``{file stem: NeuSight-format dict}``, each checked as a GPU
-    spec (``ValueError`` naming the stem and field otherwise) and cited (``source``)."""
-    path = datasheets_path()
+    spec (``ValueError`` naming the stem and field otherwise) and cited (``source``).
+
+    ``path``: a datasheets file of the same format (default :func:`datasheets_path`);
+    ``need_bf16``: refuse a datasheet without ``Bf16FLOPs`` (the 16-bit data needs it)."""
+    path = Path(path) if path is not None else datasheets_path()
     out = {}
     for stem, item in json.loads(path.read_text(encoding="utf-8")).items():
         where = f"{path} [{stem}]"
@@ -94,7 +98,7 @@ def load_datasheets() -> dict[str, dict]:
             raise ValueError(f"{where}: needs 'source' (where the figures are published) "
                              "and 'datasheet'")
         gpu = gpu_from_dict(item.get("datasheet"), source=where, key=stem)
-        if gpu.bf16_gflops is None:
+        if need_bf16 and gpu.bf16_gflops is None:
             raise ValueError(f"{where}: field 'Bf16FLOPs' is missing; the 16-bit data needs it")
         out[stem] = dict(item["datasheet"])
     return out
@@ -213,9 +217,10 @@ def _check_files(name: str, entry: dict, out: Path, label: str, missing: list[st
             "--source with that clone), or point NSLIB_MIXED (--mixed) at a checked copy.")
 
 
-def _write_datasheets(folder: Path) -> int:
+def _write_datasheets(folder: Path, sheets: dict[str, dict] | None = None) -> int:
+    """Write ``sheets`` (default :func:`load_datasheets`) as ``folder/<stem>.json``."""
     folder.mkdir(parents=True)
-    sheets = load_datasheets()
+    sheets = load_datasheets() if sheets is None else sheets
     for stem, sheet in sheets.items():
         (folder / f"{stem}.json").write_text(json.dumps(sheet, indent=4) + "\n",
                                              encoding="utf-8")
@@ -263,10 +268,18 @@ def fetch_mixed(dest: str | os.PathLike | None = None, source: str | os.PathLike
             raise FileNotFoundError(f"Fetch source {source} is not a folder: --source with "
                                     f"--mixed takes a folder holding {names} (folders, or "
                                     ".tar.gz/.zip archives of the same names)")
+    return build_and_install(dest, force, lambda new, scratch: _assemble(new, source, progress))
+
+
+def build_and_install(dest: Path, force: bool, build) -> Path:
+    """``build(new, scratch)`` fills the folder ``new`` (``scratch``: a temporary folder beside
+    ``dest`` for its own use) and returns the lock record; ``new`` is then renamed to ``dest``
+    (:func:`nslib.data.fetch.install`) and ``<dest>.lock.json`` written. A failure leaves the
+    old ``dest`` (or nothing) and no temporary folder. Returns ``dest``."""
     dest.parent.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".tmp"))
     try:
-        record = _assemble(scratch / "new", source, progress)
+        record = build(scratch / "new", scratch)
         fetch.install(scratch / "new", dest, force, scratch)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

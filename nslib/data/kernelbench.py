@@ -59,7 +59,8 @@ def timings(root: str | os.PathLike | None = None, level: int = 1) -> pd.DataFra
     """One row per timed problem of ``level`` in every campaign: ``campaign``, ``problem`` (file
     name), ``number``, ``path`` (the problem file, None when the campaign lacks it),
     ``hardware`` (the GPU's ``Device`` name), ``latency_ms`` (mean of the trials), ``std_ms``,
-    ``min_ms``. ValueError naming the file for a malformed timing file."""
+    ``min_ms``; problems a campaign did not time (``null``) are left out. ValueError naming
+    the file for a malformed timing file."""
     if level not in LEVELS:
         raise ValueError(f"KernelBench level must be one of {LEVELS}, got {level!r}")
     base = kernelbench_root(root)
@@ -75,6 +76,8 @@ def timings(root: str | os.PathLike | None = None, level: int = 1) -> pd.DataFra
         if not isinstance(entries, dict):
             raise ValueError(f"{path}: 'level{level}' must map problem files to timings")
         for problem, t in sorted(entries.items(), key=lambda kv: _number(kv[0])):
+            if t is None:
+                continue  # a problem the campaign did not time
             if not isinstance(t, dict) or not isinstance(t.get("mean"), (int, float)) \
                     or not isinstance(t.get("hardware"), str):
                 raise ValueError(f"{path}: level{level} entry {problem!r} needs a numeric "

@@ -1,0 +1,211 @@
+"""KernelBench as a kernel test set (nslib.data.kernelbench, nslib.evaluation.kernelbench) and
+the module tracer behind it (nslib.model.module_trace), on a fake campaign made here; the
+shared copy when there is one."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from nslib.data import kernelbench as kb
+from nslib.data.paths import DataNotFoundError
+from nslib.evaluation import kernelbench as ev
+from nslib.kernels import sizes
+from nslib.model.module_trace import ProblemError, problem_trace
+
+SHEET = {"Device": "Fake GPU 9", "Dev_Mem": 16, "Mem_Bw": 1000, "Num_Sm": 10,
+         "Core_Per_SM": 128, "Freq": 1500, "SingleFLOPs": 20000, "L2Cache": 8, "TDP": 150}
+
+HEAD = "import torch\nimport torch.nn as nn\n"
+PROBLEMS = {
+    "1_Matmul.py": HEAD + """
+class Model(nn.Module):
+    def forward(self, A, B):
+        return torch.matmul(A, B)
+
+def get_inputs():
+    return [torch.randn(256, 512), torch.randn(512, 128)]
+
+def get_init_inputs():
+    return []
+""",
+    "2_ReLU.py": HEAD + """
+class Model(nn.Module):
+    def forward(self, x):
+        return torch.relu(x)
+
+def get_inputs():
+    return [torch.randn(16, 4096)]
+
+def get_init_inputs():
+    return []
+""",
+    "3_Conv.py": HEAD + """
+class Model(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.conv = nn.Conv2d(c, 8, 3)
+    def forward(self, x):
+        return self.conv(x)
+
+def get_inputs():
+    return [torch.randn(2, 3, 32, 32)]
+
+def get_init_inputs():
+    return [3]
+""",
+    "4_Swish.py": HEAD + """
+class Model(nn.Module):
+    def forward(self, x):
+        return x * torch.sigmoid(x)
+
+def get_inputs():
+    return [torch.randn(16, 4096)]
+
+def get_init_inputs():
+    return []
+""",
+    "5_DataDependent.py": HEAD + """
+class Model(nn.Module):
+    def forward(self, x):
+        return x[: int(x.sum().item())]
+
+def get_inputs():
+    return [torch.randn(16, 4096)]
+
+def get_init_inputs():
+    return []
+""",
+    "6_Matvec.py": HEAD + """
+class Model(nn.Module):
+    def forward(self, A, B):
+        return torch.matmul(A, B)
+
+def get_inputs():
+    return [torch.randn(256, 65536), torch.randn(65536, 1)]
+
+def get_init_inputs():
+    return []
+""",
+}
+# measured ms: the matmul at 1.1x its roofline + 20 us, the relu at its roofline + 10 us (the
+# harness bound is then 10 us), the rest anything
+TIMES = {"1_Matmul.py": 0.0, "2_ReLU.py": 0.0, "3_Conv.py": 0.5, "4_Swish.py": 0.05,
+         "5_DataDependent.py": 0.05, "6_Matvec.py": 0.0}
+
+
+def _roof(cls, op, dims) -> float:
+    frame = pd.DataFrame([{"cls": cls, "op": op, **dims, **{"num_sm": 10.0,
+                           "peak_gflops": 20000.0, "mem_bw": 1000.0}}])
+    return float(sizes.roofline_ms(frame)[0])
+
+
+@pytest.fixture
+def fake(tmp_path):
+    root = tmp_path / "kernelbench"
+    (root / "device_configs").mkdir(parents=True)
+    (root / "device_configs" / "Fake_GPU_9.json").write_text(json.dumps(SHEET))
+    camp = root / "Fake_campaign"
+    (camp / "level1").mkdir(parents=True)
+    for name, text in PROBLEMS.items():
+        (camp / "level1" / name).write_text(text)
+    nan = float("nan")
+    times = dict(TIMES)
+    times["1_Matmul.py"] = 1.1 * _roof("linear", "linear", dict(B=1, M=256, N=512, K=128,
+                                                                H=nan)) + 0.02
+    times["2_ReLU.py"] = _roof("elementwise", "relu", dict(B=16, H=4096, M=nan, N=nan,
+                                                          K=nan)) + 0.01
+    times["6_Matvec.py"] = _roof("linear", "linear", dict(B=1, M=256, N=65536, K=1, H=nan)) \
+        + 0.03
+    entries = {k: {"mean": v, "std": 0.0, "min": v, "max": v, "num_trials": 100,
+                   "hardware": "Fake GPU 9", "device": "cuda:0"} for k, v in times.items()}
+    entries["7_Missing.py"] = {"mean": 1.0, "hardware": "Fake GPU 9"}
+    entries["8_Unknown_GPU.py"] = {"mean": 1.0, "hardware": "Some Other GPU"}
+    (camp / kb.TIMING_FILE).write_text(json.dumps({"level1": entries}))
+    return root
+
+
+def test_problem_trace_by_hand(fake):
+    tr = problem_trace(fake / "Fake_campaign" / "level1" / "1_Matmul.py")
+    assert tr[["cls", "op", "B", "M", "N", "K"]].values.tolist() == \
+        [["linear", "linear", 1.0, 256.0, 512.0, 128.0]]
+    swish = problem_trace(fake / "Fake_campaign" / "level1" / "4_Swish.py")
+    assert swish["op"].tolist() == ["tanh", "mul"] and (swish["B"] * swish["H"] == 16 * 4096).all()
+    with pytest.raises(ProblemError, match="meta device"):
+        problem_trace(fake / "Fake_campaign" / "level1" / "5_DataDependent.py")
+
+
+def test_problem_rows_and_skips(fake):
+    rows, skipped = ev.problem_rows(fake, progress=False)
+    assert rows["problem"].tolist() == ["1_Matmul.py", "2_ReLU.py", "6_Matvec.py"]
+    assert rows["family"].tolist() == ["GEMM", "elementwise", "matrix-vector"]
+    assert (rows["gpu"] == "Fake GPU 9").all() and (rows["num_sm"] == 10).all()
+    why = dict(zip(skipped["problem"], skipped["reason"]))
+    assert why == {"3_Conv.py": "convolution", "4_Swish.py": "2 kernels",
+                   "5_DataDependent.py": "cannot trace", "7_Missing.py": "problem file missing",
+                   "8_Unknown_GPU.py": "no datasheet with Device 'Some Other GPU'"}
+
+
+def test_harness_bound_and_table(fake):
+    rows, _ = ev.problem_rows(fake, progress=False)
+    h = ev.harness_ms(rows)
+    assert h["Fake_campaign"] == pytest.approx(0.01)   # the relu's slack is the smallest
+    roof = sizes.roofline_ms(rows) + 0.01
+    tab = ev.error_table(rows, roof)
+    want_relu = 0.0
+    assert tab.loc["elementwise", "Fake GPU 9"] == pytest.approx(want_relu, abs=1e-9)
+    lin = rows[rows["cls"] == "linear"]
+    want = np.mean(100 * np.abs(roof[lin.index] - lin["latency_ms"]) / lin["latency_ms"])
+    assert tab.loc["linear", "Fake GPU 9"] == pytest.approx(want)
+    assert "matrix-vector" in tab.index and ev.MEAN in tab.columns
+    assert ev.table_json(tab)["elementwise"] == {"Fake GPU 9": 0.0}
+
+
+def test_bad_folders(tmp_path, monkeypatch):
+    monkeypatch.setenv("NSLIB_KERNELBENCH", str(tmp_path / "nothing"))
+    with pytest.raises(DataNotFoundError, match="fetch --kernelbench"):
+        kb.kernelbench_root()
+    (tmp_path / "k" / "device_configs").mkdir(parents=True)
+    (tmp_path / "k" / "c").mkdir()
+    (tmp_path / "k" / "c" / kb.TIMING_FILE).write_text("{not json")
+    with pytest.raises(ValueError, match="not a KernelBench timing file"):
+        kb.timings(tmp_path / "k")
+    with pytest.raises(ValueError, match="level must be"):
+        kb.timings(tmp_path / "k", level=7)
+
+
+def test_family_rules():
+    f = pd.DataFrame({"cls": ["linear", "linear", "linear", "softmax"],
+                      "B": [1, 1, 1, 4], "M": [256, 256, 4096, np.nan],
+                      "N": [131072, 131072, 4096, np.nan], "K": [1, 256, 4096, np.nan]})
+    assert ev.family(f).tolist() == ["matrix-vector", "long reduction", "GEMM", "softmax"]
+
+
+def test_evaluate_with_the_data(fake, data_dir):
+    res = ev.evaluate(["roofline"], root=fake, progress=False)
+    frame = res["frame"]
+    # the roofline's GPU time (never under the launch gap) plus the harness bound
+    from nslib.model.stream import LAUNCH_US
+    relu = frame[frame["problem"] == "2_ReLU.py"]
+    roof = sizes.roofline_ms(relu)[0]
+    assert relu["pred_roofline"].iloc[0] == pytest.approx(max(roof, LAUNCH_US / 1e3) + 0.01)
+    out = subprocess.run([sys.executable, "-m", "nslib.cli", "eval-kernels", "--predictor",
+                          "roofline", "--kernelbench", str(fake), "--json"],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert set(json.loads(out.stdout)) >= {"linear", "elementwise", "matrix-vector"}
+    bad = subprocess.run([sys.executable, "-m", "nslib.cli", "eval-kernels", "--kernelbench",
+                          str(fake), "--logo"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "drop --dtype, --logo" in bad.stderr
+
+
+def test_shared_campaigns_flow(kernelbench_dir):
+    rows, skipped = ev.problem_rows(kernelbench_dir, progress=False)
+    assert len(rows) + len(skipped) == len(kb.timings(kernelbench_dir))
+    assert set(rows["cls"]) == set(sizes.CLASSES)
+    assert set(rows["gpu"]) <= set(kb.datasheets(kernelbench_dir))
+    assert {"matrix-vector", "long reduction"} <= set(rows["family"])
