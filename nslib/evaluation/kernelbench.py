@@ -96,7 +96,7 @@ def problem_rows(root=None, level: int = 1, progress: bool = True) -> tuple[pd.D
         if gpu is None:
             skipped.append({**base, "reason": f"no datasheet with Device {t.hardware!r}"})
             continue
-        if t.path is None:
+        if not isinstance(t.path, str):
             skipped.append({**base, "reason": "problem file missing"})
             continue
         row, why = _one_kernel(_trace(t.path))

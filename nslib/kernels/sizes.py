@@ -106,6 +106,68 @@ def vector_tile(n_out: np.ndarray, grid_blocks: np.ndarray) -> np.ndarray:
     return 2.0 ** np.ceil(np.log2(np.maximum(n_out / grid_blocks, 1.0)))
 
 
+# split-K, as the library chooses it (DECISIONS.md 13): slices of at least SPLIT_MIN_SLICE
+# elements of the reduction, at most SPLIT_MAX, the fewest whose wave-quantised time is within
+# SPLIT_TOLERANCE of the best split's. Of the settings tried (64-2048 elements, 5-30%), these
+# agree best with the splits the training GPUs' cuBLAS launched (grid z of the training GEMMs)
+SPLIT_MIN_SLICE = 128
+SPLIT_MAX = 64
+SPLIT_TOLERANCE = 0.1
+
+
+def gemv_tiles(M, K, tm, tk, gemm) -> tuple[np.ndarray, np.ndarray]:
+    """Output tile (rows, columns) a GEMM runs with: a one-row or one-column output is a
+    matrix-vector product, which the library runs as a stream over the matrix (no tile padded
+    to 32-128 outputs in the vector's dimension: the tile there is 1)."""
+    return (np.where(gemm & (M == 1), 1.0, tm), np.where(gemm & (K == 1), 1.0, tk))
+
+
+def gemv_rows(frame: pd.DataFrame) -> np.ndarray:
+    """Mask of the GEMMs of ``frame`` with a one-row or one-column output (matrix-vector)."""
+    gemm = frame["cls"].isin(GEMM_CLASSES).to_numpy()
+    M, K = frame["M"].to_numpy(float), frame["K"].to_numpy(float)
+    return gemm & ((M == 1) | (K == 1))
+
+
+def gemv_as_stream(frame: pd.DataFrame) -> pd.DataFrame:
+    """``frame`` with each matrix-vector GEMM (:func:`gemv_rows`) as the elementwise stream
+    that moves the same bytes: one read of the matrix, of the vector and one write of the
+    output (a one-input elementwise op, ``addu``, of half that many bytes' elements at 8
+    bytes each). The library's GEMV reads the matrix once with no reuse to exploit: its time
+    is a stream's, whose efficiency the elementwise kernels measure on every GPU. Tiles and
+    derived columns of those rows are dropped (they are looked up again)."""
+    mask = gemv_rows(frame)
+    if not mask.any():
+        return frame
+    out = frame.copy()
+    B, M, N, K = (out.loc[mask, c].to_numpy(float) for c in ("B", "M", "N", "K"))
+    elems = BYTES_PER_ELEM * B * (M * N + N * K + M * K) / (2 * BYTES_PER_ELEM)
+    out.loc[mask, ["cls", "op"]] = ["elementwise", "addu"]
+    out.loc[mask, "B"], out.loc[mask, "H"] = 1.0, np.ceil(elems)
+    out.loc[mask, ["M", "N", "K"]] = np.nan
+    for c in ("tile", "tile_m", "tile_k"):
+        if c in out:
+            out.loc[mask, c] = np.nan
+    return out
+
+
+def split_k(tiles_out, N, num_sm) -> np.ndarray:
+    """Slices of the reduction ``N`` a GEMM with ``tiles_out`` output tiles runs on ``num_sm``
+    SMs (split-K), >= 1. Each slice is a block, so ``S`` slices take
+    ``ceil(tiles_out * S / num_sm) / S`` waves of whole-reduction tiles: a GEMM with too few
+    tiles to fill the SMs (or a ragged last wave) gains from splitting. The split is the
+    fewest slices within :data:`SPLIT_TOLERANCE` of the best, no slice shorter than
+    :data:`SPLIT_MIN_SLICE`; their partial outputs are then summed by a reduce."""
+    tiles_out, N, num_sm = (np.atleast_1d(np.asarray(a, float)) for a in (tiles_out, N, num_sm))
+    tiles_out, N, num_sm = np.broadcast_arrays(np.maximum(tiles_out, 1.0), N, num_sm)
+    S = np.arange(1, SPLIT_MAX + 1, dtype=float)[None, :]
+    most = np.maximum(np.floor(np.nan_to_num(N) / SPLIT_MIN_SLICE), 1.0)[:, None]
+    cost = np.ceil(tiles_out[:, None] * S / num_sm[:, None]) / S
+    cost = np.where(S <= most, cost, np.inf)
+    good = cost <= cost.min(axis=1, keepdims=True) * (1 + SPLIT_TOLERANCE)
+    return (np.argmax(good, axis=1) + 1).astype(float)
+
+
 def add_features(frame: pd.DataFrame) -> pd.DataFrame:
     """Return a copy of ``frame`` with FLOPs, bytes, blocks, waves and roofline columns.
 
@@ -132,17 +194,25 @@ def add_features(frame: pd.DataFrame) -> pd.DataFrame:
         raise ValueError("add_features needs positive tile sizes (tile_m, tile_k for GEMMs, "
                          "tile for elementwise ops): parse them (nslib.kernels.measured) or look them up "
                          "(nslib.kernels.tiles) first")
+    tm, tk = gemv_tiles(M, K, tm, tk, gemm)
     Mp, Kp = np.ceil(M / tm) * tm, np.ceil(K / tk) * tk
-    blocks = np.where(gemm, B * np.ceil(M / tm) * np.ceil(K / tk),
-                      np.where(row, B, np.ceil(B * H / tile)))
-    tile_flops = np.where(gemm, 2 * tm * N * tk, tile * ops_per_o)
-    tile_bytes = np.where(gemm, BYTES_PER_ELEM * (tm * N + N * tk + tm * tk), tile * mem_per_o)
+    tiles_out = B * np.ceil(M / tm) * np.ceil(K / tk)
+    split = np.where(gemm, split_k(tiles_out, N, out["num_sm"].to_numpy(float)), 1.0)
+    blocks = np.where(gemm, tiles_out * split, np.where(row, B, np.ceil(B * H / tile)))
+    tile_flops = np.where(gemm, 2 * tm * (N / split) * tk, tile * ops_per_o)
+    tile_bytes = np.where(gemm, BYTES_PER_ELEM * (tm * N / split + N / split * tk + tm * tk),
+                          tile * mem_per_o)
+    # split-K writes each slice's partial output and a reduce kernel reads them back
+    nbytes = nbytes + np.where(gemm & (split > 1), 2 * BYTES_PER_ELEM * B * M * K * split, 0.0)
     pad_flops = np.where(gemm, 2 * B * Mp * N * Kp, flops)
     pad_bytes = np.where(gemm, BYTES_PER_ELEM * B * (Mp * N + N * Kp + Mp * Kp), nbytes)
     intensity = pad_flops / pad_bytes
     peak = out["peak_gflops"].to_numpy(float) * 1e9
     bw = out["mem_bw"].to_numpy(float) * 1e9
     out["tile"] = tile
+    out["tile_m"], out["tile_k"] = np.where(gemm, tm, out.get("tile_m", np.nan)), \
+        np.where(gemm, tk, out.get("tile_k", np.nan))
+    out["split"] = split
     out["flops"], out["bytes"] = flops, nbytes
     out["blocks"] = blocks
     out["waves"] = np.ceil(blocks / out["num_sm"].to_numpy(float))

@@ -22,7 +22,7 @@ def tile_features(frame: pd.DataFrame, features=FEATURES) -> np.ndarray:
     ``compute``: tile FLOPs / (peak TFLOP/s per SM); ``load``: tile MB / (GB/s per SM);
     ``dram_footprint``: waves * tile MB / (memory MB per SM); ``l2_footprint``:
     waves * tile MB / (L2 MB per SM, times 1024 as in the paper). Extras: ``waves``,
-    ``tile_m``, ``tile_k``, ``aspect`` (tm / tk), ``reduction`` (N) for GEMMs, ``balance``
+    ``tile_m``, ``tile_k``, ``aspect`` (tm / tk), ``reduction`` (N per split-K slice) for GEMMs, ``balance``
     (tile FLOP/byte over the GPU's peak FLOP/s per byte/s), ``num_sm``, ``fill``
     (blocks / (waves * num_sm), in (0, 1]); GPU-independent ``tile_kb`` (KiB a block
     moves), ``blocks`` and ``row`` (H of vector ops). float64.
@@ -43,7 +43,7 @@ def tile_features(frame: pd.DataFrame, features=FEATURES) -> np.ndarray:
         "tile_k": lambda: col("tile_k"),
         # tile rows over columns (GEMMs only: NaN for other classes)
         "aspect": lambda: col("tile_m") / col("tile_k"),
-        "reduction": lambda: col("N"),
+        "reduction": lambda: col("N") / (col("split") if "split" in frame else 1.0),
         # tile arithmetic intensity over the machine balance (peak / bandwidth): > 1 compute-bound
         "balance": lambda: (col("tile_flops") / col("tile_bytes"))
         / (col("peak_gflops") / col("mem_bw")),

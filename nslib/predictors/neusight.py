@@ -224,8 +224,10 @@ class NeuSight(Predictor):
         return self.packing.apply(frame)
 
     def predict(self, frame: pd.DataFrame, lookup: bool = False) -> np.ndarray:
-        """Latency in ms per row; ``lookup=True`` ignores parsed tiles and looks all up."""
-        frame = self._pack(self._nominal(self.tiles.fill(frame, lookup_all=lookup)))
+        """Latency in ms per row; ``lookup=True`` ignores parsed tiles and looks all up.
+        Matrix-vector GEMMs are priced as the stream they are (:func:`sizes.gemv_as_stream`)."""
+        frame = self._pack(self._nominal(self.tiles.fill(sizes.gemv_as_stream(frame),
+                                                         lookup_all=lookup)))
         out = np.empty(len(frame))
         for cls, idx, sub in by_class(frame):
             if cls not in self.models:
