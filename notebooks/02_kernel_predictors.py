@@ -251,7 +251,7 @@ if kb_res is not None:
     _, kb_skipped = kbe.problem_rows(kernelbench, progress=False)
     print(f"{len(kb_res['frame'])} priced problem runs; skipped:",
           kb_skipped["reason"].value_counts().to_dict())
-    ax = kb_table.plot.bar(figsize=(9, 4), logy=True, rot=0)
+    ax = kb_table.plot.bar(figsize=(10, 4), rot=20)
     ax.set_ylabel("MAPE (%), mean over the KernelBench GPUs")
     ax.set_title("KernelBench level 1, every GPU held out")
     save_figure(ax.figure, "02_kernelbench", out)

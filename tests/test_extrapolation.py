@@ -33,3 +33,36 @@ def test_property_holds_for_every_kernel(checks, check):
     assert len(sub)
     bad = sub[~sub["ok"]]
     assert bad.empty, bad.to_string()
+
+
+# GEMM shapes the training GPUs never ran, on datasheets unlike theirs (split-K, matrix-vector)
+DATASHEETS = [{}, {"mem_bw": 450.0}, {"mem_bw": 3600.0}, {"peak_gflops": 56000.0},
+              {"num_sm": 160.0, "peak_gflops": 28000.0}, {"num_sm": 20.0, "peak_gflops": 3500.0}]
+
+
+def _gemm(pred, M, N, K, **gpu):
+    import numpy as np
+    import pandas as pd
+
+    from nslib.evaluation.extrapolation import BASE
+    from nslib.kernels import sizes
+    f = pd.DataFrame([{"cls": "linear", "op": "linear", "B": 1.0, "M": float(M), "N": float(N),
+                       "K": float(K), "H": np.nan, **BASE, **gpu}])
+    mem_ms = sizes.flops_bytes(f)[1][0] / (f["mem_bw"].iat[0] * 1e9) * 1e3
+    return float(pred.predict(f)[0]), float(sizes.roofline_ms(f)[0]), mem_ms
+
+
+@pytest.mark.parametrize("gpu", DATASHEETS)
+def test_matrix_vector_is_near_bytes_over_bandwidth(data_dir, gpu):
+    pred = trained("neusight", progress=False)
+    for M, N, K in ((8192, 65536, 1), (1, 16384, 16384)):
+        t, roof, mem_ms = _gemm(pred, M, N, K, **gpu)
+        assert roof <= t <= 3.0 * mem_ms + 0.06, (M, N, K, t, mem_ms)  # + a launch
+
+
+@pytest.mark.parametrize("gpu", DATASHEETS)
+def test_long_reduction_splits_over_the_sms(data_dir, gpu):
+    from nslib.evaluation.extrapolation import GEMM_FACTOR
+    pred = trained("neusight", progress=False)
+    t, roof, _ = _gemm(pred, 256, 524288, 256, **gpu)
+    assert roof <= t <= GEMM_FACTOR * roof + 0.06, (t, roof)

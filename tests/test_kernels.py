@@ -100,3 +100,38 @@ def test_backward_vector_ops_move_one_more_tensor():
                       "K": float("nan"), "H": [1024.0, 1024.0]})
     _, nbytes = flops_bytes(f)
     assert list(nbytes) == [2 * 8 * 1024 * 4, 3 * 8 * 1024 * 4]
+
+
+def test_split_k_fills_the_waves_by_hand():
+    from nslib.kernels.sizes import SPLIT_MIN_SLICE, split_k
+    # 4 output tiles on 108 SMs: 25 slices (1 wave of 100 blocks) is within 10% of 27's
+    assert split_k(4, 131072, 108)[0] == 25
+    # a GEMM that fills many waves is not split; nor a reduction shorter than two slices
+    assert split_k(1000, 4096, 108)[0] == 1
+    assert split_k(4, SPLIT_MIN_SLICE + 1, 108)[0] == 1
+    # never more slices than the reduction has minimum-length slices
+    assert split_k(1, 4 * SPLIT_MIN_SLICE, 108)[0] == 4
+
+
+def test_gemm_features_as_the_library_runs_them():
+    import numpy as np
+    import pandas as pd
+
+    from nslib.kernels import sizes
+    gpu = {"num_sm": 108.0, "peak_gflops": 19500.0, "mem_bw": 1555.0, "mem_gb": 40.0,
+           "l2_mb": 40.0}
+    f = pd.DataFrame([{"cls": "linear", "op": "linear", "B": 1.0, "M": 256.0, "N": 131072.0,
+                       "K": 1.0, "H": np.nan, "tile_m": 128.0, "tile_k": 128.0, **gpu},
+                      {"cls": "linear", "op": "linear", "B": 1.0, "M": 256.0, "N": 131072.0,
+                       "K": 256.0, "H": np.nan, "tile_m": 128.0, "tile_k": 128.0, **gpu}])
+    out = sizes.add_features(f)
+    # matrix-vector: the column tile is 1, two row tiles split 50 ways (within 10% of 54)
+    assert out["tile_k"].tolist() == [1.0, 128.0]
+    assert out["split"].tolist() == [50.0, 25.0]
+    assert out["blocks"].tolist() == [100.0, 100.0]
+    assert out["tile_flops"].iat[1] == 2 * 128 * 128 * 131072 / 25
+    # the partial outputs are written and read back
+    assert out["bytes"].iat[1] == 4 * (256 * 131072 * 2 + 256 * 256) + 2 * 4 * 256 * 256 * 25
+    stream = sizes.gemv_as_stream(out)
+    assert stream["cls"].tolist() == ["elementwise", "linear"]
+    assert stream["H"].iat[0] * 8 == 4 * (256 * 131072 + 131072 + 256)
