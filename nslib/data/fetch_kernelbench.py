@@ -22,10 +22,10 @@ import shutil
 from pathlib import Path
 
 from nslib.data import fetch, paths
-from nslib.data.fetch_mixed import (ARCHIVE_SUFFIXES, LFS_POINTER, _bad_file_pins,
-                                    _copy_from_archive, _copy_from_folder, _safe_rel,
-                                    _write_datasheets, build_and_install, file_sha256,
-                                    load_datasheets)
+from nslib.data.fetch_mixed import (ARCHIVE_SUFFIXES, bad_file_pins, copy_from_archive,
+                                    copy_from_folder, safe_rel, write_datasheets,
+                                    build_and_install, file_sha256, load_datasheets,
+                                    pin_mismatch)
 from nslib.data.kernelbench import DEFAULT_KERNELBENCH, LEVELS, TIMING_FILE
 
 REPOSITORY = "ScalingIntelligence/KernelBench"
@@ -71,13 +71,13 @@ def load_kernelbench_registry() -> dict:
     else:
         problems += [f"license: field {k!r} is missing" for k in
                      ("repository", "commit", "path", "url", "sha256") if k not in lic]
-        problems += _bad_file_pins("license", {lic.get("path"): lic.get("sha256")})
+        problems += bad_file_pins("license", {lic.get("path"): lic.get("sha256")})
     camps = reg.get("campaigns")
     if not isinstance(camps, dict) or not camps:
         problems.append("'campaigns' must be a non-empty object")
         camps = {}
     for name, entry in camps.items():
-        if not _safe_rel(name) or "/" in name or name in ("device_configs", "LICENSE"):
+        if not safe_rel(name) or "/" in name or name in ("device_configs", "LICENSE"):
             problems.append(f"campaign name {name!r} is not a plain folder name")
             continue
         missing = [k for k in (*SOURCE_KEYS, "problems_prefix", "archives", "files")
@@ -90,7 +90,7 @@ def load_kernelbench_registry() -> dict:
                 problems.append(f"{name}: {key} {entry[key]!r} is not a commit hash")
             elif entry[key] not in entry["archives"]:
                 problems.append(f"{name}: no archive URL for {key} {entry[key]}")
-        problems += _bad_file_pins(name, entry["files"])
+        problems += bad_file_pins(name, entry["files"])
         if isinstance(entry["files"], dict):
             for rel in entry["files"]:
                 if not rel.startswith(f"{name}/") or _origin(entry, rel[len(name) + 1:]) is None:
@@ -203,6 +203,32 @@ def _plan(reg: dict, source: Path | None) -> tuple[dict, dict, dict]:
     return pins, origins, labels
 
 
+def _place_files(new: Path, scratch: Path, origins: dict, pins: dict, missing: dict) -> list:
+    """Write each destination file from its origin (generated text, the mirror, or a commit's
+    copy under ``scratch``) and check its pin; returns the problems found."""
+    problems = []
+    for rel, origin in origins.items():
+        (new / rel).parent.mkdir(parents=True, exist_ok=True)
+        if origin[0] == "generated":
+            (new / rel).write_text(origin[1], encoding="utf-8")
+        elif origin[0] == "mirror":
+            if not origin[1].is_file():
+                problems.append(f"{rel}: missing (no {origin[1]})")
+                continue
+            shutil.copyfile(origin[1], new / rel)
+        else:
+            commit, upstream = origin
+            if f"{commit}:{upstream}" in missing:
+                problems.append(f"{rel}: missing ({upstream} is not in "
+                                f"{missing[f'{commit}:{upstream}']})")
+                continue
+            shutil.copyfile(scratch / "commits" / commit / upstream, new / rel)
+        bad = pin_mismatch(new / rel, rel, pins[rel])
+        if bad:
+            problems.append(bad)
+    return problems
+
+
 def _assemble(new: Path, scratch: Path, source: Path | None, progress: bool) -> dict:
     reg = load_kernelbench_registry()
     sheets = load_datasheets(datasheets_path(), need_bf16=False)
@@ -221,33 +247,12 @@ def _assemble(new: Path, scratch: Path, source: Path | None, progress: bool) -> 
         label, archive, folder = found[commit]
         out = scratch / "commits" / commit
         out.mkdir(parents=True)
-        lost = (_copy_from_archive(archive, files, out) if archive is not None
-                else _copy_from_folder(folder, files, out))
+        lost = (copy_from_archive(archive, files, out) if archive is not None
+                else copy_from_folder(folder, files, out))
         for rel in lost:
             missing[f"{commit}:{rel}"] = label
     new.mkdir(parents=True)
-    problems = []
-    for rel, origin in origins.items():
-        (new / rel).parent.mkdir(parents=True, exist_ok=True)
-        if origin[0] == "generated":
-            (new / rel).write_text(origin[1], encoding="utf-8")
-        elif origin[0] == "mirror":
-            if not origin[1].is_file():
-                problems.append(f"{rel}: missing (no {origin[1]})")
-                continue
-            shutil.copyfile(origin[1], new / rel)
-        else:
-            commit, upstream = origin
-            if f"{commit}:{upstream}" in missing:
-                problems.append(f"{rel}: missing ({upstream} is not in "
-                                f"{missing[f'{commit}:{upstream}']})")
-                continue
-            shutil.copyfile(scratch / "commits" / commit / upstream, new / rel)
-        got = file_sha256(new / rel)
-        if got != pins[rel]:
-            lfs = (new / rel).read_bytes()[:len(LFS_POINTER)] == LFS_POINTER
-            problems.append(f"{rel}: SHA-256 expected {pins[rel]}, got {got}"
-                            + (" (a Git LFS pointer, not the file)" if lfs else ""))
+    problems = _place_files(new, scratch, origins, pins, missing)
     if problems:
         raise ValueError(
             f"KernelBench data does not match the pins in {registry_path()} ({len(problems)} "
@@ -265,7 +270,7 @@ def _assemble(new: Path, scratch: Path, source: Path | None, progress: bool) -> 
                                               (entry["timing_commit"], entry["problems_commit"])}),
             "files": len(entry["files"])}
     record["datasheets"] = {"source": datasheets_path().name,
-                            "files": _write_datasheets(new / "device_configs", sheets)}
+                            "files": write_datasheets(new / "device_configs", sheets)}
     return record
 
 

@@ -47,15 +47,15 @@ def datasheets_path() -> Path:
     return paths.PROJECT_ROOT / "datasets" / "mixed_datasheets.json"
 
 
-def _bad_file_pins(name: str, files) -> list[str]:
+def bad_file_pins(name: str, files) -> list[str]:
     if not isinstance(files, dict) or not files:
         return [f"{name}: 'files' must be a non-empty object {{path: sha256}}"]
-    return [f"{name}: file {rel!r}: " + ("unsafe path" if not _safe_rel(rel) else "bad sha256")
+    return [f"{name}: file {rel!r}: " + ("unsafe path" if not safe_rel(rel) else "bad sha256")
             for rel, digest in files.items()
-            if not _safe_rel(rel) or not (isinstance(digest, str) and _HEX64.fullmatch(digest))]
+            if not safe_rel(rel) or not (isinstance(digest, str) and _HEX64.fullmatch(digest))]
 
 
-def _safe_rel(rel) -> bool:
+def safe_rel(rel) -> bool:
     # the normal form only: no "./", "//", trailing "/" or backslashes
     return (isinstance(rel, str) and bool(rel) and fetch.safe_member_name(rel)
             and "\\" not in rel and PurePosixPath(rel).as_posix() == rel)
@@ -71,11 +71,11 @@ def load_mixed_registry() -> dict[str, dict]:
     entries = json.loads(path.read_text(encoding="utf-8"))
     problems = []
     for name, entry in entries.items():
-        if not _safe_rel(name) or "/" in name:
+        if not safe_rel(name) or "/" in name:
             problems.append(f"entry name {name!r} is not a plain folder name")
         problems += [f"{name}: field {k!r} is missing" for k in
                      ("repository", "commit", "url", "files") if k not in entry]
-        problems += _bad_file_pins(name, entry.get("files"))
+        problems += bad_file_pins(name, entry.get("files"))
     if problems:
         raise ValueError(f"{path}: " + "; ".join(problems[:5]) + ". Fix the registry.")
     return entries
@@ -92,7 +92,7 @@ def load_datasheets(path: str | os.PathLike | None = None,
     out = {}
     for stem, item in json.loads(path.read_text(encoding="utf-8")).items():
         where = f"{path} [{stem}]"
-        if not _safe_rel(stem) or "/" in stem:
+        if not safe_rel(stem) or "/" in stem:
             raise ValueError(f"{where}: not a plain file stem")
         if not isinstance(item, dict) or not str(item.get("source") or "").strip():
             raise ValueError(f"{where}: needs 'source' (where the figures are published) "
@@ -145,7 +145,7 @@ def _locate(source: Path | None, name: str, entry: dict, progress: bool):
                             "installed. Lay the mirror out like the data folder.")
 
 
-def _copy_from_folder(folder: Path, files: dict, out: Path) -> list[str]:
+def copy_from_folder(folder: Path, files: dict, out: Path) -> list[str]:
     """Copy the pinned ``files`` from a repository folder into ``out``; return those missing."""
     missing = []
     for rel in files:
@@ -166,7 +166,7 @@ def _strip_top(names: list[str]) -> dict[str, str]:
     return {n: n for n in names}
 
 
-def _copy_from_archive(archive: Path, files: dict, out: Path) -> list[str]:
+def copy_from_archive(archive: Path, files: dict, out: Path) -> list[str]:
     """Extract only the pinned ``files`` (regular files) of a tar or zip into ``out``; return
     those missing. Nothing outside ``out`` is written: paths come from the registry."""
     try:
@@ -203,11 +203,9 @@ def _check_files(name: str, entry: dict, out: Path, label: str, missing: list[st
     for rel, want in entry["files"].items():
         if rel in missing:
             continue
-        got = file_sha256(out / rel)
-        if got != want:
-            lfs = (out / rel).read_bytes()[:len(LFS_POINTER)] == LFS_POINTER
-            problems.append(f"{rel}: SHA-256 expected {want}, got {got}"
-                            + (" (a Git LFS pointer, not the file)" if lfs else ""))
+        bad = pin_mismatch(out / rel, rel, want)
+        if bad:
+            problems.append(bad)
     if problems:
         raise ValueError(
             f"{name} from {label} does not match the pins of {what} in {registry_path()} "
@@ -217,7 +215,18 @@ def _check_files(name: str, entry: dict, out: Path, label: str, missing: list[st
             "--source with that clone), or point NSLIB_MIXED (--mixed) at a checked copy.")
 
 
-def _write_datasheets(folder: Path, sheets: dict[str, dict] | None = None) -> int:
+def pin_mismatch(path: Path, rel: str, want: str) -> str | None:
+    """``None`` when the file at ``path`` has SHA-256 ``want``, else the problem, naming
+    ``rel`` with the expected and the actual hash (and a Git LFS pointer for what it is)."""
+    got = file_sha256(path)
+    if got == want:
+        return None
+    lfs = path.read_bytes()[:len(LFS_POINTER)] == LFS_POINTER
+    return (f"{rel}: SHA-256 expected {want}, got {got}"
+            + (" (a Git LFS pointer, not the file)" if lfs else ""))
+
+
+def write_datasheets(folder: Path, sheets: dict[str, dict] | None = None) -> int:
     """Write ``sheets`` (default :func:`load_datasheets`) as ``folder/<stem>.json``."""
     folder.mkdir(parents=True)
     sheets = load_datasheets() if sheets is None else sheets
@@ -237,14 +246,14 @@ def _assemble(new: Path, source: Path | None, progress: bool) -> dict:
         label, archive, folder, digest = found[name]
         out = new / name
         out.mkdir(parents=True)
-        missing = (_copy_from_archive(archive, entry["files"], out) if archive is not None
-                   else _copy_from_folder(folder, entry["files"], out))
+        missing = (copy_from_archive(archive, entry["files"], out) if archive is not None
+                   else copy_from_folder(folder, entry["files"], out))
         _check_files(name, entry, out, label, missing)
         record["repositories"][name] = {
             "repository": entry["repository"], "commit": entry["commit"], "source": label,
             "archive_sha256": digest, "files": len(entry["files"])}
     record["datasheets"] = {"source": datasheets_path().name,
-                            "files": _write_datasheets(new / "device_configs")}
+                            "files": write_datasheets(new / "device_configs")}
     return record
 
 
