@@ -256,5 +256,5 @@ if kb_res is not None:
     ax.set_title("KernelBench level 1, every GPU held out")
     save_figure(ax.figure, "02_kernelbench", out)
     display(kb_by_gpu.loc["neusight"].round(1))
-kb_table if kb_res is not None else None
+kb_table.round(1) if kb_res is not None else None
 
