@@ -114,9 +114,10 @@ HEADLINE = {"03_baselines_kernel_error.csv": "Kernel-level MAPE (%) per predicto
             "03_baselines_logo.csv": "Kernel-level MAPE (%), leave-one-GPU-out: each training "
                                      "GPU held out in turn (mean over them, worst of them); "
                                      "design choices are made on this one",
-            "02_kernelbench_summary.csv": "KernelBench level 1 (another harness; GPUs the "
-                                          "NeuSight data never measured, each held out "
-                                          "whole): MAPE (%) per class, mean over the GPUs",
+            "02_kernelbench_summary.csv": "KernelBench level 1 (another harness; six GPU "
+                                          "campaigns, five of GPUs never trained on, the "
+                                          "T4 measured again): MAPE (%) per class, mean "
+                                          "over the GPUs",
             "04_inf_summary.csv": "Inference: mean end-to-end error (%) per GPU",
             "05_train_summary.csv": "Training: mean end-to-end error (%) per GPU",
             "04_inf_logo.csv": "Inference, training GPUs' labels: mean end-to-end error (%) "

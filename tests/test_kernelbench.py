@@ -209,3 +209,40 @@ def test_shared_campaigns_flow(kernelbench_dir):
     assert set(rows["cls"]) == set(sizes.CLASSES)
     assert set(rows["gpu"]) <= set(kb.datasheets(kernelbench_dir))
     assert {"matrix-vector", "long reduction"} <= set(rows["family"])
+
+
+def test_timing_entries_are_validated(tmp_path):
+    root = tmp_path / "k"
+    (root / "device_configs").mkdir(parents=True)
+    (root / "c").mkdir()
+    good = {"mean": 1.0, "std": None, "hardware": "Fake GPU 9"}
+    (root / "c" / kb.TIMING_FILE).write_text(json.dumps({"level1": {"1_A.py": good}}))
+    assert np.isnan(kb.timings(root)["std_ms"].iat[0])
+    for name, entry in (("../1_A.py", good), ("1_A.py", {**good, "mean": True}),
+                        ("1_A.py", {**good, "mean": -1.0})):
+        (root / "c" / kb.TIMING_FILE).write_text(json.dumps({"level1": {name: entry}}))
+        with pytest.raises(ValueError, match="problem file name|positive 'mean'"):
+            kb.timings(root)
+
+
+def test_floor_of_the_class_the_predictor_priced(data_dir):
+    from nslib.model.stream import floors
+
+    class Flat:
+        """Prices everything at 50 us; ``priced`` says how it sees a GEMM."""
+        def __init__(self, priced):
+            self.priced = priced
+
+        def predict(self, frame):
+            return np.full(len(frame), 0.05)
+
+        def priced_frame(self, frame):
+            return frame.assign(cls=self.priced)
+
+    gpu = {"num_sm": 80.0, "peak_gflops": 14000.0, "mem_bw": 900.0, "mem_gb": 32.0,
+           "l2_mb": 6.0}
+    row = pd.DataFrame([{"cls": "linear", "op": "linear", "B": 1.0, "M": 256.0, "N": 4096.0,
+                         "K": 1.0, "H": np.nan, **gpu}])
+    as_gemm, as_stream = floors(Flat("linear"), row)[0], floors(Flat("elementwise"), row)[0]
+    assert as_stream == pytest.approx(0.05)   # the elementwise floor, ratio 1
+    assert as_gemm > as_stream                # linear's dispatch costs the host more

@@ -10,6 +10,7 @@ later is read like the others.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from pathlib import Path
@@ -55,6 +56,11 @@ def _number(problem: str) -> int:
     return int(m.group(1)) if m else -1
 
 
+def _ms(v) -> float:
+    """A timing statistic (ms), NaN when absent or not a number."""
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else float("nan")
+
+
 def timings(root: str | os.PathLike | None = None, level: int = 1) -> pd.DataFrame:
     """One row per timed problem of ``level`` in every campaign: ``campaign``, ``problem`` (file
     name), ``number``, ``path`` (the problem file, None when the campaign lacks it),
@@ -78,15 +84,19 @@ def timings(root: str | os.PathLike | None = None, level: int = 1) -> pd.DataFra
         for problem, t in sorted(entries.items(), key=lambda kv: _number(kv[0])):
             if t is None:
                 continue  # a problem the campaign did not time
-            if not isinstance(t, dict) or not isinstance(t.get("mean"), (int, float)) \
+            mean = t.get("mean") if isinstance(t, dict) else None
+            if not isinstance(mean, (int, float)) or isinstance(mean, bool) \
+                    or not math.isfinite(mean) or mean <= 0 \
                     or not isinstance(t.get("hardware"), str):
-                raise ValueError(f"{path}: level{level} entry {problem!r} needs a numeric "
+                raise ValueError(f"{path}: level{level} entry {problem!r} needs a positive "
                                  "'mean' (ms) and a 'hardware' name")
+            if not re.fullmatch(r"[\w.\-]+\.py", problem):
+                raise ValueError(f"{path}: level{level} entry {problem!r} is not a problem "
+                                 "file name (NAME.py, no folders)")
             file = base / camp / f"level{level}" / problem
             rows.append({"campaign": camp, "problem": problem, "number": _number(problem),
                          "path": str(file) if file.is_file() else None,
                          "hardware": t["hardware"].strip(), "latency_ms": float(t["mean"]),
-                         "std_ms": float(t.get("std", float("nan"))),
-                         "min_ms": float(t.get("min", float("nan")))})
+                         "std_ms": _ms(t.get("std")), "min_ms": _ms(t.get("min"))})
     cols = ["campaign", "problem", "number", "path", "hardware", "latency_ms", "std_ms", "min_ms"]
     return pd.DataFrame(rows, columns=cols)

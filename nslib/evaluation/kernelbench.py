@@ -5,7 +5,7 @@ what it computes comes from its ``forward``, its shapes from its own ``get_input
 problem that launches exactly one kernel of an nslib class (not a convolution, no op without a
 kernel mapping) becomes one kernel row on the datasheet of the GPU it ran on; the others are
 skipped with the reason. Problems are grouped by shape family: ``matrix-vector`` (a GEMM with
-an output dimension of at most :data:`VECTOR_DIM`), ``long reduction`` (a GEMM whose reduction
+a one-row or one-column output, :func:`nslib.kernels.sizes.gemv_rows`), ``long reduction`` (a GEMM whose reduction
 is at least :data:`LONG_REDUCTION` times its larger output dimension), other GEMMs, and the
 vector classes.
 
@@ -32,7 +32,6 @@ from nslib.kernels import sizes
 from nslib.model.module_trace import ProblemError, problem_trace
 from nslib.model.stream import stream_terms
 
-VECTOR_DIM = 4          # output columns (or rows) of a matrix-vector product
 LONG_REDUCTION = 16     # reduction length over the larger output dimension
 MAX_HARNESS_MS = 0.05   # the per-call cost bound is taken at most this (50 us)
 FAMILIES = ("matrix-vector", "long reduction")
@@ -71,9 +70,9 @@ def _one_kernel(trace) -> tuple[dict | None, str]:
 
 def family(frame: pd.DataFrame) -> np.ndarray:
     """The shape family of each kernel row (module docstring)."""
-    B, M, N, K = (frame[c].to_numpy(float) for c in ("B", "M", "N", "K"))
+    M, N, K = (frame[c].to_numpy(float) for c in ("M", "N", "K"))
     gemm = frame["cls"].isin(sizes.GEMM_CLASSES).to_numpy()
-    vec = gemm & (np.minimum(M, K) <= VECTOR_DIM)
+    vec = sizes.gemv_rows(frame)
     long = gemm & ~vec & (N >= LONG_REDUCTION * np.maximum(M, K))
     return np.where(vec, "matrix-vector", np.where(long, "long reduction",
                     np.where(gemm, "GEMM", frame["cls"].to_numpy())))
@@ -144,7 +143,8 @@ def error_table(frame: pd.DataFrame, pred_ms) -> pd.DataFrame:
 def evaluate(predictors, root=None, level: int = 1, data=None, progress: bool = True,
              **train_kw) -> dict[str, pd.DataFrame]:
     """``{predictor name: error_table}`` for registered predictors trained on the NeuSight
-    training GPUs (the KernelBench GPUs held out whole); the frame with a ``pred_<name>``
+    training GPUs. A KernelBench GPU whose ``Device`` is a training GPU's (the T4) is that GPU
+    measured again by another harness; the others were never trained on. The frame with a ``pred_<name>``
     column per predictor is under the key ``"frame"``."""
     from nslib.predictors.training import trained
 

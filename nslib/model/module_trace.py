@@ -92,7 +92,8 @@ def problem_trace(path: str | Path) -> pd.DataFrame:
             model = ns["Model"](*init)
             inputs = [t.to("meta") if isinstance(t, torch.Tensor) else t
                       for t in ns["get_inputs"]()]
-        return trace_module(model, inputs)
+            # tensors the forward makes without a device stay on meta too
+            return trace_module(model, inputs)
     except ProblemError:
         raise
     except Exception as e:  # the module's own code raises anything on meta tensors

@@ -99,7 +99,9 @@ def floors(pred, frame: pd.DataFrame, data=None) -> np.ndarray:
         warnings.simplefilter("ignore")
         grid["floor"] = pred.predict(grid[_PROBE_COLS + gcols])
     base = frame[gcols].merge(grid[gcols + ["floor"]], on=gcols, how="left")["floor"]
-    ratio = frame["cls"].map(dict(zip(probe["cls"], probe["ratio"]))).fillna(1.0)
+    # the class the predictor prices each row as (NeuSight: a matrix-vector GEMM as a stream)
+    priced = pred.priced_frame(frame) if hasattr(pred, "priced_frame") else frame
+    ratio = priced["cls"].map(dict(zip(probe["cls"], probe["ratio"]))).fillna(1.0)
     return base.to_numpy(float) * ratio.to_numpy(float)
 
 

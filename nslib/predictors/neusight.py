@@ -158,7 +158,7 @@ class NeuSight(Predictor):
     def utilisation(self, frame: pd.DataFrame) -> np.ndarray:
         """The predicted utilisation u in (0, 1] of each kernel (bounded model only): of one
         wave's roofline under the wave laws, of the kernel's roofline under the kernel laws."""
-        frame = self._pack(self._nominal(self.tiles.fill(frame)))
+        frame = self._pack(self._nominal(self.tiles.fill(self.priced_frame(frame))))
         out = np.empty(len(frame))
         for cls, idx, sub in by_class(frame):
             raw, ctx = self._outputs(cls, sub), wave_context(sub)
@@ -223,10 +223,15 @@ class NeuSight(Predictor):
             return frame
         return self.packing.apply(frame)
 
+    def priced_frame(self, frame: pd.DataFrame) -> pd.DataFrame:
+        """``frame`` as this predictor prices it: matrix-vector GEMMs as the stream they are
+        (:func:`sizes.gemv_as_stream`), so callers take the floor of the class that priced it."""
+        return sizes.gemv_as_stream(frame)
+
     def predict(self, frame: pd.DataFrame, lookup: bool = False) -> np.ndarray:
         """Latency in ms per row; ``lookup=True`` ignores parsed tiles and looks all up.
         Matrix-vector GEMMs are priced as the stream they are (:func:`sizes.gemv_as_stream`)."""
-        frame = self._pack(self._nominal(self.tiles.fill(sizes.gemv_as_stream(frame),
+        frame = self._pack(self._nominal(self.tiles.fill(self.priced_frame(frame),
                                                          lookup_all=lookup)))
         out = np.empty(len(frame))
         for cls, idx, sub in by_class(frame):
