@@ -249,9 +249,8 @@ if kb_res is not None:
     kb_by_gpu = pd.concat({n: kb_res[n].drop(columns=kbe.MEAN) for n in kb_names})
     save_table(kb_table, "02_kernelbench_summary", out)
     save_table(kb_by_gpu, "02_kernelbench_by_gpu", out)
-    _, kb_skipped = kbe.problem_rows(kernelbench, progress=False)
     print(f"{len(kb_res['frame'])} priced problem runs; skipped:",
-          kb_skipped["reason"].value_counts().to_dict())
+          kb_res["skipped"]["reason"].value_counts().to_dict())
     ax = kb_table.plot.bar(figsize=(10, 4), rot=20)
     ax.set_ylabel("MAPE (%), mean over the KernelBench GPUs")
     ax.set_title("KernelBench level 1, predictors trained on the NeuSight training GPUs")

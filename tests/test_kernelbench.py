@@ -20,77 +20,27 @@ from nslib.model.module_trace import ProblemError, problem_trace
 SHEET = {"Device": "Fake GPU 9", "Dev_Mem": 16, "Mem_Bw": 1000, "Num_Sm": 10,
          "Core_Per_SM": 128, "Freq": 1500, "SingleFLOPs": 20000, "L2Cache": 8, "TDP": 150}
 
-HEAD = "import torch\nimport torch.nn as nn\n"
+def _problem(forward: str, inputs: str, init: str = "[]", ctor: str = "") -> str:
+    """A KernelBench-style problem file: ``Model`` with ``forward`` (its body, one line),
+    ``get_inputs()`` returning ``inputs`` and ``get_init_inputs()`` returning ``init``."""
+    init_fn = (f"    def __init__(self, c):\n        super().__init__()\n        {ctor}\n"
+               if ctor else "")
+    return (f"import torch\nimport torch.nn as nn\n\nclass Model(nn.Module):\n{init_fn}"
+            f"    def forward(self, *xs):\n        return {forward}\n\n"
+            f"def get_inputs():\n    return {inputs}\n\n"
+            f"def get_init_inputs():\n    return {init}\n")
+
+
 PROBLEMS = {
-    "1_Matmul.py": HEAD + """
-class Model(nn.Module):
-    def forward(self, A, B):
-        return torch.matmul(A, B)
-
-def get_inputs():
-    return [torch.randn(256, 512), torch.randn(512, 128)]
-
-def get_init_inputs():
-    return []
-""",
-    "2_ReLU.py": HEAD + """
-class Model(nn.Module):
-    def forward(self, x):
-        return torch.relu(x)
-
-def get_inputs():
-    return [torch.randn(16, 4096)]
-
-def get_init_inputs():
-    return []
-""",
-    "3_Conv.py": HEAD + """
-class Model(nn.Module):
-    def __init__(self, c):
-        super().__init__()
-        self.conv = nn.Conv2d(c, 8, 3)
-    def forward(self, x):
-        return self.conv(x)
-
-def get_inputs():
-    return [torch.randn(2, 3, 32, 32)]
-
-def get_init_inputs():
-    return [3]
-""",
-    "4_Swish.py": HEAD + """
-class Model(nn.Module):
-    def forward(self, x):
-        return x * torch.sigmoid(x)
-
-def get_inputs():
-    return [torch.randn(16, 4096)]
-
-def get_init_inputs():
-    return []
-""",
-    "5_DataDependent.py": HEAD + """
-class Model(nn.Module):
-    def forward(self, x):
-        return x[: int(x.sum().item())]
-
-def get_inputs():
-    return [torch.randn(16, 4096)]
-
-def get_init_inputs():
-    return []
-""",
-    "6_Matvec.py": HEAD + """
-class Model(nn.Module):
-    def forward(self, A, B):
-        return torch.matmul(A, B)
-
-def get_inputs():
-    return [torch.randn(256, 65536), torch.randn(65536, 1)]
-
-def get_init_inputs():
-    return []
-""",
+    "1_Matmul.py": _problem("torch.matmul(*xs)", "[torch.randn(256, 512), torch.randn(512, 128)]"),
+    "2_ReLU.py": _problem("torch.relu(xs[0])", "[torch.randn(16, 4096)]"),
+    "3_Conv.py": _problem("self.conv(xs[0])", "[torch.randn(2, 3, 32, 32)]", init="[3]",
+                          ctor="self.conv = nn.Conv2d(c, 8, 3)"),
+    "4_Swish.py": _problem("xs[0] * torch.sigmoid(xs[0])", "[torch.randn(16, 4096)]"),
+    "5_DataDependent.py": _problem("xs[0][: int(xs[0].sum().item())]",
+                                   "[torch.randn(16, 4096)]"),
+    "6_Matvec.py": _problem("torch.matmul(*xs)",
+                            "[torch.randn(256, 65536), torch.randn(65536, 1)]"),
 }
 # measured ms: the matmul at 1.1x its roofline + 20 us, the relu at its roofline + 10 us (the
 # harness bound is then 10 us), the rest anything

@@ -100,7 +100,7 @@ def _eval_kernels_16bit(args) -> int:
 
 
 def _eval_kernelbench(args) -> int:
-    from nslib.evaluation.kernelbench import MEAN, evaluate, problem_rows, table_json
+    from nslib.evaluation.kernelbench import MEAN, evaluate, table_json
     if args.dtype != "fp32" or args.logo or args.lookup or args.test_gpus:
         raise ValueError("--kernelbench evaluates FP32 kernels on the KernelBench GPUs with "
                          "the predictor trained on the NeuSight training GPUs: drop --dtype, "
@@ -111,8 +111,7 @@ def _eval_kernelbench(args) -> int:
     if args.json:
         print(json.dumps(table_json(res[args.predictor]), indent=1))
         return 0
-    _, skipped = problem_rows(root, progress=False)
-    n = len(res["frame"])
+    skipped, n = res["skipped"], len(res["frame"])
     print(f"KernelBench level 1: {n} priced problem runs, {len(skipped)} skipped "
           f"({', '.join(f'{k} {v}' for k, v in skipped['reason'].value_counts().items())})")
     for name in names:

@@ -24,8 +24,8 @@ from pathlib import Path
 from nslib.data import fetch, paths
 from nslib.data.fetch_mixed import (ARCHIVE_SUFFIXES, bad_file_pins, copy_from_archive,
                                     copy_from_folder, safe_rel, write_datasheets,
-                                    build_and_install, file_sha256, load_datasheets,
-                                    pin_mismatch)
+                                    build_and_install, file_sha256, listed,
+                                    load_datasheets, pin_mismatch)
 from nslib.data.kernelbench import DEFAULT_KERNELBENCH, LEVELS, TIMING_FILE
 
 REPOSITORY = "ScalingIntelligence/KernelBench"
@@ -255,9 +255,8 @@ def _assemble(new: Path, scratch: Path, source: Path | None, progress: bool) -> 
     problems = _place_files(new, scratch, origins, pins, missing)
     if problems:
         raise ValueError(
-            f"KernelBench data does not match the pins in {registry_path()} ({len(problems)} "
-            f"of {len(pins)} files): " + "; ".join(problems[:4])
-            + ("; ..." if len(problems) > 4 else "") + ". Nothing was installed. Fetch "
+            f"KernelBench data does not match the pins in {registry_path()} "
+            f"{listed(problems, len(pins))}. Nothing was installed. Fetch "
             f"{REPOSITORY} at the pinned commits again, or point NSLIB_KERNELBENCH at a "
             "checked copy.")
     record = {"repository": REPOSITORY, "campaigns": {}, "license": {

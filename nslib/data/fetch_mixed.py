@@ -209,10 +209,15 @@ def _check_files(name: str, entry: dict, out: Path, label: str, missing: list[st
     if problems:
         raise ValueError(
             f"{name} from {label} does not match the pins of {what} in {registry_path()} "
-            f"({len(problems)} of {len(entry['files'])} files): " + "; ".join(problems[:4])
-            + ("; ..." if len(problems) > 4 else "") + ". Nothing was installed. Fetch "
+            f"{listed(problems, len(entry['files']))}. Nothing was installed. Fetch "
             f"{what} again (a Git LFS repository needs `git lfs pull` in a clone, then "
             "--source with that clone), or point NSLIB_MIXED (--mixed) at a checked copy.")
+
+
+def listed(problems: list[str], total: int) -> str:
+    """``(n of total files): `` and the first four problems, for a refused fetch's message."""
+    return (f"({len(problems)} of {total} files): " + "; ".join(problems[:4])
+            + ("; ..." if len(problems) > 4 else ""))
 
 
 def pin_mismatch(path: Path, rel: str, want: str) -> str | None:

@@ -18,7 +18,7 @@ from pathlib import Path
 import pandas as pd
 
 from nslib.data.gpus import GPU, load_gpu_file
-from nslib.data.paths import PROJECT_ROOT, DataNotFoundError
+from nslib.data.paths import PROJECT_ROOT, datasheet_folder
 
 DEFAULT_KERNELBENCH = PROJECT_ROOT / "datasets" / "kernelbench"
 TIMING_FILE = "baseline_time_torch.json"
@@ -28,14 +28,8 @@ LEVELS = (1, 2, 3)
 def kernelbench_root(root: str | os.PathLike | None = None) -> Path:
     """The KernelBench folder (``root``, else ``NSLIB_KERNELBENCH``, else the default);
     :class:`DataNotFoundError` saying how to get it when it has no ``device_configs/``."""
-    raw = root if root is not None else os.environ.get("NSLIB_KERNELBENCH") or DEFAULT_KERNELBENCH
-    path = Path(raw).expanduser()
-    if (path / "device_configs").is_dir():
-        return path.resolve()
-    raise DataNotFoundError(
-        f"No KernelBench timings at {path} (looked for device_configs/ there). Get them with "
-        f"`nslib fetch --kernelbench` (into {DEFAULT_KERNELBENCH}), or point NSLIB_KERNELBENCH "
-        "(or --kernelbench) at a copy, e.g. NSLIB_KERNELBENCH=../shared/kernelbench.")
+    return datasheet_folder(root, "NSLIB_KERNELBENCH", DEFAULT_KERNELBENCH,
+                            "KernelBench timings", "kernelbench")
 
 
 def campaigns(root: str | os.PathLike | None = None) -> list[str]:

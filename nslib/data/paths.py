@@ -57,14 +57,22 @@ def mixed_root(mixed: str | os.PathLike | None = None) -> Path:
     It holds ``device_configs/`` (datasheets with ``Bf16FLOPs``) and the ``aiconfigurator/``
     and ``vidur/`` tables. Raises :class:`DataNotFoundError` saying how to get it.
     """
-    raw = mixed if mixed is not None else os.environ.get("NSLIB_MIXED") or DEFAULT_MIXED
+    return datasheet_folder(mixed, "NSLIB_MIXED", DEFAULT_MIXED, "16-bit measurements",
+                            "mixed")
+
+
+def datasheet_folder(path, env: str, default: Path, what: str, flag: str) -> Path:
+    """The data folder ``path``, else ``$env``, else ``default``, when it holds
+    ``device_configs/``; else :class:`DataNotFoundError` saying how to get ``what``
+    (``nslib fetch --flag``, or the setting pointed at ``../shared/<flag>``)."""
+    raw = path if path is not None else os.environ.get(env) or default
     root = Path(raw).expanduser()
     if (root / "device_configs").is_dir():
         return root.resolve()
     raise DataNotFoundError(
-        f"No 16-bit measurements at {root} (looked for device_configs/ there). Get them with "
-        f"`nslib fetch --mixed` (into {DEFAULT_MIXED}), or point NSLIB_MIXED (or --mixed) at "
-        "an existing copy, e.g. NSLIB_MIXED=../shared/mixed.")
+        f"No {what} at {root} (looked for device_configs/ there). Get them with "
+        f"`nslib fetch --{flag}` (into {default}), or point {env} (or --{flag}) at "
+        f"an existing copy, e.g. {env}=../shared/{flag}.")
 
 
 def require(path: Path, what: str) -> Path:

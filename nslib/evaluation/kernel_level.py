@@ -14,7 +14,7 @@ LOGO_MEAN = "mean (training GPUs held out)"
 WORST = "worst held-out GPU"
 
 
-def _predict(pred, frame: pd.DataFrame, unseen: np.ndarray) -> np.ndarray:
+def predict_rows(pred, frame: pd.DataFrame, unseen: np.ndarray) -> np.ndarray:
     """Latency (ms) of every row; rows of GPUs the predictor never trained on (``unseen``)
     take looked-up tiles, as a GPU that was never profiled would."""
     if not hasattr(pred, "tiles"):
@@ -37,7 +37,7 @@ def predict_test(name: str, lookup: bool = False, data=None, **train_kw) -> pd.D
     splits = measured.gpu_splits(data)
     pred = trained(name, data=data, **train_kw)
     unseen = ~frame["gpu"].isin(splits["train_gpus"]).to_numpy() | lookup
-    return frame.assign(pred_ms=_predict(pred, frame, unseen))
+    return frame.assign(pred_ms=predict_rows(pred, frame, unseen))
 
 
 def evaluate_predictor(name: str, lookup: bool = False, data=None, **train_kw) -> pd.DataFrame:
@@ -65,7 +65,7 @@ def predict_logo(name: str, data=None, progress: bool = True, **train_kw) -> pd.
         gpus = held or splits["new_gpus"]
         sub = frame[frame["gpu"].isin(gpus)]
         if len(sub):
-            parts.append(sub.assign(pred_ms=_predict(pred, sub, np.ones(len(sub), bool)),
+            parts.append(sub.assign(pred_ms=predict_rows(pred, sub, np.ones(len(sub), bool)),
                                     held_out=bool(held)))
     return pd.concat(parts, ignore_index=True)
 

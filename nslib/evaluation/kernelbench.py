@@ -27,7 +27,8 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from nslib.data import kernelbench as kb
-from nslib.evaluation.metrics import ape, order_classes
+from nslib.evaluation.kernel_level import predict_rows
+from nslib.evaluation.metrics import ape, gpu_table, order_classes
 from nslib.kernels import sizes
 from nslib.model.module_trace import ProblemError, problem_trace
 from nslib.model.stream import stream_terms
@@ -123,7 +124,7 @@ def predict(pred, frame: pd.DataFrame, data=None) -> np.ndarray:
     looked up). The GPU time is the predictor's microbenchmark latency less the dispatch floor
     its own training harness put in it (:func:`nslib.model.stream.stream_terms`): the two
     harnesses' fixed costs differ, the kernel's GPU time does not."""
-    raw = pred.predict(frame, lookup=True) if hasattr(pred, "tiles") else pred.predict(frame)
+    raw = predict_rows(pred, frame, np.ones(len(frame), bool))
     gpu_ms = stream_terms(pred, frame, data=data, raw=raw)[1]
     return gpu_ms + frame["campaign"].map(harness_ms(frame)).to_numpy(float)
 
@@ -131,24 +132,25 @@ def predict(pred, frame: pd.DataFrame, data=None) -> np.ndarray:
 def error_table(frame: pd.DataFrame, pred_ms) -> pd.DataFrame:
     """MAPE (%) per class (rows; then the shape families) and GPU (columns), with the mean over
     the GPUs as the last column."""
-    df = frame.assign(err=ape(np.asarray(pred_ms, float), frame["latency_ms"]))
-    by_cls = df.pivot_table(index="cls", columns="gpu", values="err", aggfunc="mean")
-    fam = df[df["family"].isin(FAMILIES)]
-    by_fam = fam.pivot_table(index="family", columns="gpu", values="err", aggfunc="mean")
+    pred_ms = np.asarray(pred_ms, float)
+    by_cls = gpu_table(frame, pred_ms)
+    fam = frame["family"].isin(FAMILIES).to_numpy()
+    by_fam = gpu_table(frame[fam].assign(cls=frame.loc[fam, "family"]), pred_ms[fam])
     tab = pd.concat([order_classes(by_cls), by_fam.reindex([f for f in FAMILIES
                                                             if f in by_fam.index])])
-    return tab.assign(**{MEAN: tab.mean(axis=1)})
+    return tab.rename_axis(None).assign(**{MEAN: tab.mean(axis=1)})
 
 
 def evaluate(predictors, root=None, level: int = 1, data=None, progress: bool = True,
              **train_kw) -> dict[str, pd.DataFrame]:
     """``{predictor name: error_table}`` for registered predictors trained on the NeuSight
     training GPUs. A KernelBench GPU whose ``Device`` is a training GPU's (the T4) is that GPU
-    measured again by another harness; the others were never trained on. The frame with a ``pred_<name>``
-    column per predictor is under the key ``"frame"``."""
+    measured again by another harness; the others were never trained on. The frame with a
+    ``pred_<name>`` column per predictor is under the key ``"frame"``, the skipped problems of
+    :func:`problem_rows` under ``"skipped"``."""
     from nslib.predictors.training import trained
 
-    frame, _ = problem_rows(root, level, progress=progress)
+    frame, skipped = problem_rows(root, level, progress=progress)
     if not len(frame):
         raise ValueError("no KernelBench problem maps to one kernel of an nslib class: check "
                          "the folder (see `nslib eval-kernels --kernelbench DIR`)")
@@ -157,7 +159,7 @@ def evaluate(predictors, root=None, level: int = 1, data=None, progress: bool = 
         pred = trained(name, data=data, progress=progress, **train_kw)
         frame[f"pred_{name}"] = predict(pred, frame, data)
         out[name] = error_table(frame, frame[f"pred_{name}"])
-    out["frame"] = frame
+    out["frame"], out["skipped"] = frame, skipped
     return out
 
 
