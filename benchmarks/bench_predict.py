@@ -44,7 +44,7 @@ def heavy_imports(args, env) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--predictor", default="neusight")
+    ap.add_argument("--predictor", default="nslib")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--scenarios", type=int, default=1000)
     a = ap.parse_args(argv)

@@ -15,7 +15,7 @@ import time
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--predictor", default="neusight")
+    ap.add_argument("--predictor", default="nslib")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args(argv)

@@ -263,12 +263,12 @@ save_figure(fig, "00_utilisation", out)
 # the GPU's per-SM peak and bandwidth) from the kernels of the *older* training GPUs only,
 # keeping the fastest training GPU back:
 #
-# - **bounded** (NeuSight's form): the network outputs a utilisation in (0, 1) and the latency
-#   is `waves x (roofline time of one wave) / u`; a faster GPU has a faster roofline, so the
-#   prediction speeds up with it and can never beat it;
+# - **bounded** (NeuSight's idea, here nslib's bounded predictor `nslib`): the network outputs
+#   a utilisation in (0, 1) and the latency is `waves x (roofline time of one wave) / u`; a
+#   faster GPU has a faster roofline, so the prediction speeds up with it and can never beat it;
 # - **unbounded**: the same network predicts the latency directly. Nothing ties its output to
 #   the GPU's speed, so on a GPU faster than any it saw it can only answer with the speeds it
-#   knows (its inputs are clipped to the training range, as NeuSight's are).
+#   knows (its inputs are clipped to the training range, as nslib's are).
 #
 # Then test both on held-out kernels: of the GPUs they were fitted on, of the fastest training
 # GPU (kept back here), and of the newer GPUs nobody trained on.
@@ -277,14 +277,14 @@ save_figure(fig, "00_utilisation", out)
 small = dict(seed=seed, epochs=epochs, layers=3, hidden=64, batch=256)
 kept_back = max(train_specs, key=lambda g: g.peak_gflops).name
 fit_on = train[demo_class][train[demo_class]["gpu"] != kept_back]
-bounded = get("neusight", **small).fit(fit_on, progress=False)
+bounded = get("nslib", **small).fit(fit_on, progress=False)
 unbounded = get("mlp", **small).fit(fit_on, progress=False)
 ev = test[demo_class]
 role = {n: "fitted on" for n in splits["train_gpus"]}
 role.update({kept_back: "kept back (faster)", **{n: "new GPU" for n in splits["new_gpus"]}})
 rows = []
 for name, sub in ev.groupby("gpu"):
-    for label, model in (("bounded (NeuSight)", bounded), ("unbounded MLP", unbounded)):
+    for label, model in (("bounded (nslib)", bounded), ("unbounded MLP", unbounded)):
         pred = model.predict(sub)
         rows.append({"gpu": name, "role": role.get(name, "other"), "predictor": label,
                      "MAPE %": 100 * float(np.mean(np.abs(pred / sub["latency_ms"] - 1))),
@@ -328,7 +328,7 @@ for lab in ax.get_xticklabels():
 ax = axes[1]
 sub = ev[ev["gpu"] == fastest_new.name]
 sub = sub.sample(min(sample, len(sub)), random_state=seed)
-for label, model, c in (("bounded (NeuSight)", bounded, "C0"), ("unbounded MLP", unbounded, "C1")):
+for label, model, c in (("bounded (nslib)", bounded, "C0"), ("unbounded MLP", unbounded, "C1")):
     ax.scatter(sub["latency_ms"], model.predict(sub), s=5, alpha=0.5, color=c, label=label)
 lim = [sub["latency_ms"].min() / 2, sub["latency_ms"].max() * 2]
 ax.plot(lim, lim, "k--", lw=1)
@@ -340,13 +340,13 @@ ax = axes[2]
 cand = ev[ev["gpu"] == fastest_new.name].sort_values("latency_ms")
 one = cand.iloc[[len(cand) // 2]]         # a kernel of median latency
 scales = [1, 1.5, 2, 3, 4, 6, 8, 12, 16]
-curves = {"bounded (NeuSight)": [], "unbounded MLP": [], "roofline": []}
+curves = {"bounded (nslib)": [], "unbounded MLP": [], "roofline": []}
 for s in scales:
     g = hypothetical_gpu(fastest_new, peak_gflops=fastest_new.peak_gflops * s,
                          mem_bw=fastest_new.mem_bw * s)
     row = one.drop(columns=[c for c in ("tile_m", "tile_k", "tile") if c in one]).assign(
         **{c: v for c, v in g.columns().items() if c != "gpu"})
-    curves["bounded (NeuSight)"].append(bounded.predict(row)[0])
+    curves["bounded (nslib)"].append(bounded.predict(row)[0])
     curves["unbounded MLP"].append(unbounded.predict(row)[0])
     curves["roofline"].append(sizes.roofline_ms(row)[0])
 for label, ys in curves.items():

@@ -128,4 +128,5 @@ save_figure(fig, "01_roofline_error_heatmap", out)
 
 # %% [markdown]
 # The roofline is always optimistic: real kernels reach only part of the peak, less so with
-# few waves (a partly idle GPU) and small tiles. NeuSight (notebook 02) learns that fraction.
+# few waves (a partly idle GPU) and small tiles. NeuSight learns that fraction; notebook 02
+# trains nslib's bounded predictor (`nslib`), which builds on the same idea.

@@ -14,13 +14,18 @@
 # ---
 
 # %% [markdown]
-# # 02 · The NeuSight kernel predictor
+# # 02 · nslib's kernel predictor
 #
-# One small MLP per kernel class predicts how much of the roofline a *wave* of thread blocks
-# reaches (`u = gamma * (1 - alpha / waves)`, both in (0, 1)); the latency is the waves times
-# the roofline time of one wave divided by `u`. Trained on the five training GPUs, tested on
-# held-out kernels of those GPUs and of GPUs never seen. Beside it: the roofline, and the same
-# network with a free latency output (the unbounded MLP), to show what the bound buys.
+# nslib's design (`nslib`) builds on NeuSight's idea: one small MLP per kernel class predicts
+# how much of the roofline a *wave* of thread blocks reaches (NeuSight's law:
+# `u = gamma * (1 - alpha / waves)`, both in (0, 1)); the latency is the waves times the
+# roofline time of one wave divided by `u`. nslib's design replaces that law with kernel laws
+# (`series` for GEMMs, `stream` for memory-bound classes) whose learned efficiencies keep
+# every prediction no faster than the kernel's roofline (`nslib/predictors/DECISIONS.md`).
+# Trained on the five training GPUs, tested on held-out kernels of those GPUs and of GPUs
+# never seen. Beside it: the roofline, and the same network with a free latency output (the
+# unbounded MLP), to show what the bound buys. NeuSight as published (`neusight`) is
+# reproduced in notebook 11.
 
 # %% tags=["parameters"]
 data = None      # NeuSight data root; None: $NSLIB_DATA or datasets/neusight
@@ -53,7 +58,7 @@ splits
 # %%
 import time
 t0 = time.time()
-neusight = trained("neusight", **train_kw)
+nslib_pred = trained("nslib", **train_kw)
 mlp = trained("mlp", **train_kw)
 print(f"trained or loaded in {time.time() - t0:.1f} s")
 
@@ -62,7 +67,7 @@ print(f"trained or loaded in {time.time() - t0:.1f} s")
 # New GPUs' kernels take looked-up tiles, as a GPU that was never profiled would.
 
 # %%
-names = ["roofline", "neusight", "mlp"]
+names = ["roofline", "nslib", "mlp"]
 preds = {n: predict_test(n, **train_kw) for n in names}
 table = pd.concat({n: class_table(p, p["pred_ms"], splits["train_gpus"], splits["new_gpus"])
                    [["train_gpus", "new_gpus"]] for n, p in preds.items()}, axis=1)
@@ -91,9 +96,9 @@ logo = {n: evaluate_logo(n, **train_kw) for n in names}
 logo_table = pd.concat({n: t[[LOGO_MEAN, "worst held-out GPU"]] for n, t in logo.items()},
                        axis=1)
 save_table(logo_table, "02_logo_summary", out)
-save_table(logo["neusight"], "02_logo_neusight", out)
-save_figure(logo_heatmap(logo["neusight"], "NeuSight, leave-one-GPU-out MAPE (%)"),
-            "02_logo_neusight", out)
+save_table(logo["nslib"], "02_logo_nslib", out)
+save_figure(logo_heatmap(logo["nslib"], "nslib, leave-one-GPU-out MAPE (%)"),
+            "02_logo_nslib", out)
 logo_table
 
 # %% [markdown]
@@ -109,7 +114,7 @@ from nslib.predictors.gpu_range import training_ranges
 
 balance = training_ranges(data)["ranges"]["FLOP/byte"][1]   # FLOP/byte, training GPUs
 props = pd.concat({n: property_checks(trained(n, **train_kw), train_balance=balance)
-                   for n in ["neusight", "mlp"]}, names=["predictor"]).reset_index(0)
+                   for n in ["nslib", "mlp"]}, names=["predictor"]).reset_index(0)
 prop_table = props.groupby(["predictor", "check"])["ok"].agg(["sum", "size"])
 prop_table.columns = ["kernels passing", "kernels checked"]
 save_table(prop_table, "02_property_checks", out)
@@ -119,19 +124,20 @@ prop_table
 # ## Predicted against measured, per GPU (log-log)
 
 # %%
-ns = preds["neusight"].sample(min(20000, len(preds["neusight"])), random_state=seed)
+ns = preds["nslib"].sample(min(20000, len(preds["nslib"])), random_state=seed)
 g = sns.relplot(data=ns, x="latency_ms", y="pred_ms", hue="cls", col="gpu", col_wrap=4,
                 s=5, alpha=0.4, linewidth=0, height=3)
 for ax in g.axes.flat:
     ax.set(xscale="log", yscale="log")
     lim = [1e-3, 1e3]
     ax.plot(lim, lim, "k--", lw=0.8)
-g.set_axis_labels("measured (ms)", "NeuSight predicted (ms)")
+g.set_axis_labels("measured (ms)", "nslib predicted (ms)")
 save_figure(g.figure, "02_pred_vs_measured", out)
 
 # %% [markdown]
 # ## Error against the number of waves
-# Few waves leave SMs idle; `alpha / waves` is how the model accounts for it.
+# Few waves leave SMs idle: the partial last wave and the fixed cost `c` of the kernel laws
+# are how the bounded predictor accounts for it.
 
 # %%
 err = pd.concat([p.assign(predictor=n, err=ape(p["pred_ms"], p["latency_ms"]))
@@ -146,7 +152,8 @@ save_figure(ax.figure, "02_error_vs_waves", out)
 
 # %% [markdown]
 # ## Learned utilisation curves, per GPU
-# For square GEMMs of growing size: utilisation rises with waves and saturates at gamma.
+# For square GEMMs of growing size: the share of the roofline reached rises with the waves
+# and levels off at the learned efficiency.
 
 # %%
 from nslib.data.gpus import load_gpus
@@ -159,8 +166,8 @@ for key, gpu in gpus.items():
         continue
     f = pd.DataFrame({"cls": "linear", "op": "linear", "B": 1.0, "M": sizes, "N": sizes,
                       "K": sizes, "H": np.nan, **gpu.columns()})
-    f = K.add_features(neusight.tiles.lookup(f))
-    rows.append(f.assign(u=neusight.utilisation(f)))
+    f = K.add_features(nslib_pred.tiles.lookup(f))
+    rows.append(f.assign(u=nslib_pred.utilisation(f)))
 curves = pd.concat(rows)
 fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
 sns.lineplot(data=curves, x="M", y="u", hue="gpu", marker="o", ax=axes[0])
@@ -176,7 +183,7 @@ save_figure(fig, "02_utilisation_curves", out)
 
 # %%
 test_all = kernel_eval_frame(data)
-agree = tiles.agreement(test_all, neusight.tiles.lookup(test_all))
+agree = tiles.agreement(test_all, nslib_pred.tiles.lookup(test_all))
 agree = agree.pivot(index="gpu", columns="cls", values="match")
 save_table(agree * 100, "02_tile_lookup_agreement", out)
 agree * 100
@@ -186,14 +193,14 @@ agree * 100
 
 # %%
 fig, ax = plt.subplots(figsize=(7, 3.5))
-for cls, hist in neusight.history.items():
+for cls, hist in nslib_pred.history.items():
     ax.plot(np.arange(1, len(hist) + 1), hist, label=cls)
 ax.set(xlabel="epoch", ylabel="validation SMAPE", yscale="log")
 ax.legend()
 save_figure(fig, "02_training_curves", out)
 
 # %% [markdown]
-# ## Where NeuSight misses its targets, and why
+# ## Where nslib's design misses its targets, and why
 # The targets are 10% on the training GPUs' test kernels and 12-25% on new GPUs. For every
 # (class, GPU) above 10%, the kernels that contribute most to the error: the kernel family
 # the library chose (from the profiled name) and how far the test sizes lie outside training.
@@ -202,7 +209,7 @@ save_figure(fig, "02_training_curves", out)
 # tiles are 64x64, 128x32 and 32x128), reaching a utilisation no training kernel reached.
 
 # %%
-ns_err = err[err["predictor"] == "neusight"].copy()
+ns_err = err[err["predictor"] == "nslib"].copy()
 ns_err["family"] = ns_err["kernel_name"].str.extract(r"([A-Za-z0-9_]*gemm[A-Za-z0-9_]*|"
                                                      r"[a-z_]+_kernel|softmax\w*)")[0]
 worst = (ns_err.groupby(["cls", "gpu"])["err"].mean().loc[lambda s: s > 10].index)
@@ -232,13 +239,14 @@ misses
 # bounded by `measured - roofline` over the campaign's problems and added to every predictor's
 # kernel GPU time (`nslib.evaluation.kernelbench`; `nslib eval-kernels --kernelbench`).
 # The last two rows are the shape families the training GPUs never showed: matrix-vector
-# products and long reductions (split-K).
+# products and long reductions (split-K). `nslib` is nslib's design, `neusight` the paper's
+# method as published.
 
 # %%
 from nslib.data.paths import DataNotFoundError
 from nslib.evaluation import kernelbench as kbe
 
-kb_names = ["neusight", "roofline", "habitat", "li"]
+kb_names = ["nslib", "neusight", "roofline", "habitat", "li"]
 try:
     kb_res = kbe.evaluate(kb_names, root=kernelbench, **train_kw)
 except DataNotFoundError as e:
@@ -255,6 +263,6 @@ if kb_res is not None:
     ax.set_ylabel("MAPE (%), mean over the KernelBench GPUs")
     ax.set_title("KernelBench level 1, predictors trained on the NeuSight training GPUs")
     save_figure(ax.figure, "02_kernelbench", out)
-    display(kb_by_gpu.loc["neusight"].round(1))
+    display(kb_by_gpu.loc["nslib"].round(1))
 kb_table.round(1) if kb_res is not None else None
 

@@ -24,10 +24,11 @@
 # %% tags=["parameters"]
 data = None        # NeuSight data root; None: $NSLIB_DATA or datasets/neusight
 out = None         # folder for figures and tables; None: figures/
-predictors = ["neusight", "roofline", "habitat", "li"]
+# `neusight`: the paper's method as published; `nslib`: nslib's design
+predictors = ["nslib", "neusight", "roofline", "habitat", "li"]
 gpus = None        # GPU file stems to evaluate; None: every GPU with labels
 models = None      # model names; None: every labelled model
-logo_predictors = ["neusight", "roofline", "habitat", "li"]  # also priced leave-one-GPU-out (1 fit per GPU)
+logo_predictors = ["nslib", "roofline", "habitat", "li"]  # also priced leave-one-GPU-out (1 fit per GPU)
 seed = 0
 quick = False      # quick profile: quick-trained predictors, a subset of configurations
 

@@ -33,7 +33,8 @@
 # %% tags=["parameters"]
 data = None        # NeuSight data root; None: $NSLIB_DATA or datasets/neusight
 out = None         # folder for figures and tables; None: figures/
-predictors = ["neusight", "roofline"]
+# `neusight`: the paper's method as published; `nslib`: nslib's design
+predictors = ["nslib", "neusight", "roofline"]
 gpus = None        # GPU file stems to evaluate; None: every GPU with fused labels
 models = None      # model names; None: every model with fused labels
 seed = 0

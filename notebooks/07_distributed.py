@@ -38,7 +38,8 @@
 # %% tags=["parameters"]
 data = None        # NeuSight data root; None: $NSLIB_DATA or datasets/neusight
 out = None         # folder for figures and tables; None: figures/
-predictors = ["neusight", "roofline"]
+# `neusight`: the paper's method as published; `nslib`: nslib's design
+predictors = ["nslib", "neusight", "roofline"]
 gpus = None        # GPU file stems; None: every GPU with distributed labels
 models = None      # model names; None: every model with distributed labels
 whatif_gpu = "NVIDIA_H100_80GB_HBM3"

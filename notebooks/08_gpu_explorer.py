@@ -35,7 +35,7 @@ model = "gpt2_large"   # a config name in data/DLmodel_configs, a JSON path or a
 batch = 4
 seq = 1024
 mode = "inf"           # "inf" (one forward pass) or "train" (forward + backward)
-predictor = "neusight"
+predictor = "nslib"
 what_if = {"mem_bw": 2.0}   # factors on the first GPU's datasheet for a hypothetical GPU
 
 # %%
@@ -160,8 +160,9 @@ display(Markdown("\n".join(notes)))
 # `config.json` into the text box, and change batch, sequence length, mode or predictor. Each
 # change re-predicts; with the model traced and the predictor loaded an update takes well
 # under a second. Errors (a malformed config, a sequence longer than the model allows) and
-# range warnings appear as text above the charts. A predictor other than NeuSight is trained
-# on first use (minutes); `quick` uses the quick profile.
+# range warnings appear as text above the charts. A predictor other than nslib's design
+# (`nslib`, the default) is trained on first use (minutes; NeuSight as published, `neusight`,
+# takes longer); `quick` uses the quick profile.
 
 # %%
 explorer = build_explorer(gpus=gpus, model=model, batch=batch, seq=seq, mode=mode,

@@ -25,9 +25,9 @@
 
 # %% tags=["parameters"]
 mixed = None     # 16-bit data root; None: $NSLIB_MIXED or datasets/mixed
-data = None      # NeuSight data root (its FP32 vector predictors price norms and adds)
+data = None      # NeuSight data root (nslib's FP32 vector predictors price norms and adds)
 out = None       # folder for figures and tables; None: figures/
-predictors = ["roofline", "roofline_eff", "xgboost", "mlp", "neusight"]
+predictors = ["roofline", "roofline_eff", "xgboost", "mlp", "nslib"]
 seed = 0
 quick = False    # quick profile: a subsample of each table and short training, for tests
 forecast_model = "configs/llama3_8b.json"  # HuggingFace config of the forecast model
@@ -67,8 +67,8 @@ counts
 # Every predictor is trained on three GPUs and predicts the fourth, for each GPU in turn. The
 # roofline uses the datasheet's dense tensor-core peak and bandwidth; `roofline_eff` divides it
 # by one efficiency fitted on the training GPUs (what analytic tools do); `xgboost` and `mlp`
-# learn log latency from log shapes and datasheet figures; `neusight` learns a bounded
-# utilisation of waves of tiles.
+# learn log latency from log shapes and datasheet figures; `nslib` (nslib's design) learns a
+# bounded utilisation of waves of tiles, NeuSight's idea.
 
 # %%
 logo = {k: logo_frame(k, predictors, seed=seed, quick=quick, mixed=mixed) for k in KINDS}
@@ -96,12 +96,12 @@ att_table.round(1)
 att_by_phase.round(1)
 
 # %% [markdown]
-# ## Predicted against measured (NeuSight-style, each GPU unseen)
+# ## Predicted against measured (nslib's bounded predictor, each GPU unseen)
 
 # %%
 for kind in KINDS:
-    if "pred_neusight" in logo[kind]:
-        fig = pred_vs_measured_scatter(logo[kind], "pred_neusight", seed=seed)
+    if "pred_nslib" in logo[kind]:
+        fig = pred_vs_measured_scatter(logo[kind], "pred_nslib", seed=seed)
         fig.axes[0].set_title(f"{kind}: leave-one-GPU-out")
         save_figure(fig, f"09_{kind}_pred_vs_measured", out)
 
@@ -110,8 +110,8 @@ for kind in KINDS:
 # Every non-attention op of a real transformer layer (RMSNorm, QKV projection, rotary
 # embedding, output projection, gated MLP, SiLU-and-mul, residual add) built from the model's
 # shape and priced the way `nslib predict --dtype fp16` prices a traced model: GEMMs by the
-# 16-bit GEMM predictor trained **without the GPU being checked**, vector kernels by the FP32
-# NeuSight predictors at their 16-bit bytes. Median |error| over the layers with at least 256
+# 16-bit GEMM predictor trained **without the GPU being checked**, vector kernels by nslib's
+# FP32 predictors (`nslib`) at their 16-bit bytes. Median |error| over the layers with at least 256
 # tokens: of the summed layer and of each op class.
 
 # %%

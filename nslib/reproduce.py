@@ -109,7 +109,12 @@ def output_paths(quick: bool, out=None, results=None) -> tuple[Path, Path, Path 
     return figs, res, readme
 
 
-HEADLINE = {"03_baselines_kernel_error.csv": "Kernel-level MAPE (%) per predictor: class x "
+HEADLINE = {"11_reported_vs_reproduced.csv": "The paper side by side: mean end-to-end error "
+                                             "(%) per GPU and mode over the configurations "
+                                             "the paper reports: its own numbers, NeuSight as "
+                                             "published reproduced here, nslib's design, and "
+                                             "the baselines reported and reproduced",
+            "03_baselines_kernel_error.csv": "Kernel-level MAPE (%) per predictor: class x "
                                              "(training GPUs, new GPUs): the paper's protocol",
             "03_baselines_logo.csv": "Kernel-level MAPE (%), leave-one-GPU-out: each training "
                                      "GPU held out in turn (mean over them, worst of them); "

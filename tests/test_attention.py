@@ -99,7 +99,7 @@ def test_never_below_floor_and_save_load(trained, table, tmp_path):
     assert np.isfinite(pred).all()
     assert (pred >= floor_ms(table) * (1 - 1e-12)).all()
     path = trained.save(tmp_path / "attention.npz")
-    again = PREDICTORS["neusight"].load(path)
+    again = PREDICTORS["nslib"].load(path)
     np.testing.assert_array_equal(again.predict(table), pred)
 
 

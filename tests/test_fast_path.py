@@ -24,7 +24,7 @@ TINY = {"model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_head": 4, "vocab_si
 @pytest.fixture(scope="module")
 def shipped(data_dir):
     """The default NeuSight predictor (quick profile), trained and cached."""
-    return trained("neusight", quick=True, progress=False)
+    return trained("nslib", quick=True, progress=False)
 
 
 def _torch_raw(weights: list, z: np.ndarray) -> np.ndarray:

@@ -17,9 +17,9 @@ def test_01_kernel_data(data_dir, tmp_path):
 def test_02_kernel_predictors(data_dir, tmp_path):
     run_notebook("02_kernel_predictors", tmp_path, quick=True)
     tab = pd.read_csv(tmp_path / "02_kernel_error_by_class.csv", index_col=0, header=[0, 1])
-    # the quick NeuSight beats the roofline on every class, on both GPU groups
+    # the quick nslib design beats the roofline on every class, on both GPU groups
     for group in ("train_gpus", "new_gpus"):
-        ns, roof = tab[("neusight", group)], tab[("roofline", group)]
+        ns, roof = tab[("nslib", group)], tab[("roofline", group)]
         ok = ns.isna() | (ns < roof)
         assert ok.all(), (group, ns.to_dict(), roof.to_dict())
     for name in ("02_pred_vs_measured", "02_error_vs_waves", "02_utilisation_curves",
@@ -28,10 +28,10 @@ def test_02_kernel_predictors(data_dir, tmp_path):
     agree = pd.read_csv(tmp_path / "02_tile_lookup_agreement.csv", index_col=0)
     assert ((agree >= 0) & (agree <= 100) | agree.isna()).all().all()
     # leave-one-GPU-out beside the paper's protocol, and the property checks
-    logo = pd.read_csv(tmp_path / "02_logo_neusight.csv", index_col=0)
+    logo = pd.read_csv(tmp_path / "02_logo_nslib.csv", index_col=0)
     assert {"mean (training GPUs held out)", "worst held-out GPU"} <= set(logo.columns)
     assert (logo["worst held-out GPU"] >= logo["mean (training GPUs held out)"]).all()
-    assert (tmp_path / "02_logo_neusight.png").stat().st_size > 1000
+    assert (tmp_path / "02_logo_nslib.png").stat().st_size > 1000
     props = pd.read_csv(tmp_path / "02_property_checks.csv", index_col=[0, 1])
     assert (props["kernels checked"] > 0).all()
 
@@ -39,18 +39,18 @@ def test_02_kernel_predictors(data_dir, tmp_path):
 def test_03_baselines(data_dir, tmp_path):
     run_notebook("03_baselines", tmp_path, quick=True)
     tab = pd.read_csv(tmp_path / "03_baselines_kernel_error.csv", index_col=0, header=[0, 1])
-    assert {"roofline", "habitat", "li", "linreg", "xgboost", "mlp", "neusight"} <= set(tab.index)
+    assert {"roofline", "habitat", "li", "linreg", "xgboost", "mlp", "nslib"} <= set(tab.index)
     assert (tmp_path / "03_baselines_error_boxes.png").exists()
     logo = pd.read_csv(tmp_path / "03_baselines_logo.csv", index_col=0, header=[0, 1])
-    assert {"roofline", "neusight"} <= set(logo.index)
+    assert {"roofline", "nslib"} <= set(logo.index)
 
 
 @pytest.mark.parametrize("name,mode", [("04_inference", "inf"), ("05_training", "train")])
 def test_04_05_model_tables(data_dir, tmp_path, name, mode):
-    run_notebook(name, tmp_path, quick=True, predictors=["neusight", "roofline"])
+    run_notebook(name, tmp_path, quick=True, predictors=["nslib", "roofline"])
     prefix = name[:2]
     res = pd.read_csv(tmp_path / f"{prefix}_{mode}_results.csv")
-    assert set(res["predictor"]) == {"neusight", "roofline"}
+    assert set(res["predictor"]) == {"nslib", "roofline"}
     assert (res["pred_ms"] > 0).all() and (res["e2e_ms"] > 0).all()
     summary = pd.read_csv(tmp_path / f"{prefix}_{mode}_summary.csv", index_col=0)
     assert "all" in summary.columns
@@ -60,16 +60,16 @@ def test_04_05_model_tables(data_dir, tmp_path, name, mode):
     assert (tmp_path / f"{prefix}_{mode}_breakdown.png").exists()
     agg = pd.read_csv(tmp_path / f"{prefix}_{mode}_aggregation.csv", index_col=[0, 1])
     assert set(agg.index.get_level_values(1)) == {"stream", "plain sum"}
-    assert agg.loc[("neusight", "stream"), "all"] == pytest.approx(res.loc[
-        res["predictor"] == "neusight", "err"].mean())
+    assert agg.loc[("nslib", "stream"), "all"] == pytest.approx(res.loc[
+        res["predictor"] == "nslib", "err"].mean())
     # leave-one-GPU-out beside the paper's protocol, on the training GPUs' labels
     logo = pd.read_csv(tmp_path / f"{prefix}_{mode}_logo.csv", index_col=0)
-    rows = {f"{p} ({proto})" for p in ("neusight", "roofline")
+    rows = {f"{p} ({proto})" for p in ("nslib", "roofline")
             for proto in ("paper protocol", "leave-one-GPU-out")}
     assert set(logo.index) == rows and "worst held-out GPU" in logo.columns
     paper = res[res["gpu"].isin(logo.columns)].groupby(["predictor", "gpu"])["err"].mean()
     for gpu in logo.columns[:-2]:
-        assert logo.loc["neusight (paper protocol)", gpu] == pytest.approx(paper["neusight", gpu])
+        assert logo.loc["nslib (paper protocol)", gpu] == pytest.approx(paper["nslib", gpu])
         # the roofline is not trained: both protocols agree
         assert logo.loc["roofline (leave-one-GPU-out)", gpu] == pytest.approx(
             paper["roofline", gpu])
@@ -88,8 +88,8 @@ def test_09_mixed_precision(data_dir, mixed_dir, tmp_path):
         # every measured GPU is a column; the bounded predictor beats the plain roofline and
         # the one-efficiency roofline on each GPU it never saw, even in the quick profile
         assert tab.shape[1] >= 2
-        assert (tab.loc["neusight"] < tab.loc["roofline"]).all()
-        assert (tab.loc["neusight"] < tab.loc["roofline_eff"]).all()
+        assert (tab.loc["nslib"] < tab.loc["roofline"]).all()
+        assert (tab.loc["nslib"] < tab.loc["roofline_eff"]).all()
     layers = pd.read_csv(tmp_path / "09_layer_check.csv", index_col=0)
     assert {"layer", "gemm", "norm", "n"} <= set(layers.columns) and (layers["n"] > 0).all()
     agree = pd.read_csv(tmp_path / "09_source_agreement.csv", index_col=0)

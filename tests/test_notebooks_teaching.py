@@ -23,7 +23,7 @@ def test_00_ideas(data_dir, tmp_path):
     roles = set(ext.index.get_level_values(0))
     assert {"fitted on", "kept back (faster)", "new GPU"} <= roles
     mape = ext["MAPE %"]
-    assert set(mape.columns) == {"bounded (NeuSight)", "unbounded MLP"}
+    assert set(mape.columns) == {"bounded (nslib)", "unbounded MLP"}
     assert (mape > 0).all().all()
 
 

@@ -43,7 +43,7 @@ def test_cli_gpus_and_errors(data_dir, capsys, tmp_path, monkeypatch):
 def test_entry_point_runs():
     out = subprocess.run([sys.executable, "-m", "nslib.cli", "predictors"], capture_output=True,
                          text=True, check=True).stdout
-    assert "roofline" in out and "neusight" in out
+    assert "roofline" in out and "nslib" in out
 
 
 def test_eval_models_json_and_logo_with_the_roofline(data_dir, capsys):

@@ -82,7 +82,7 @@ def test_save_load_round_trip(trained, table, tmp_path):
     path = trained.save(tmp_path / "gemm.npz")
     again = TensorGemm.load(path)
     np.testing.assert_allclose(again.predict(table), trained.predict(table), rtol=1e-12)
-    assert again.config == trained.config and PREDICTORS["neusight"] is TensorGemm
+    assert again.config == trained.config and PREDICTORS["nslib"] is TensorGemm
 
 
 def test_bad_input_is_a_clear_error(trained, table):

@@ -11,7 +11,7 @@ from nslib.kernels import measured
 from nslib.predictors import training
 
 
-@pytest.mark.parametrize("name,quick", [("neusight", False), ("neusight", True),
+@pytest.mark.parametrize("name,quick", [("nslib", False), ("nslib", True),
                                         ("mlp", False), ("habitat", True)])
 def test_epochs_reach_every_class(name, quick):
     from nslib.predictors import get
@@ -25,15 +25,15 @@ def test_epochs_reach_every_class(name, quick):
 
 
 def test_defaults_keep_their_per_class_epochs():
-    params = training.params_for("neusight")
+    params = training.params_for("nslib")
     assert params["configs"]["linear"]["epochs"] == 15  # only an explicit --epochs overrides
 
 
 @pytest.mark.parametrize("name,epochs,words", [
     ("li", 3, "not trained in epochs"), ("xgboost", 3, "not trained in epochs"),
     ("linreg", 3, "not trained in epochs"), ("roofline", 3, "not trained in epochs"),
-    ("habitat", 0, "epochs must be positive"), ("neusight", -1, "epochs must be positive"),
-    ("mlp", 2.5, "epochs must be an integer"), ("neusight", True, "epochs must be a number"),
+    ("habitat", 0, "epochs must be positive"), ("nslib", -1, "epochs must be positive"),
+    ("mlp", 2.5, "epochs must be an integer"), ("nslib", True, "epochs must be a number"),
 ])
 def test_bad_epochs(name, epochs, words):
     with pytest.raises(ValueError, match=words):

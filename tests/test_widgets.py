@@ -32,7 +32,7 @@ def base(gpus):
 @pytest.fixture(scope="module")
 def neusight(data_dir):
     from nslib.model.inputs import get_predictor
-    return get_predictor("neusight", quick=True)
+    return get_predictor("nslib", quick=True)
 
 
 # ----- hypothetical GPUs

@@ -72,7 +72,7 @@ def _train(args) -> int:
         names = train_all(quick=args.quick, seed=args.seed, retrain=args.retrain, out=args.out)
         print(f"trained {', '.join(names)}; cached for every command and notebook")
         return 0
-    args.predictor = args.predictor or "neusight"
+    args.predictor = args.predictor or "nslib"
     trained(args.predictor, out=args.out, retrain=args.retrain, **_train_kw(args))
     print(f"trained {args.predictor}; cached for every command and notebook")
     return 0
@@ -209,9 +209,9 @@ def _add_data_commands(sub) -> None:
     s.set_defaults(func=_predictors)
 
 
-def _train_opts(s, default="neusight") -> None:
+def _train_opts(s, default="nslib") -> None:
     s.add_argument("--predictor", default=default,
-                   help="predictor name (see `nslib predictors`; default neusight)")
+                   help="predictor name (see `nslib predictors`; default nslib, nslib's design)")
     s.add_argument("--epochs", type=arg_int(), help="training epochs of every class "
                    "(predictors trained by epochs only)")
     s.add_argument("--seed", type=arg_int(minimum=0), default=0)

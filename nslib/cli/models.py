@@ -56,8 +56,8 @@ def add_eval_models_parser(sub) -> None:
     s = sub.add_parser("eval-models", help="end-to-end error against the measured labels")
     s.add_argument("--mode", choices=("inf", "train"), default="inf",
                    help="inference or training labels (default inf)")
-    s.add_argument("--predictor", nargs="+", default=["neusight"],
-                   help="predictor names (default neusight; see `nslib predictors`)")
+    s.add_argument("--predictor", nargs="+", default=["nslib"],
+                   help="predictor names (default nslib; see `nslib predictors`)")
     s.add_argument("--gpus", nargs="+", metavar="GPU",
                    help="GPU file stems or Device names (default: every GPU with labels)")
     s.add_argument("--models", nargs="+", metavar="MODEL",

@@ -122,14 +122,14 @@ def add_predict_parser(sub) -> None:
     s.add_argument("--batch", type=arg_int(), required=True)
     s.add_argument("--seq", type=arg_int(), required=True)
     s.add_argument("--mode", choices=["inf", "train"], default="inf")
-    s.add_argument("--predictor", default="neusight",
+    s.add_argument("--predictor", default="nslib",
                    help="kernel predictor (in 16 bits: of the vector and memory kernels)")
     s.add_argument("--dtype", choices=list(DTYPES), default="fp32",
                    help="number format of the model (default fp32, the paper's setting); "
                         "bf16/fp16 trace it with fused attention, priced by the 16-bit GEMM "
                         "and attention predictors (needs the datasheet's Bf16FLOPs)")
-    s.add_argument("--tensor-predictor", default="neusight", metavar="NAME",
-                   help="16-bit GEMM and attention predictor (default neusight; or a baseline: "
+    s.add_argument("--tensor-predictor", default="nslib", metavar="NAME",
+                   help="16-bit GEMM and attention predictor (default nslib; or a baseline: "
                         "roofline, roofline_eff, xgboost, mlp)")
     s.add_argument("--quick", action="store_true", help="use the quick-trained predictor")
     s.add_argument("--json", action="store_true")

@@ -68,7 +68,7 @@ def per_gpu_mape(table: pd.DataFrame, pred: np.ndarray) -> pd.Series:
     return err.groupby(table.loc[ok, "gpu"], sort=False).mean().rename("mape")
 
 
-def evaluate_16bit(predictor: str = "neusight", test_gpus=None, seed: int = 0,
+def evaluate_16bit(predictor: str = "nslib", test_gpus=None, seed: int = 0,
                    quick: bool = False, mixed=None, progress: bool = True) -> dict:
     """Per-kind MAPE (%) of one 16-bit predictor per GPU: ``{kind: {gpu Device name: mape}}``.
 

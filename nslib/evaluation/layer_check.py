@@ -100,8 +100,8 @@ def layer_kernels(table: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def layer_predictions(table: pd.DataFrame | None = None, predictor="neusight",
-                      tensor_predictor="neusight", quick: bool = False,
+def layer_predictions(table: pd.DataFrame | None = None, predictor="nslib",
+                      tensor_predictor="nslib", quick: bool = False,
                       launch_us: float | None = LAUNCH_US, mixed=None, data=None,
                       leave_out: bool = False):
     """Per op row: :func:`layer_kernels` plus ``pred_ms`` (see the module doc).

@@ -129,7 +129,7 @@ def range_summary(outside: dict[str, list]) -> str | None:
     worst = [f"{short_name(label)} (up to {max(o.factor for o in items):.2g}x)"
              for label, items in outside.items()]
     return (f"{len(outside)} GPU(s) lie outside the training GPUs' datasheets: "
-            f"{', '.join(worst)}. The forecast extrapolates (NeuSight's roofline bound keeps "
+            f"{', '.join(worst)}. The forecast extrapolates (the roofline bound keeps "
             f"it physical; unbounded predictors such as mlp, xgboost and linreg may not be).")
 
 

@@ -55,7 +55,7 @@ class Explorer:
     """
 
     def __init__(self, gpus=None, model="gpt2_large", batch=4, seq=1024, mode="inf",
-                 predictor="neusight", quick=False, data=None, top=TOP_KERNELS,
+                 predictor="nslib", quick=False, data=None, top=TOP_KERNELS,
                  hypothetical=None, auto=True, dtype="fp32"):
         import ipywidgets as W
 
@@ -244,7 +244,7 @@ class Explorer:
 
 
 def build_explorer(gpus=None, model="gpt2_large", batch=4, seq=1024, mode="inf",
-                   predictor="neusight", quick=False, data=None, top=TOP_KERNELS,
+                   predictor="nslib", quick=False, data=None, top=TOP_KERNELS,
                    hypothetical=None, auto=True, dtype="fp32") -> Explorer:
     """Build the explorer (display the returned object, or its ``widget``, in a notebook).
 

@@ -240,7 +240,7 @@ def _params(model, batch, seq, mode, predictor, pred, quick, dtype) -> dict:
             else getattr(pred, "name", type(pred).__name__), "quick": quick, "dtype": dtype}
 
 
-def scenario(gpus, model, batch: int, seq: int, mode: str = "inf", predictor="neusight",
+def scenario(gpus, model, batch: int, seq: int, mode: str = "inf", predictor="nslib",
              quick: bool = False, data=None, top: int = TOP_KERNELS, fused: bool = False,
              dtype: str = "fp32") -> dict:
     """Predict one model configuration on several GPUs.

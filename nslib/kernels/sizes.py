@@ -168,8 +168,13 @@ def split_k(tiles_out, N, num_sm) -> np.ndarray:
     return (np.argmax(good, axis=1) + 1).astype(float)
 
 
-def add_features(frame: pd.DataFrame) -> pd.DataFrame:
+def add_features(frame: pd.DataFrame, library: bool = True) -> pd.DataFrame:
     """Return a copy of ``frame`` with FLOPs, bytes, blocks, waves and roofline columns.
+
+    ``library``: GEMMs run as the library runs them (a one-row or one-column output tiled as
+    the vector it is, :func:`gemv_tiles`; split-K, :func:`split_k`); ``False`` sizes them as
+    method.md section 3 states (every block reads the whole reduction, tiles as given), the
+    sizing of NeuSight as published.
 
     Needs the dims, ``cls``, ``op``, the GPU columns and the tile columns: ``tile_m``,
     ``tile_k`` for GEMMs (output tile rows x columns) and ``tile`` (outputs per block) for
@@ -194,10 +199,11 @@ def add_features(frame: pd.DataFrame) -> pd.DataFrame:
         raise ValueError("add_features needs positive tile sizes (tile_m, tile_k for GEMMs, "
                          "tile for elementwise ops): parse them (nslib.kernels.measured) or look them up "
                          "(nslib.kernels.tiles) first")
-    tm, tk = gemv_tiles(M, K, tm, tk, gemm)
+    if library:
+        tm, tk = gemv_tiles(M, K, tm, tk, gemm)
     Mp, Kp = np.ceil(M / tm) * tm, np.ceil(K / tk) * tk
     tiles_out = B * np.ceil(M / tm) * np.ceil(K / tk)
-    split = np.where(gemm, split_k(tiles_out, N, out["num_sm"].to_numpy(float)), 1.0)
+    split = np.where(gemm & library, split_k(tiles_out, N, out["num_sm"].to_numpy(float)), 1.0)
     blocks = np.where(gemm, tiles_out * split, np.where(row, B, np.ceil(B * H / tile)))
     tile_flops = np.where(gemm, 2 * tm * (N / split) * tk, tile * ops_per_o)
     tile_bytes = np.where(gemm, BYTES_PER_ELEM * (tm * N / split + N / split * tk + tm * tk),

@@ -126,9 +126,10 @@ class TileLookup:
                 out.loc[mask, c] = tiles[:, j]
         return out
 
-    def fill(self, frame: pd.DataFrame, lookup_all: bool = False) -> pd.DataFrame:
+    def fill(self, frame: pd.DataFrame, lookup_all: bool = False,
+             library: bool = True) -> pd.DataFrame:
         """``frame`` with every GEMM / elementwise tile present and the derived columns of
-        :func:`nslib.kernels.sizes.add_features`.
+        :func:`nslib.kernels.sizes.add_features` (``library``: its GEMM sizing).
 
         Parsed tiles are kept and missing ones (no column, or NaN) are looked up;
         ``lookup_all=True`` looks every tile up, as for a GPU that was never profiled.
@@ -136,19 +137,19 @@ class TileLookup:
         """
         need = [c for cols in TILE_COLS.values() for c in cols]
         if lookup_all or not all(c in frame for c in need):
-            return sizes.add_features(self.lookup(frame))
+            return sizes.add_features(self.lookup(frame), library=library)
         cls = frame["cls"].to_numpy()
         miss = np.zeros(len(frame), bool)
         for c, cols in TILE_COLS.items():
             vals = frame[list(cols)].to_numpy(float)
             miss |= (cls == c) & ~np.isfinite(vals).all(axis=1)
         if not miss.any():
-            return frame if "waves" in frame else sizes.add_features(frame)
+            return frame if "waves" in frame else sizes.add_features(frame, library=library)
         looked = self.lookup(frame)
         filled = frame.copy()
         for c in need:
             filled[c] = np.where(miss, looked[c].to_numpy(float), frame[c].to_numpy(float))
-        return sizes.add_features(filled)
+        return sizes.add_features(filled, library=library)
 
     def nominal(self, frame: pd.DataFrame, classes) -> pd.DataFrame:
         """``frame`` (featured) with the tiles of ``classes`` looked up and its derived columns

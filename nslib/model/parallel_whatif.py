@@ -43,7 +43,7 @@ def whatif_points(degrees, link_bws) -> list[tuple[str, int, float | None]]:
 
 
 @range_warnings_once()
-def parallel_whatif(gpu, model, batch: int, seq: int, degrees, link_bws, predictor="neusight",
+def parallel_whatif(gpu, model, batch: int, seq: int, degrees, link_bws, predictor="nslib",
                     data=None, quick: bool = False) -> tuple[pd.DataFrame, list[str]]:
     """Predicted training steps at every :func:`whatif_points` point.
 

@@ -30,11 +30,11 @@ def summarize(frame: pd.DataFrame) -> dict:
 
 
 def predict_model(gpu, model, batch: int, seq: int, mode: str = "inf",
-                  predictor="neusight", data=None, quick: bool = False, *,
+                  predictor="nslib", data=None, quick: bool = False, *,
                   fused: bool = False, dp: int = 1, tp: int = 1, pp: int = 1,
                   microbatches: int = 1, link=None, launch_us: float | None = LAUNCH_US,
                   imbalance: float = 1.0, dtype: str = "fp32",
-                  tensor_predictor="neusight"):
+                  tensor_predictor="nslib"):
     """Predict one inference (``mode="inf"``) or training step (``"train"``) of ``model``.
 
     ``gpu``: name/alias, spec file or :class:`GPU`; ``model``: a config name in the data

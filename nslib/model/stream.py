@@ -99,7 +99,7 @@ def floors(pred, frame: pd.DataFrame, data=None) -> np.ndarray:
         warnings.simplefilter("ignore")
         grid["floor"] = pred.predict(grid[_PROBE_COLS + gcols])
     base = frame[gcols].merge(grid[gcols + ["floor"]], on=gcols, how="left")["floor"]
-    # the class the predictor prices each row as (NeuSight: a matrix-vector GEMM as a stream)
+    # the class the predictor prices each row as (nslib's design: a matrix-vector GEMM as a stream)
     priced = pred.priced_frame(frame) if hasattr(pred, "priced_frame") else frame
     ratio = priced["cls"].map(dict(zip(probe["cls"], probe["ratio"]))).fillna(1.0)
     return base.to_numpy(float) * ratio.to_numpy(float)
@@ -120,13 +120,14 @@ def stream_terms(pred, frame: pd.DataFrame, launch_us: float | None = LAUNCH_US,
     """Per kernel of ``frame``, from one prediction and one floor lookup (ms): the
     microbenchmark latency, the time in the stream (:func:`stream_ms`) and the host's time to
     issue the kernel, its dispatch floor (:func:`floors`) but never more than its whole
-    microbenchmark latency. ``launch_us=None``: the stream time is the microbenchmark latency
-    and the dispatch 0 (the plain sum). ``raw``: ``pred``'s latencies of ``frame`` when
+    microbenchmark latency. ``launch_us=None``, or a predictor whose method sums kernels as
+    they are (``plain_sum``: NeuSight as published): the stream time is the microbenchmark
+    latency and the dispatch 0 (the plain sum). ``raw``: ``pred``'s latencies of ``frame`` when
     already predicted (ms)."""
     if not len(frame):
         return np.zeros(0), np.zeros(0), np.zeros(0)
     raw = np.asarray(pred.predict(frame) if raw is None else raw, float)
-    if launch_us is None:
+    if launch_us is None or getattr(pred, "plain_sum", False):
         return raw, raw, np.zeros(len(raw))
     if launch_us < 0:
         raise ValueError(f"launch_us must be >= 0 (microseconds), got {launch_us}")

@@ -96,7 +96,7 @@ def _pair_kernels(laws: dict, pairs: np.ndarray) -> pd.DataFrame:
     return uniq.sum().reset_index().sort_values("pair", kind="stable", ignore_index=True)
 
 
-def sweep(model, mode: str, scenarios: pd.DataFrame, predictor="neusight", data=None,
+def sweep(model, mode: str, scenarios: pd.DataFrame, predictor="nslib", data=None,
           quick: bool = False, launch_us: float | None = LAUNCH_US, memory: bool = True,
           optimizer: str = "adam") -> pd.DataFrame:
     """Predicted ``e2e_ms``, ``fw_ms``, ``bw_ms`` for each row of ``scenarios``.

@@ -8,6 +8,7 @@ from nslib.predictors.base import Predictor, PredictorFileError
 # name -> (module, class); modules import lazily so listing predictors stays cheap
 _REGISTRY = {
     "roofline": ("roofline", "Roofline"),
+    "nslib": ("nslib_design", "NslibDesign"),
     "neusight": ("neusight", "NeuSight"),
     "mlp": ("mlp", "UnboundedMLP"),
     "habitat": ("habitat", "Habitat"),

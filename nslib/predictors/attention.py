@@ -1,7 +1,7 @@
-"""FlashAttention latency, NeuSight style: a learned utilisation of the kernel's own roofline.
+"""FlashAttention latency, nslib's bounded design after NeuSight: a learned utilisation of the kernel's own roofline.
 
 The kind (FLOPs, bytes, roofline, launch geometry) is :mod:`.attention_kind`; this module is
-the predictor :class:`TensorAttention` (``neusight``). Per row
+the predictor :class:`TensorAttention` (``nslib``). Per row
 
     t = c + compute / gamma + dram / delta + l2 / lam                              (ms)
 
@@ -118,14 +118,14 @@ def _law(raw, terms, lib, law="max"):
 
 
 class TensorAttention(Predictor):
-    """NeuSight-style FlashAttention predictor (module docstring). ``quick``: a small
+    """nslib's bounded FlashAttention predictor (module docstring). ``quick``: a small
     subsample and few epochs, for tests; ``max_rows``: training rows per phase (a random
     subsample, seeded; ``balance``: an equal share per GPU); ``shared``: one MLP for both
     phases (phase as an extra input; default one per phase); ``gpu_weights``: every training
     GPU weighs the same in the loss; ``l2``: the L2-aware memory terms and floor; ``overhead``:
     "both" (fixed time plus SM cycles), "cycles" or "fixed"."""
 
-    name = "neusight"
+    name = "nslib"
     description = "FlashAttention: learned utilisation of the tensor-core/bandwidth roofline"
 
     def __init__(self, seed: int = 0, quick: bool = False, max_rows: int = 4000,
@@ -253,4 +253,4 @@ class TensorAttention(Predictor):
                                  f"{w[-1].shape[0]} outputs, not {n_in} and {self._n_out()}")
 
 
-PREDICTORS = {"neusight": TensorAttention}
+PREDICTORS = {"nslib": TensorAttention}

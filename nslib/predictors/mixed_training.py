@@ -1,6 +1,6 @@
 """Train the 16-bit kernel predictors (BF16 GEMMs, FlashAttention) and cache them by content.
 
-Two kinds, each with its table and its NeuSight-style predictor plus the generic baselines of
+Two kinds, each with its table and its bounded nslib predictor plus the generic baselines of
 :mod:`nslib.predictors.tensor_baselines`. :func:`trained_tensor` returns a predictor trained on
 every measured GPU but the excluded ones, from the cache when the table files, datasheets, the
 parameters and the code that trains it are unchanged. :func:`kind_table` is the table a kind
@@ -22,7 +22,7 @@ from nslib.predictors import tensor_baselines
 from nslib.predictors.training import fit_and_save
 from nslib.viz.layout import dependencies
 
-# kind name -> (module, kind object, NeuSight-style class in the module's PREDICTORS, table)
+# kind name -> (module, kind object, nslib class in the module's PREDICTORS, table)
 KINDS = {"gemm": ("nslib.predictors.tc_gemm", "GEMM", mixed_data.gemm_table),
          "attention": ("nslib.predictors.attention", "ATTENTION", mixed_data.attention_table)}
 QUICK_ROWS = 1500  # rows per GPU in the quick profile (tests, --quick)
@@ -42,7 +42,7 @@ def kind_object(kind: str):
 
 
 def predictors(kind: str) -> dict[str, type]:
-    """Predictor classes of ``kind`` by name: the kind's own (``neusight``) and the baselines."""
+    """Predictor classes of ``kind`` by name: the kind's own (``nslib``) and the baselines."""
     module = importlib.import_module(KINDS[check_kind(kind)][0])
     return {**module.PREDICTORS, **tensor_baselines.BASELINES}
 
@@ -85,7 +85,7 @@ def _key(kind: str, name: str, seed: int, quick: bool, exclude: list, mixed) -> 
                                              [str(p.relative_to(root)) for p in data]])
 
 
-def trained_tensor(kind: str, name: str = "neusight", seed: int = 0, quick: bool = False,
+def trained_tensor(kind: str, name: str = "nslib", seed: int = 0, quick: bool = False,
                    exclude_gpus=(), mixed=None, progress: bool = True, table=None):
     """Predictor ``name`` of ``kind`` trained on every measured GPU except ``exclude_gpus``
     (Device names), cached by content (see module doc). A cached predictor is loaded without

@@ -1,20 +1,26 @@
-"""NeuSight: per-class MLPs predicting how much of the roofline a kernel reaches, bounded by it.
+"""NeuSight as published, and the per-class bounded MLP machinery nslib's own design builds on.
 
 For each kernel class an MLP maps log2 features of the kernel and of the GPU
 (:mod:`nslib.predictors.features`) to a few raw outputs that a *law*
-(:mod:`nslib.predictors.wave_laws`) turns into time. The paper's wave laws give the
-utilisation u in (0, 1) of one wave of tiles and
+(:mod:`nslib.predictors.wave_laws`) turns into time. :class:`NeuSight` is the paper's method
+(Lee, Phanishayee, Mahajan, ASPLOS 2025; method.md sections 3-5) as published:
 
-    t = num_waves * (num_sm * tile_FLOPs) / (roofline_throughput * u)     (ms);
+- features: the four per-SM-normalised tile features (:data:`FEATURES`);
+- the wave law ``u = gamma - alpha / waves`` (form ``paper``), ``t = num_waves * (num_sm *
+  tile_FLOPs) / (roofline * u)``, so no kernel beats its roofline;
+- training on the symmetric percentage error of the per-wave latency, an 80/20 random
+  train/validation split, the published network and optimiser settings read from the data's
+  ``data/predictor/configs/MLP_WAVE_*.json`` (8 layers of 512, per-class learning rate and
+  batch) and 100 epochs;
+- GEMMs sized as method.md section 3 states (every block reads the whole reduction: no
+  split-K, no matrix-vector tiling), softmax one row per block, tiles parsed from the kernel
+  names and looked up on a GPU never profiled;
+- kernels summed as they are at model level (the original tool's plain-sum aggregation).
 
-the kernel laws (``series`` for GEMMs, ``stream`` for memory-bound classes) build the time from
-physical terms of the datasheet, each divided by a learned efficiency, never below the
-kernel's roofline. The defaults (:data:`CLASS_DEFAULTS`) are the kernel laws. Training
-minimises the symmetric percentage error of the per-wave latency. Kernels without a parsed
-tile (unprofiled GPUs, traced models) take the tile of the nearest measured training kernel
-(:mod:`nslib.kernels.tiles`); softmax kernels pack several rows per block
-(:class:`nslib.predictors.features.RowPacking`). A class may train an ensemble of MLPs from
-different seeds; their utilisations are averaged.
+:class:`nslib.predictors.nslib_design.NslibDesign` (``nslib``) is nslib's own redesign on
+the same machinery (kernel laws, other features, row packing, split-K, dispatch floors); why it
+differs: DECISIONS.md beside this file. A class may train an ensemble of MLPs from different
+seeds; their utilisations are averaged.
 """
 from __future__ import annotations
 
@@ -36,15 +42,16 @@ from nslib.predictors.wave_laws import FORMS, KERNEL_LAWS, OUTPUTS, array_ops, w
 
 DEFAULT_FEATURES = ("compute", "load")
 VALIDATIONS = ("random", "gpu")
-# Per class: the kernel laws over the kernel's shape and the SM count (clipped to the training
-# range), so peak and bandwidth act only through the laws' physical terms and a datasheet
-# outside the training range moves time as the hardware would. Why: DECISIONS.md, sections 1-3.
-GEMM_DEFAULTS = {"features": ("tile_m", "tile_k", "reduction", "num_sm"), "form": "series",
-                 "clip": True}
-VECTOR_DEFAULTS = {"features": ("tile_kb", "blocks", "num_sm"), "form": "stream"}
-CLASS_DEFAULTS = {"elementwise": dict(VECTOR_DEFAULTS), "softmax": dict(VECTOR_DEFAULTS),
-                  "layernorm": dict(VECTOR_DEFAULTS), "bmm": dict(GEMM_DEFAULTS),
-                  "linear": dict(GEMM_DEFAULTS)}
+# NeuSight as published (method.md section 4): the paper's four features and wave law, the
+# network of the published configs, 100 epochs, an 80/20 split, one row per softmax block and
+# inputs as they are (no clipping). Learning rate and batch per class: PUBLISHED_CONFIG_FILES.
+PUBLISHED = {"features": FEATURES, "form": "paper", "pack_rows": False, "layers": 8,
+             "hidden": 512, "epochs": 100, "val": "random", "val_frac": 0.2, "clip": False,
+             "tiles": "parsed"}
+# class -> the published config file's stem under data/predictor/configs
+PUBLISHED_CONFIG_FILES = {"bmm": "MLP_WAVE_BMM", "linear": "MLP_WAVE_LINEAR",
+                          "elementwise": "MLP_WAVE_VEC", "softmax": "MLP_WAVE_SOFTMAX",
+                          "layernorm": "MLP_WAVE_LN"}
 
 
 @dataclass(frozen=True)
@@ -81,13 +88,17 @@ class TrainConfig:
 
 
 def paper_config(cls: str, data=None) -> dict:
-    """The published hyper-parameters of ``cls`` from ``data/predictor/configs/MLP_WAVE_*``."""
-    name = {"bmm": "BMM", "linear": "LINEAR", "elementwise": "VEC", "softmax": "SOFTMAX",
-            "layernorm": "LN"}[cls]
-    raw = json.loads((data_root(data) / "data" / "predictor" / "configs" /
-                      f"MLP_WAVE_{name}.json").read_text())
-    return {"layers": raw["num_layers"], "hidden": raw["hidden_size"], "lr": raw["lr"],
-            "batch": raw["train_batch"]}
+    """The published hyper-parameters of ``cls`` from ``data/predictor/configs/MLP_WAVE_*``:
+    layers, hidden width, learning rate and batch (kernels)."""
+    path = data_root(data) / "data" / "predictor" / "configs" / \
+        f"{PUBLISHED_CONFIG_FILES[cls]}.json"
+    try:
+        raw = json.loads(path.read_text())
+        return {"layers": int(raw["num_layers"]), "hidden": int(raw["hidden_size"]),
+                "lr": float(raw["lr"]), "batch": int(raw["train_batch"])}
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"cannot read NeuSight's published {cls} settings from {path} "
+                         f"({type(e).__name__}: {e}): restore the file (`nslib fetch`)") from None
 
 
 def _check_config(cls: str, cfg: dict, bounded: bool) -> None:
@@ -102,22 +113,29 @@ def _check_config(cls: str, cfg: dict, bounded: bool) -> None:
 
 
 class NeuSight(Predictor):
-    """Tile/wave-bounded MLP predictor, one MLP per kernel class."""
+    """NeuSight as published: one tile/wave-bounded MLP per kernel class (module docstring)."""
 
     name = "neusight"
-    description = "NeuSight: per-class MLP of wave utilisation, bounded by the roofline"
+    description = ("NeuSight as published (Lee et al., ASPLOS 2025): per-class MLP of wave "
+                   "utilisation u = gamma - alpha/waves, bounded by the roofline, kernels summed")
     bounded = True
+    # the original tool sums kernel latencies as measured alone (nslib.model.stream)
+    plain_sum = True
+    # GEMMs sized as the library runs them (split-K, matrix-vector), or as method.md states
+    library_sizing = False
 
-    def __init__(self, seed: int = 0, configs: dict | None = None, **common):
-        """``configs`` maps a class to TrainConfig fields; ``common`` applies to every class.
+    def __init__(self, seed: int = 0, configs: dict | None = None,
+                 published: dict | None = None, **common):
+        """``configs`` maps a class to TrainConfig fields; ``common`` applies to every class;
+        ``published`` maps a class to the paper's settings (:meth:`data_params`).
 
-        Precedence: ``configs[cls]`` over ``common`` over :data:`CLASS_DEFAULTS` over TrainConfig.
-        The unbounded subclass predicts whole-kernel latency, so it needs the size-dependent
-        footprints: it defaults to the paper's four :data:`FEATURES` instead.
+        Precedence: ``configs[cls]`` over ``common`` over ``published[cls]`` over the class
+        defaults (:meth:`class_defaults`) over TrainConfig.
         """
         self.seed = seed
-        base = CLASS_DEFAULTS if self.bounded else {c: {"features": FEATURES} for c in sizes.CLASSES}
-        self.configs = {c: asdict(TrainConfig(**{**base.get(c, {}), **common,
+        base = self.class_defaults()
+        self.configs = {c: asdict(TrainConfig(**{**base.get(c, {}),
+                                                  **(published or {}).get(c, {}), **common,
                                                   **(configs or {}).get(c, {})}))
                         for c in sizes.CLASSES}
         for c, cfg in self.configs.items():
@@ -130,6 +148,29 @@ class NeuSight(Predictor):
         self.nominal = TileLookup(gpu_free=True)
         self.packing = RowPacking()
         self.history: dict[str, list] = {}
+
+    @classmethod
+    def class_defaults(cls) -> dict:
+        """``{class: TrainConfig fields}`` this predictor starts from: the paper's (:data:`PUBLISHED`)."""
+        return {c: dict(PUBLISHED) for c in sizes.CLASSES}
+
+    @classmethod
+    def data_params(cls, data=None) -> dict:
+        """Parameters that come from the data: the published per-class settings
+        (:func:`paper_config`), as ``{"published": {class: fields}}``."""
+        return {"published": {c: paper_config(c, data) for c in sizes.CLASSES}}
+
+    def _filled(self, frame: pd.DataFrame, lookup: bool = False) -> pd.DataFrame:
+        """``frame`` as priced (:meth:`priced_frame`) with its tiles filled (looked up where
+        missing; all of them with ``lookup``), sized as this predictor sizes kernels."""
+        return self.tiles.fill(self.priced_frame(frame), lookup_all=lookup,
+                               library=self.library_sizing)
+
+    def _sized(self, frame: pd.DataFrame) -> pd.DataFrame:
+        """``frame`` (featured, tiles filled) sized as this predictor's method sizes kernels:
+        as method.md section 3 states for NeuSight as published (no split-K); a frame
+        featured with the library's sizing (the measured tables) is sized again."""
+        return frame if self.library_sizing else sizes.add_features(frame, library=False)
 
     # ----- the model of one class
     def _outputs(self, cls: str, frame: pd.DataFrame) -> np.ndarray:
@@ -158,7 +199,7 @@ class NeuSight(Predictor):
     def utilisation(self, frame: pd.DataFrame) -> np.ndarray:
         """The predicted utilisation u in (0, 1] of each kernel (bounded model only): of one
         wave's roofline under the wave laws, of the kernel's roofline under the kernel laws."""
-        frame = self._pack(self._nominal(self.tiles.fill(self.priced_frame(frame))))
+        frame = self._pack(self._nominal(self._sized(self._filled(frame))))
         out = np.empty(len(frame))
         for cls, idx, sub in by_class(frame):
             raw, ctx = self._outputs(cls, sub), wave_context(sub)
@@ -173,7 +214,7 @@ class NeuSight(Predictor):
         self.tiles.fit(frame)
         self.nominal.fit(frame)
         self.packing.fit(frame)
-        frame = self._pack(self._nominal(frame))
+        frame = self._pack(self._nominal(self._sized(frame)))
         for i, (cls, _, sub) in enumerate(by_class(frame)):
             self._fit_class(cls, sub.reset_index(drop=True), self.seed + i, progress)
         return self
@@ -224,15 +265,13 @@ class NeuSight(Predictor):
         return self.packing.apply(frame)
 
     def priced_frame(self, frame: pd.DataFrame) -> pd.DataFrame:
-        """``frame`` as this predictor prices it: matrix-vector GEMMs as the stream they are
-        (:func:`sizes.gemv_as_stream`), so callers take the floor of the class that priced it."""
-        return sizes.gemv_as_stream(frame)
+        """``frame`` as this predictor prices it (each kernel in its own class, as measured), so
+        callers take the floor of the class that priced it."""
+        return frame
 
     def predict(self, frame: pd.DataFrame, lookup: bool = False) -> np.ndarray:
-        """Latency in ms per row; ``lookup=True`` ignores parsed tiles and looks all up.
-        Matrix-vector GEMMs are priced as the stream they are (:func:`sizes.gemv_as_stream`)."""
-        frame = self._pack(self._nominal(self.tiles.fill(self.priced_frame(frame),
-                                                         lookup_all=lookup)))
+        """Latency in ms per row; ``lookup=True`` ignores parsed tiles and looks all up."""
+        frame = self._pack(self._nominal(self._sized(self._filled(frame, lookup))))
         out = np.empty(len(frame))
         for cls, idx, sub in by_class(frame):
             if cls not in self.models:

@@ -1,4 +1,4 @@
-"""BF16 tensor-core GEMMs: the ``GEMM`` kind and a NeuSight-style predictor, :class:`TensorGemm`.
+"""BF16 tensor-core GEMMs: the ``GEMM`` kind and nslib's bounded predictor, :class:`TensorGemm`.
 
 A GEMM ``[m x k] @ [k x n]`` (frame columns ``m, n, k``; datasheet columns ``bf16_gflops``,
 ``mem_bw``, ``l2_mb``, ``num_sm``, ``peak_gflops``) takes, in ms,
@@ -216,11 +216,11 @@ def training_sample(frame: pd.DataFrame, rows: int, seed: int, even: bool = True
 
 
 class TensorGemm(Predictor):
-    """NeuSight-style BF16 GEMM predictor: an MLP's bounded efficiencies times the
+    """nslib's BF16 GEMM predictor (bounded, after NeuSight): an MLP's bounded efficiencies times the
     tile/wave roofline law of the module docstring (``quick=True``: a small, fast fit)."""
 
-    name = "neusight"
-    description = "NeuSight-style BF16 GEMM: MLP efficiencies of a wave-quantised tensor-core law"
+    name = "nslib"
+    description = "nslib's BF16 GEMM: bounded MLP efficiencies of a wave-quantised tensor-core law"
 
     def __init__(self, seed: int = 0, quick: bool = False, **config):
         self.seed = seed
@@ -305,4 +305,4 @@ class TensorGemm(Predictor):
                              f"names {n_in} features")
 
 
-PREDICTORS = {"neusight": TensorGemm}
+PREDICTORS = {"nslib": TensorGemm}

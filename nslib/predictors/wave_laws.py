@@ -3,7 +3,11 @@
 Wave laws (the paper's family) give the utilisation ``u`` in (0, 1) of one wave of tiles, a
 wave taking ``base / u`` with ``base`` one wave at the roofline:
 
-- ``paper``: ``u = gamma * (1 - alpha / waves)``, alpha and gamma sigmoids;
+- ``paper``: NeuSight's published law ``u = gamma - alpha' / waves`` (method.md section 4),
+  written ``u = gamma * (1 - alpha / waves)`` with alpha and gamma sigmoids, i.e.
+  ``alpha' = alpha * gamma`` < gamma: a free sigmoid alpha' above gamma would make ``u <= 0``
+  on a one-wave kernel (no time at all), and at initialisation (both near 0.5) every one-wave
+  kernel would start there. For waves >= 1 the two give the same utilisations in (0, gamma);
 - ``overhead``: ``u = gamma * waves / (waves + a)``, ``a = exp(raw)`` a fixed cost in waves;
 - ``additive``: ``waves * base / gamma + c`` for the kernel, ``c = exp(raw) * ADDITIVE_MS`` a
   fixed cost in time (a launch costs about the same whatever the GPU's bandwidth).

@@ -195,7 +195,7 @@ def _pp_step(run: _Step, batch: int, n: int,
 
 
 def predict_parallel(gpu, model, batch: int, seq: int, mode: str = "train",
-                     predictor="neusight", data=None, quick: bool = False, *,
+                     predictor="nslib", data=None, quick: bool = False, *,
                      fused: bool = False, dp: int = 1, tp: int = 1, pp: int = 1,
                      microbatches: int = 1, link=None, vocab_parallel: bool = True,
                      launch_us: float | None = LAUNCH_US):

@@ -1,0 +1,146 @@
+"""Reported vs reproduced: the NeuSight paper's result tables beside nslib's reproduction.
+
+Every frame here is keyed like the paper's ``summary.csv`` (:data:`nslib.data.paper_results.KEYS`:
+label folder, model, sequence, batch, mode, variant), so a configuration the paper reports
+meets nslib's evaluation of the same label, and a new GPU's rows join with no list of GPUs.
+Errors in percent, latencies in ms. ``neusight`` is the paper's method (reported: the
+paper's numbers; reproduced: :class:`nslib.predictors.neusight.NeuSight` trained here);
+``nslib`` is nslib's own design, which the paper never ran (reproduced only).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from nslib.data.paper_results import KEYS
+from nslib.evaluation.metrics import ape
+from nslib.kernels import sizes
+
+# nslib's per-class keys -> the paper's summary classes (the rest is "other")
+CLASS_OF = {c: c for c in sizes.CLASSES}
+TOLERANCE = 5.0  # points: a reproduced mean this close to the reported one agrees
+
+
+def side_by_side(reported: pd.DataFrame, results: pd.DataFrame) -> pd.DataFrame:
+    """One row per (configuration, method) the paper reports or nslib evaluates.
+
+    ``reported``: :func:`nslib.data.paper_results.reported_configs`; ``results``: nslib's
+    evaluation of the same labels (rows of :func:`nslib.evaluation.model_level.evaluate_models`
+    or ``evaluate_variant``, ``predictor`` naming the method). Columns: :data:`KEYS`,
+    ``method``, ``measured_ms`` (the label the paper scored), ``label_ms`` (the label in the
+    data), ``reported_ms``, ``reported_err``, ``reproduced_ms``, ``reproduced_err``, ``ood``.
+    Configurations the paper reports with no label in the data (its kept-back GPU, a GPU
+    folder missing here) keep their reported columns and NaN reproduced ones; methods nslib
+    adds keep NaN reported ones."""
+    ours = results.assign(variant=results["variant"].fillna("")).rename(columns={
+        "predictor": "method", "e2e_ms": "label_ms", "pred_ms": "reproduced_ms"})
+    ours = ours[KEYS + ["method", "label_ms", "reproduced_ms"]]
+    theirs = reported.rename(columns={"pred_ms": "reported_ms", "err": "reported_err"})
+    both = theirs.merge(ours, on=KEYS + ["method"], how="outer")
+    # configuration-level facts for the methods only one side has
+    facts = pd.concat([theirs[KEYS + ["measured_ms", "ood"]],
+                       ours[KEYS + ["label_ms"]]]).groupby(KEYS, dropna=False).first()
+    both = both.drop(columns=["measured_ms", "ood", "label_ms"]).join(facts, on=KEYS)
+    truth = both["measured_ms"].fillna(both["label_ms"])
+    both["reproduced_err"] = ape(both["reproduced_ms"], truth)
+    cols = KEYS + ["method", "measured_ms", "label_ms", "reported_ms", "reported_err",
+                   "reproduced_ms", "reproduced_err", "ood"]
+    return both[cols].sort_values(KEYS + ["method"]).reset_index(drop=True)
+
+
+def gpu_means(side: pd.DataFrame, methods=None) -> pd.DataFrame:
+    """Mean error (%) per (``gpu_key``, ``mode``) and method: ``reported`` and
+    ``reproduced`` over the configurations both have (so the two means are comparable), and
+    ``n`` configurations. Columns (method, reported/reproduced/n); methods nslib adds
+    (``nslib``) are averaged over the configurations the paper reports."""
+    methods = list(methods or pd.unique(side["method"]))
+    reported = side.dropna(subset=["reported_err"])[KEYS].drop_duplicates()
+    rows = {}
+    for m in methods:
+        sub = side[side["method"] == m]
+        if sub["reported_err"].notna().any():
+            sub = sub.dropna(subset=["reported_err", "reproduced_err"])
+        else:  # a method only nslib runs: on the configurations the paper reports
+            sub = sub.merge(reported, on=KEYS).dropna(subset=["reproduced_err"])
+        g = sub.groupby(["gpu_key", "mode"])
+        rows[(m, "reported")] = g["reported_err"].mean()
+        rows[(m, "reproduced")] = g["reproduced_err"].mean()
+        rows[(m, "n")] = g.size()
+    return pd.DataFrame(rows)
+
+
+def agreement(means: pd.DataFrame, method: str = "neusight",
+              tolerance: float = TOLERANCE) -> pd.DataFrame:
+    """Per (GPU, mode) cell of :func:`gpu_means`: ``reported``, ``reproduced``, their
+    difference ``delta`` (points) and ``agrees`` (``|delta| <= tolerance``)."""
+    cells = means[method][["reported", "reproduced"]].dropna()
+    return cells.assign(delta=cells["reproduced"] - cells["reported"],
+                        agrees=(cells["reproduced"] - cells["reported"]).abs() <= tolerance)
+
+
+def class_gaps(reported_class: pd.DataFrame, reproduced_class: pd.DataFrame) -> pd.DataFrame:
+    """Where a reproduction's prediction departs from the paper's, class by class.
+
+    ``reported_class``: :func:`nslib.data.paper_results.reported_class_ms` (the paper's
+    predicted and measured ms per class); ``reproduced_class``: :func:`class_frame` of the
+    same configurations. One row per (configuration, class): ``label_ms``, ``reported_ms``,
+    ``reproduced_ms`` and ``gap_ms`` (reproduced - reported)."""
+    theirs = reported_class.rename(columns={"pred_ms": "reported_ms"})
+    both = theirs.merge(reproduced_class, on=KEYS + ["cls"], how="inner")
+    both["gap_ms"] = both["reproduced_ms"] - both["reported_ms"]
+    return both[KEYS + ["cls", "label_ms", "reported_ms", "reproduced_ms", "gap_ms"]]
+
+
+def class_frame(configs: pd.DataFrame, per_class: list[dict]) -> pd.DataFrame:
+    """Long frame of predicted ms per class for ``configs`` (rows with :data:`KEYS`), from
+    one ``per_class_ms`` dict each (:func:`nslib.model.predict.predict_model`'s summary):
+    nslib's classes, the memory and host operators as ``other``."""
+    rows = []
+    for (_, r), pcs in zip(configs.iterrows(), per_class):
+        by = {}
+        for cls, ms in pcs.items():
+            key = CLASS_OF.get(cls, "other")
+            by[key] = by.get(key, 0.0) + float(ms)
+        rows += [{**{k: r[k] for k in KEYS}, "cls": c, "reproduced_ms": ms}
+                 for c, ms in by.items()]
+    return pd.DataFrame(rows, columns=KEYS + ["cls", "reproduced_ms"])
+
+
+def gap_shares(gaps: pd.DataFrame) -> pd.DataFrame:
+    """Per (``gpu_key``, ``mode``) and class: the summed ``gap_ms`` and its share of the
+    summed absolute class gaps (``share``, 0-1), and how the class's prediction compares with
+    the label in each reproduction (``reported / label``, ``reproduced / label``: ratios of
+    the summed ms)."""
+    g = gaps.groupby(["gpu_key", "mode", "cls"])[["label_ms", "reported_ms", "reproduced_ms",
+                                                  "gap_ms"]].sum()
+    total = g["gap_ms"].abs().groupby(["gpu_key", "mode"]).transform("sum")
+    out = pd.DataFrame({"gap_ms": g["gap_ms"], "share": g["gap_ms"].abs() / total,
+                        "reported / label": g["reported_ms"] / g["label_ms"],
+                        "reproduced / label": g["reproduced_ms"] / g["label_ms"]})
+    return out.replace([np.inf, -np.inf], np.nan)
+
+
+def readings(cells: pd.DataFrame, shares: pd.DataFrame, gpu_names: dict | None = None,
+             tolerance: float = TOLERANCE) -> list[str]:
+    """One sentence per cell of :func:`agreement` further than ``tolerance`` from the
+    report: the gap, and the kernel class that carries most of it (:func:`gap_shares`), with
+    how each reproduction's prediction of that class compares with the label; "not
+    explained" when no class carries at least half of the class gaps."""
+    out = []
+    names = gpu_names or {}
+    for (gpu, mode), c in cells[~cells["agrees"]].iterrows():
+        head = (f"{names.get(gpu, gpu)}, {mode}: reported {c['reported']:.1f}%, reproduced "
+                f"{c['reproduced']:.1f}% ({c['delta']:+.1f} points). ")
+        if (gpu, mode) not in shares.index:
+            out.append(head + "Not explained: the summary has no per-class split of it.")
+            continue
+        sub = shares.loc[(gpu, mode)].sort_values("share", ascending=False)
+        top, row = sub.index[0], sub.iloc[0]
+        if row["share"] < 0.5:
+            out.append(head + "Not explained by one kernel class: the class gaps are spread "
+                       f"({', '.join(f'{k} {v:.0%}' for k, v in sub['share'].items())}).")
+            continue
+        out.append(head + f"{row['share']:.0%} of the class gaps is {top}: the paper's "
+                   f"NeuSight predicted {row['reported / label']:.2f}x the label's {top} time, "
+                   f"the reproduction {row['reproduced / label']:.2f}x.")
+    return out

@@ -1,0 +1,55 @@
+"""nslib's own bounded design (``nslib``): NeuSight's machinery with physical kernel laws.
+
+It keeps NeuSight's idea (a per-class MLP whose learned efficiency is bounded by the hardware)
+and changes what the MLP sees and how its outputs make a time, chosen on leave-one-GPU-out
+error over the training GPUs (DECISIONS.md beside this file):
+
+- kernel laws (:mod:`nslib.predictors.wave_laws`): ``series`` for GEMMs over the tile shape,
+  the reduction per slice and the SM count (clipped to the training range); ``stream`` for
+  memory-bound classes over the bytes a block moves, the blocks and the SM count, so peak and
+  bandwidth act only through physical terms;
+- GEMMs sized as the library runs them: split-K, and a matrix-vector product priced as the
+  stream over the matrix it is (:func:`nslib.kernels.sizes.gemv_as_stream`);
+- softmax rows packed into blocks as PyTorch launches them; ensembles and epochs of
+  :data:`nslib.predictors.training.DEFAULTS`;
+- at model level, each kernel's microbenchmark dispatch floor off and a phase no faster than
+  its host dispatches (:mod:`nslib.model.stream`).
+"""
+from __future__ import annotations
+
+import pandas as pd
+
+from nslib.kernels import sizes
+from nslib.predictors.neusight import NeuSight
+
+GEMM_DEFAULTS = {"features": ("tile_m", "tile_k", "reduction", "num_sm"), "form": "series",
+                 "clip": True}
+VECTOR_DEFAULTS = {"features": ("tile_kb", "blocks", "num_sm"), "form": "stream"}
+CLASS_DEFAULTS = {"elementwise": dict(VECTOR_DEFAULTS), "softmax": dict(VECTOR_DEFAULTS),
+                  "layernorm": dict(VECTOR_DEFAULTS), "bmm": dict(GEMM_DEFAULTS),
+                  "linear": dict(GEMM_DEFAULTS)}
+
+
+class NslibDesign(NeuSight):
+    """nslib's bounded design (module docstring); ``nslib predict``'s default predictor."""
+
+    name = "nslib"
+    description = ("nslib's design: per-class MLP efficiencies of physical kernel laws "
+                   "(series, stream), split-K, dispatch floors")
+    plain_sum = False
+    library_sizing = True
+
+    @classmethod
+    def class_defaults(cls) -> dict:
+        """The kernel laws per class (:data:`CLASS_DEFAULTS`) over TrainConfig's network."""
+        return {c: dict(v) for c, v in CLASS_DEFAULTS.items()}
+
+    @classmethod
+    def data_params(cls, data=None) -> dict:
+        """Nothing comes from the data's published configs."""
+        return {}
+
+    def priced_frame(self, frame: pd.DataFrame) -> pd.DataFrame:
+        """``frame`` as this predictor prices it: matrix-vector GEMMs as the stream they are
+        (:func:`sizes.gemv_as_stream`), so callers take the floor of the class that priced it."""
+        return sizes.gemv_as_stream(frame)

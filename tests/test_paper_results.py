@@ -1,0 +1,129 @@
+"""The paper's result tables: readers on the shipped files, and the side-by-side logic by hand."""
+import shutil
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from nslib.data import paper_results as pr
+from nslib.data.paths import data_root
+from nslib.evaluation import reported as rep
+
+KEYS = pr.KEYS
+
+
+@pytest.fixture(scope="module")
+def configs(data_dir):
+    return pr.reported_configs()
+
+
+def test_summary_rows_cover_every_method_and_recompute_the_papers_errors(configs, data_dir):
+    assert set(configs["method"]) == {"roofline", "habitat", "li", "neusight"}
+    raw = pd.read_csv(data_root() / "summary" / "summary.csv")
+    ns = configs[configs["method"] == "neusight"].reset_index(drop=True)
+    assert len(ns) == len(raw)
+    # the error recomputed from the two latencies is the paper's own error column
+    assert np.allclose(ns["err"], raw["neusight_all_e2e_err"].astype(float), atol=1e-6)
+    assert set(configs["variant"]) >= {"", "fusion", "dp4", "tp4", "pp4_1"}
+    assert set(configs["mode"]) == {"inf", "train"}
+
+
+@pytest.mark.parametrize("mode", ["inf", "train"])
+def test_bar_chart_tables_are_the_summary_rows_pivoted(configs, mode):
+    bars = pr.reported_gpu_errors(mode)
+    assert len(bars) > 20 and set(bars["method"]) == {"roofline", "habitat", "li", "neusight"}
+    single = configs[(configs["mode"] == mode) & (configs["variant"] == "")]
+    both = bars.merge(single, on=["gpu_key", "model", "batch", "method"], how="left",
+                      suffixes=("_bar", "_sum"))
+    assert both["err_sum"].notna().all()  # every bar has its configuration in the summary
+    assert (both["err_bar"] - both["err_sum"]).abs().max() < 0.051  # printed to 0.1
+
+
+def test_fusion_and_distributed_tables_are_the_summary_rows(configs, data_dir):
+    folder = data_root() / "summary"
+    ns = configs[configs["method"] == "neusight"]
+    for name, sel in (("fusion_inf.csv", ns["variant"] == "fusion"),
+                      ("distributed.csv", ns["variant"].isin(["dp4", "tp4", "pp4_1"]))):
+        text = (folder / name).read_text()
+        for ms in ns.loc[sel, "measured_ms"]:
+            assert f"{ms:.1f}" in text, (name, ms)
+
+
+def test_per_class_table(data_dir):
+    tab = pr.reported_per_class()
+    assert len(tab) == 4 * 2 * 5
+    assert set(tab["dist"]) == {"in-distribution", "out-of-distribution"}
+    assert set(tab["cls"]) == {"bmm", "linear", "elementwise", "softmax", "layernorm"}
+    ns = tab[tab["method"] == "neusight"].set_index(["dist", "cls"])["err"]
+    assert ns[("out-of-distribution", "linear")] == pytest.approx(13.8779, abs=1e-3)
+
+
+def test_class_split_sums_to_the_whole_prediction(configs, data_dir):
+    split = pr.reported_class_ms()
+    assert set(split["cls"]) == {"bmm", "linear", "elementwise", "softmax", "layernorm",
+                                 "other"}
+    total = split.groupby(KEYS)[["pred_ms"]].sum().reset_index()
+    ns = configs[configs["method"] == "neusight"].merge(total, on=KEYS,
+                                                        suffixes=("", "_sum"))
+    assert np.allclose(ns["pred_ms"], ns["pred_ms_sum"])
+    # every plain single-GPU configuration is split (fused and multi-GPU ones are not)
+    one = split[(split["cls"] == "linear") & (split["variant"] == "")]
+    assert len(one) > 60 and (one["pred_ms"] > 0).all()
+
+
+def test_missing_or_damaged_summary_is_a_clear_error(tmp_path, data_dir):
+    root = tmp_path / "scripts" / "asplos"
+    shutil.copytree(data_root() / "data" / "device_configs", root / "data" / "device_configs")
+    with pytest.raises(FileNotFoundError, match="no paper result tables"):
+        pr.reported_configs(root)
+    (root / "summary").mkdir()
+    (root / "summary" / "summary.csv").write_text("model_name,seqlen\nbert,512\n")
+    with pytest.raises(ValueError, match="lacks the columns"):
+        pr.reported_configs(root)
+
+
+def _cfg(gpu, model, batch, mode="inf", variant=""):
+    return {"gpu_key": gpu, "model": model, "seq": 512, "batch": batch, "mode": mode,
+            "variant": variant}
+
+
+def test_side_by_side_means_and_readings_by_hand():
+    a, b, c = _cfg("G1", "m", 1), _cfg("G1", "m", 2), _cfg("G1", "m", 4)
+    reported = pd.DataFrame([
+        {**a, "method": "neusight", "measured_ms": 100.0, "pred_ms": 110.0, "ood": False},
+        {**b, "method": "neusight", "measured_ms": 200.0, "pred_ms": 190.0, "ood": False},
+        # reported, but with no label here: kept, never averaged
+        {**c, "method": "neusight", "measured_ms": 400.0, "pred_ms": 400.0, "ood": False}])
+    reported["err"] = 100 * (reported["pred_ms"] - reported["measured_ms"]).abs() / \
+        reported["measured_ms"]
+    results = pd.DataFrame([
+        {**a, "predictor": "neusight", "e2e_ms": 100.0, "pred_ms": 130.0},
+        {**b, "predictor": "neusight", "e2e_ms": 200.0, "pred_ms": 200.0},
+        {**a, "predictor": "nslib", "e2e_ms": 100.0, "pred_ms": 104.0},
+        {**b, "predictor": "nslib", "e2e_ms": 200.0, "pred_ms": 196.0}])
+    side = rep.side_by_side(reported, results)
+    assert len(side) == 5
+    assert side.loc[(side["batch"] == 4), "reproduced_err"].isna().all()
+    means = rep.gpu_means(side, ["neusight", "nslib"])
+    row = means.loc[("G1", "inf")]
+    assert row[("neusight", "reported")] == pytest.approx(7.5)   # (10 + 5) / 2
+    assert row[("neusight", "reproduced")] == pytest.approx(15.0)  # (30 + 0) / 2
+    assert row[("nslib", "reproduced")] == pytest.approx(3.0)     # (4 + 2) / 2
+    assert np.isnan(row[("nslib", "reported")]) and row[("nslib", "n")] == 2
+    cells = rep.agreement(means)
+    assert cells.loc[("G1", "inf"), "delta"] == pytest.approx(7.5)
+    assert not cells.loc[("G1", "inf"), "agrees"]
+
+    split = pd.DataFrame([{**a, "cls": "linear", "label_ms": 60.0, "pred_ms": 70.0},
+                          {**a, "cls": "bmm", "label_ms": 40.0, "pred_ms": 40.0}])
+    ours = rep.class_frame(pd.DataFrame([a]), [{"linear": 88.0, "bmm": 40.0, "memory": 2.0}])
+    assert set(ours["cls"]) == {"linear", "bmm", "other"}
+    shares = rep.gap_shares(rep.class_gaps(split, ours))
+    assert shares.loc[("G1", "inf", "linear"), "gap_ms"] == pytest.approx(18.0)
+    assert shares.loc[("G1", "inf", "linear"), "share"] == pytest.approx(1.0)
+    text = rep.readings(cells, shares, {"G1": "GPU one"})
+    assert text == ["GPU one, inf: reported 7.5%, reproduced 15.0% (+7.5 points). 100% of the "
+                    "class gaps is linear: the paper's NeuSight predicted 1.17x the label's "
+                    "linear time, the reproduction 1.47x."]
+    spread = shares.assign(share=[0.4, 0.4])
+    assert "Not explained by one kernel class" in rep.readings(cells, spread)[0]
