@@ -259,14 +259,15 @@ save_figure(fig, "00_utilisation", out)
 # %% [markdown]
 # ## 4 · Why a bounded utilisation extrapolates to a faster GPU
 #
-# Train two small networks on the *same* features (tile FLOPs and bytes per SM, normalised by
-# the GPU's per-SM peak and bandwidth) from the kernels of the *older* training GPUs only,
-# keeping the fastest training GPU back:
+# Train two small networks of the same size on the same kernels of the *older* training GPUs
+# only, keeping the fastest training GPU back:
 #
 # - **bounded** (NeuSight's idea, here nslib's bounded predictor `nslib`): the network outputs
-#   a utilisation in (0, 1) and the latency is `waves x (roofline time of one wave) / u`; a
-#   faster GPU has a faster roofline, so the prediction speeds up with it and can never beat it;
-# - **unbounded**: the same network predicts the latency directly. Nothing ties its output to
+#   efficiencies in (0, 1) of the kernel's roofline terms (its inputs are the tile's shape and
+#   the SM count; peak and bandwidth act only through the roofline), so a faster GPU has a
+#   faster roofline, the prediction speeds up with it and can never beat it;
+# - **unbounded**: a network on the paper's four tile features (tile FLOPs and bytes per SM,
+#   normalised by the GPU's per-SM peak and bandwidth) predicts the latency directly. Nothing ties its output to
 #   the GPU's speed, so on a GPU faster than any it saw it can only answer with the speeds it
 #   knows (its inputs are clipped to the training range, as nslib's are).
 #

@@ -35,6 +35,7 @@ data = None        # NeuSight data root; None: $NSLIB_DATA or datasets/neusight
 out = None         # folder for figures and tables; None: figures/
 # `neusight`: the paper's method as published; `nslib`: nslib's design
 predictors = ["nslib", "neusight", "roofline"]
+logo_predictors = ["nslib", "roofline"]  # also priced leave-one-GPU-out (1 fit per GPU)
 gpus = None        # GPU file stems to evaluate; None: every GPU with fused labels
 models = None      # model names; None: every model with fused labels
 seed = 0
@@ -52,6 +53,7 @@ from nslib.viz.variant_plots import fusion_bars
 
 prefix = "06"
 names = [p for p in predictors if p in available()]
+logo_names = [p for p in names if p in logo_predictors]
 if quick and models is None:
     models = ["bert_large"]
 
@@ -90,8 +92,8 @@ summary
 # notebook 04), beside the paper's protocol; None when no training GPU has fused labels.
 
 # %%
-fusion_logo = variant_logo("fusion", results, names, data=data, models=models, quick=quick,
-                           seed=seed)
+fusion_logo = variant_logo("fusion", results[results["predictor"].isin(logo_names)], logo_names,
+                           data=data, models=models, quick=quick, seed=seed)
 if fusion_logo is not None:
     save_table(fusion_logo, f"{prefix}_fusion_logo", out)
 fusion_logo

@@ -104,7 +104,13 @@ def test_names_say_which_method_is_the_papers(data_dir):
     assert predictor_class("neusight").plain_sum and not predictor_class("nslib").plain_sum
 
 
-def test_quick_training_is_cached(data_dir):
-    a = trained("neusight", quick=True, progress=False)
-    b = trained("neusight", quick=True, progress=False)
-    assert a.configs == b.configs and a.configs["bmm"]["form"] == "paper"
+def test_trained_takes_the_published_settings_and_round_trips(data_dir, small, tmp_path):
+    pred = trained("neusight", quick=True, progress=False)
+    folder = data_root() / "data" / "predictor" / "configs"
+    for cls, stem in PUBLISHED_CONFIG_FILES.items():
+        raw = json.loads((folder / f"{stem}.json").read_text())
+        # the quick profile shrinks the network and the batch, never the published lr
+        assert pred.configs[cls]["lr"] == raw["lr"] and pred.configs[cls]["form"] == "paper"
+    again = NeuSight.load(pred.save(tmp_path / "neusight.npz"))
+    assert np.array_equal(again.predict(small[1]), pred.predict(small[1]))
+    assert again.plain_sum and not again.library_sizing

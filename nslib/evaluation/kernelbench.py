@@ -125,7 +125,7 @@ def predict(pred, frame: pd.DataFrame, data=None) -> np.ndarray:
     its own training harness put in it (:func:`nslib.model.stream.stream_terms`): the two
     harnesses' fixed costs differ, the kernel's GPU time does not."""
     raw = predict_rows(pred, frame, np.ones(len(frame), bool))
-    gpu_ms = stream_terms(pred, frame, data=data, raw=raw)[1]
+    gpu_ms = stream_terms(pred, frame, data=data, raw=raw, plain_sum=False)[1]
     return gpu_ms + frame["campaign"].map(harness_ms(frame)).to_numpy(float)
 
 

@@ -51,7 +51,8 @@ def predict_model(gpu, model, batch: int, seq: int, mode: str = "inf",
     ``launch_us``: kernels run back to back with this launch gap in us, each microbenchmark's
     dispatch floor off, a phase no faster than its host dispatches (FP32:
     :func:`nslib.model.stream.step_ms`); ``None`` sums the microbenchmark latencies as they
-    are (the original tool's aggregation). The summary records it.
+    are (the original tool's aggregation, and always that of a predictor whose method sums
+    them, ``plain_sum``: NeuSight as published). The summary records it.
 
     ``imbalance``: routing of top-k mixture-of-experts layers (1 = tokens spread evenly over
     the experts; see :func:`nslib.model.moe.expert_tokens`); single-GPU steps only.
@@ -106,6 +107,8 @@ def _predict_one(spec: GPU, model, batch, seq, mode, predictor, data, quick, fus
     tr = traced(model, batch, seq, mode, data, imbalance)
     frame = kernel_frame(fuse(tr, prologues=True) if fused else tr, spec)
     pred = get_predictor(predictor, data, quick)
+    if getattr(pred, "plain_sum", False):  # the method's own aggregation (NeuSight's plain sum)
+        launch_us = None
     frame["pred_ms"] = step_ms(pred, frame, launch_us, data)
     extra = {"fused": True, "n_kernels_unfused": int(len(tr))} if fused else {}
     return frame, {**summarize(frame), **extra, "launch_us": launch_us, "warnings": notes}

@@ -116,18 +116,22 @@ def stream_ms(pred, frame: pd.DataFrame, launch_us: float | None = LAUNCH_US,
 
 
 def stream_terms(pred, frame: pd.DataFrame, launch_us: float | None = LAUNCH_US,
-                 data=None, raw=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                 data=None, raw=None, plain_sum: bool | None = None
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per kernel of ``frame``, from one prediction and one floor lookup (ms): the
     microbenchmark latency, the time in the stream (:func:`stream_ms`) and the host's time to
     issue the kernel, its dispatch floor (:func:`floors`) but never more than its whole
-    microbenchmark latency. ``launch_us=None``, or a predictor whose method sums kernels as
-    they are (``plain_sum``: NeuSight as published): the stream time is the microbenchmark
-    latency and the dispatch 0 (the plain sum). ``raw``: ``pred``'s latencies of ``frame`` when
+    microbenchmark latency. ``launch_us=None``, or ``plain_sum`` (default: the predictor's
+    own, true for a method that sums kernels as they are, NeuSight as published): the stream
+    time is the microbenchmark latency and the dispatch 0 (the plain sum); ``plain_sum=False``
+    takes the dispatch floor off whatever the predictor (a kernel's GPU time). ``raw``: ``pred``'s latencies of ``frame`` when
     already predicted (ms)."""
     if not len(frame):
         return np.zeros(0), np.zeros(0), np.zeros(0)
     raw = np.asarray(pred.predict(frame) if raw is None else raw, float)
-    if launch_us is None or getattr(pred, "plain_sum", False):
+    if plain_sum is None:
+        plain_sum = bool(getattr(pred, "plain_sum", False))
+    if launch_us is None or plain_sum:
         return raw, raw, np.zeros(len(raw))
     if launch_us < 0:
         raise ValueError(f"launch_us must be >= 0 (microseconds), got {launch_us}")
