@@ -112,8 +112,10 @@ save_table(headline, f"{prefix}_reported_vs_reproduced", out)
 headline.round(1)
 
 # %%
+reported_keys = single.dropna(subset=["reported_err"])[paper_results.KEYS].drop_duplicates()
 for mode in ("inf", "train"):
-    sub = single[single["mode"] == mode]
+    # the configurations the paper reports (the data labels a few more)
+    sub = single[single["mode"] == mode].merge(reported_keys, on=paper_results.KEYS)
     if len(sub):
         fig = reported_bars(sub, gpu_names, title=f"{'Inference' if mode == 'inf' else 'Training'}"
                             ": error per configuration (bars reproduced here, black marks the "

@@ -60,3 +60,16 @@ def run_notebook(name: str, out_dir: Path, **params) -> Path:
                         parameters={"out": str(out_dir), **params}, kernel_name="python3",
                         cwd=str(ROOT / "notebooks"), progress_bar=False)
     return executed
+
+
+@pytest.fixture(scope="session")
+def small_kernels(data_dir):
+    """A few hundred training and test kernels of every class: ``(train, test)`` frames."""
+    import pandas as pd
+
+    from nslib.kernels import measured, sizes
+    tr = pd.concat([measured.kernel_table(c, "train").sample(400, random_state=0)
+                    for c in sizes.CLASSES], ignore_index=True)
+    te = pd.concat([measured.kernel_table(c, "test").sample(150, random_state=0)
+                    for c in sizes.CLASSES], ignore_index=True)
+    return tr, te

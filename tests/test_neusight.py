@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from nslib.data.paths import data_root
-from nslib.kernels import measured, sizes
+from nslib.kernels import sizes
 from nslib.model.stream import step_ms
 from nslib.predictors import available, get, predictor_class
 from nslib.predictors.features import FEATURES, tile_features
@@ -17,12 +17,8 @@ from nslib.predictors.wave_laws import wave_context, wave_ms
 
 
 @pytest.fixture(scope="module")
-def small(data_dir):
-    tr = pd.concat([measured.kernel_table(c, "train").sample(300, random_state=1)
-                    for c in sizes.CLASSES], ignore_index=True)
-    te = pd.concat([measured.kernel_table(c, "test").sample(100, random_state=1)
-                    for c in sizes.CLASSES], ignore_index=True)
-    return tr, te
+def small(small_kernels):
+    return small_kernels
 
 
 @pytest.fixture(scope="module")

@@ -4,20 +4,15 @@ import pandas as pd
 import pytest
 import torch
 
-from nslib.kernels import measured, sizes
+from nslib.kernels import sizes
 from nslib.predictors import PredictorFileError, get
 from nslib.predictors.features import roofline_wave_ms
 from nslib.predictors.nslib_design import NslibDesign
 
 
 @pytest.fixture(scope="module")
-def small(data_dir):
-    """A few hundred training and test kernels of every class."""
-    tr = pd.concat([measured.kernel_table(c, "train").sample(400, random_state=0)
-                    for c in sizes.CLASSES], ignore_index=True)
-    te = pd.concat([measured.kernel_table(c, "test").sample(150, random_state=0)
-                    for c in sizes.CLASSES], ignore_index=True)
-    return tr, te
+def small(small_kernels):
+    return small_kernels
 
 
 @pytest.fixture(scope="module")

@@ -24,11 +24,15 @@ def reported_bars(side: pd.DataFrame, gpu_names: dict | None = None, title: str 
     width = 0.8 / len(methods)
     for ax, gpu in zip(axes[:, 0], gpus):
         sub = side[side["gpu_key"] == gpu]
-        configs = sub[["model", "batch"]].drop_duplicates().sort_values(["model", "batch"])
-        labels = [f"{m} b{b}" for m, b in configs.itertuples(index=False)]
+        configs = sub[["model", "seq", "batch"]].drop_duplicates().sort_values(
+            ["model", "seq", "batch"])
+        several = configs.groupby("model")["seq"].transform("nunique") > 1
+        labels = [f"{m}{f' s{s}' if many else ''} b{b}" for (m, s, b), many in
+                  zip(configs.itertuples(index=False), several)]
         x = np.arange(len(labels))
         for j, m in enumerate(methods):
-            cell = configs.merge(sub[sub["method"] == m], on=["model", "batch"], how="left")
+            cell = configs.merge(sub[sub["method"] == m], on=["model", "seq", "batch"],
+                                 how="left")
             pos = x - 0.4 + width * (j + 0.5)
             ax.bar(pos, np.maximum(cell["reproduced_err"].to_numpy(float), FLOOR), width,
                    label=LABELS.get(m, m), color=f"C{j}")
