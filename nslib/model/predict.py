@@ -51,8 +51,7 @@ def predict_model(gpu, model, batch: int, seq: int, mode: str = "inf",
     ``launch_us``: kernels run back to back with this launch gap in us, each microbenchmark's
     dispatch floor off, a phase no faster than its host dispatches (FP32:
     :func:`nslib.model.stream.step_ms`); ``None`` sums the microbenchmark latencies as they
-    are (the original tool's aggregation, and always that of a predictor whose method sums
-    them, ``plain_sum``: NeuSight as published). The summary records it.
+    are (the original tool's; always so for ``plain_sum`` predictors). The summary records it.
 
     ``imbalance``: routing of top-k mixture-of-experts layers (1 = tokens spread evenly over
     the experts; see :func:`nslib.model.moe.expert_tokens`); single-GPU steps only.
