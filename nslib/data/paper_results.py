@@ -65,6 +65,14 @@ def _need(frame: pd.DataFrame, cols, path: str) -> None:
                          "summary table? Restore it from the repository (`nslib fetch`)")
 
 
+def _config_keys(raw: pd.DataFrame) -> pd.DataFrame:
+    """:data:`KEYS` of each row of ``summary.csv`` in nslib's names."""
+    return pd.DataFrame({
+        "gpu_key": raw["device"].astype(str), "model": raw["model_name"].astype(str),
+        "seq": raw["seqlen"].astype(int), "batch": raw["batch"].astype(int),
+        "mode": raw["mode"].astype(str), "variant": raw["option"].fillna("").astype(str)})
+
+
 def reported_configs(data=None) -> pd.DataFrame:
     """One row per (configuration, method) of ``summary.csv``: :data:`KEYS`, ``method``
     (nslib's name), ``measured_ms`` (the label the paper scored against), ``pred_ms``,
@@ -74,12 +82,9 @@ def reported_configs(data=None) -> pd.DataFrame:
     cols = ["model_name", "seqlen", "batch", "device", "mode", "option",
             "label_all_e2e_latency", "OOD"] + [f"{m}_all_e2e_latency" for m in METHODS]
     _need(raw, cols, "summary.csv")
-    base = pd.DataFrame({
-        "gpu_key": raw["device"].astype(str), "model": raw["model_name"].astype(str),
-        "seq": raw["seqlen"].astype(int), "batch": raw["batch"].astype(int),
-        "mode": raw["mode"].astype(str), "variant": raw["option"].fillna("").astype(str),
-        "measured_ms": raw["label_all_e2e_latency"].astype(float),
-        "ood": raw["OOD"].astype(str).str.lower() == "true"})
+    base = _config_keys(raw).assign(
+        measured_ms=raw["label_all_e2e_latency"].astype(float),
+        ood=raw["OOD"].astype(str).str.lower() == "true")
     parts = []
     for prefix, name in METHODS.items():
         pred = raw[f"{prefix}_all_e2e_latency"].astype(float)
@@ -113,10 +118,7 @@ def reported_class_ms(data=None, method: str = "neusight") -> pd.DataFrame:
             rows.append(pd.DataFrame({"i": raw.index, "cls": cls, "who": who, "ms": vals}))
     long = pd.concat(rows).pivot_table(index=["i", "cls"], columns="who", values="ms")
     long = long.reset_index()
-    keys = pd.DataFrame({"gpu_key": raw["device"].astype(str), "model": raw["model_name"],
-                         "seq": raw["seqlen"].astype(int), "batch": raw["batch"].astype(int),
-                         "mode": raw["mode"], "variant": raw["option"].fillna("")})
-    return keys.join(long.set_index("i"), how="inner").reset_index(drop=True)
+    return _config_keys(raw).join(long.set_index("i"), how="inner").reset_index(drop=True)
 
 
 def reported_gpu_errors(mode: str, data=None) -> pd.DataFrame:

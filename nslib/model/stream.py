@@ -124,8 +124,8 @@ def stream_terms(pred, frame: pd.DataFrame, launch_us: float | None = LAUNCH_US,
     microbenchmark latency. ``launch_us=None``, or ``plain_sum`` (default: the predictor's
     own, true for a method that sums kernels as they are, NeuSight as published): the stream
     time is the microbenchmark latency and the dispatch 0 (the plain sum); ``plain_sum=False``
-    takes the dispatch floor off whatever the predictor (a kernel's GPU time). ``raw``: ``pred``'s latencies of ``frame`` when
-    already predicted (ms)."""
+    takes the dispatch floor off whatever the predictor (a kernel's GPU time). ``raw``:
+    ``pred``'s latencies of ``frame`` when already predicted (ms)."""
     if not len(frame):
         return np.zeros(0), np.zeros(0), np.zeros(0)
     raw = np.asarray(pred.predict(frame) if raw is None else raw, float)
