@@ -11,7 +11,7 @@ TORCH := torch==2.13.0
 LOCK := requirements.lock
 LOCK_VENV := .lock-venv
 
-.PHONY: setup test test-all reproduce reproduce-quick data clean-cache lock
+.PHONY: setup test test-fast reproduce reproduce-quick data clean-cache lock
 
 setup: $(STAMP)
 
@@ -50,6 +50,10 @@ data: setup
 
 test: setup
 	MPLBACKEND=Agg $(BIN)/pytest -q
+
+# everything but the tests marked slow (executed notebooks, whole-table properties)
+test-fast: setup
+	MPLBACKEND=Agg $(BIN)/pytest -q -m "not slow"
 
 # no MPLBACKEND=Agg here: the executed notebooks in results/ keep their figures inline
 reproduce: data

@@ -24,6 +24,35 @@ def _cache(tmp_path_factory):
     yield
 
 
+# Tests over 30 s (from --durations): every executed notebook, and the two that train the
+# shipped predictors to check a property on every kernel. `make test-fast` leaves them out.
+SLOW_TESTS = ("test_property_holds_for_every_kernel",
+              "test_numpy_forward_equals_torch_forward_for_every_class")
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if item.module.__name__.startswith("test_notebooks") or \
+                item.originalname in SLOW_TESTS:
+            item.add_marker(pytest.mark.slow)
+
+
+_DATA_SKIP = "nslib data not here: "
+
+
+def pytest_terminal_summary(terminalreporter):
+    """One line for every test skipped for want of data, saying how to get it."""
+    skipped = terminalreporter.stats.get("skipped", [])
+    missing = sorted({r.longrepr[2].split(_DATA_SKIP, 1)[1].split(" (")[0] for r in skipped
+                      if isinstance(r.longrepr, tuple) and _DATA_SKIP in r.longrepr[2]})
+    n = sum(1 for r in skipped if isinstance(r.longrepr, tuple) and _DATA_SKIP in r.longrepr[2])
+    if n:
+        terminalreporter.write_line(
+            f"{n} tests skipped: no {', no '.join(missing)} data. `make data` fetches it (or "
+            f"point NSLIB_DATA, NSLIB_MIXED, NSLIB_KERNELBENCH at a copy) and `make test` "
+            f"runs them")
+
+
 def _root_or_skip(find):
     """``find()`` (a data-folder finder of nslib.data), or skip the test when that data is
     not there."""
@@ -31,7 +60,9 @@ def _root_or_skip(find):
     try:
         return find()
     except paths.DataNotFoundError as e:
-        pytest.skip(str(e))
+        what = {"data_root": "NeuSight", "mixed_root": "16-bit",
+                "kernelbench_root": "KernelBench"}.get(find.__name__, find.__name__)
+        pytest.skip(f"{_DATA_SKIP}{what} ({e})")
 
 
 @pytest.fixture(scope="session")

@@ -38,7 +38,7 @@ def frames(tmp_path_factory):
         try:
             paths.data_root()
         except paths.DataNotFoundError:
-            pytest.skip(f"no NeuSight data at {DATA}")
+            pytest.skip(f"nslib data not here: NeuSight (none at {DATA})")
         train = pd.concat([measured.kernel_table(c, "train").sample(N_TRAIN, random_state=0)
                            for c in sizes.CLASSES], ignore_index=True)
         test = pd.concat([(t := measured.kernel_table(c, "test")).sample(min(N_TEST, len(t)),

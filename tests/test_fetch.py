@@ -292,7 +292,7 @@ def test_real_extras_match_the_shared_copy():
     extras = fetch.load_extras()
     assert all(set(keys) == {"TDP", "Link_Bw"} for keys in extras.values())
     if not SHARED_DEVICES.is_dir():
-        pytest.skip(f"no shared copy of the NeuSight data at {SHARED_DEVICES}")
+        pytest.skip(f"nslib data not here: NeuSight (no shared copy at {SHARED_DEVICES})")
     shared = {p.stem: json.loads(p.read_text()) for p in SHARED_DEVICES.glob("*.json")}
     assert set(extras) == set(shared)
     for stem, keys in extras.items():

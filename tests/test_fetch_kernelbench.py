@@ -219,7 +219,7 @@ def _shared() -> Path:
     try:
         return kernelbench.kernelbench_root()
     except DataNotFoundError as e:
-        pytest.skip(f"no shared copy of the KernelBench data ({e})")
+        pytest.skip(f"nslib data not here: KernelBench ({e})")
 
 
 def test_real_registry_is_well_formed():

@@ -233,7 +233,7 @@ def test_cli_mixed_option_sets_the_root(fake, monkeypatch):
 def _shared() -> Path:
     root = Path(os.environ.get("NSLIB_MIXED") or ROOT.parent / "shared" / "mixed")
     if not all((root / d).is_dir() for d in ("aiconfigurator", "vidur", "device_configs")):
-        pytest.skip(f"no shared copy of the 16-bit data at {root}")
+        pytest.skip(f"nslib data not here: 16-bit (no shared copy at {root})")
     return root
 
 

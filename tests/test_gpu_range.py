@@ -67,8 +67,8 @@ def test_cli_text_and_json_carry_the_warnings(data_dir, capsys):
     args = ["predict", "--gpu", "H100", "--model", "gpt2_large", "--batch", "1", "--seq", "16",
             "--predictor", "roofline"]
     assert main(args) == 0
-    out = capsys.readouterr().out
-    assert "warning: NVIDIA H100 80GB HBM3: SingleFLOPs" in out
+    err = capsys.readouterr().err   # warnings go to stderr, the report to stdout
+    assert "warning: NVIDIA H100 80GB HBM3: SingleFLOPs" in err
     assert main(args + ["--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert len(doc["warnings"]) >= 3 and any(w.startswith("NVIDIA H100 80GB HBM3: Mem_Bw")

@@ -309,7 +309,7 @@ def _data():
 def test_load_model_config_by_name():
     root = _data()
     if root is None:
-        pytest.skip("NeuSight data not available")
+        pytest.skip("nslib data not here: NeuSight (no data folder)")
     cfg = load_model_config("gpt3_27", data=root)
     assert cfg["model_type"] == "gpt2" and cfg["n_embd"] == 2560
     with pytest.raises(FileNotFoundError, match="no_such_config"):

@@ -56,8 +56,13 @@ def test_default_links(data_dir, tmp_path):
     assert default_link(h100).bandwidth_gbps == 900 and default_link(h100).effective_gbps == 324
     assert default_link(a100).bandwidth_gbps == 600
     assert default_link(a100).effective_gbps == pytest.approx(216)
-    assert default_link(resolve_gpu("Tesla_T4")).bandwidth_gbps == 32     # PCIe 3 rule
-    # an optional Link_Bw in the device JSON wins over the rule
+    assert default_link(resolve_gpu("Tesla_T4")).bandwidth_gbps == 32     # its Link_Bw
+    # the datasheet decides, never the name: an "H100" without Link_Bw gets the fallback
+    bare = {k: v for k, v in h100.to_json().items() if k != "Link_Bw"}
+    (tmp_path / "bare.json").write_text(json.dumps(bare))
+    from nslib.model.parallel.links import FALLBACK_LINK_GBPS
+    lk = default_link(resolve_gpu(tmp_path / "bare.json"), spec_path=tmp_path / "bare.json")
+    assert lk.bandwidth_gbps == FALLBACK_LINK_GBPS and "no Link_Bw" in lk.source
     raw = {**h100.to_json(), "Link_Bw": 450}
     path = tmp_path / "my_gpu.json"
     path.write_text(json.dumps(raw))

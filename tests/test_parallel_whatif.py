@@ -52,7 +52,8 @@ def test_whatif_points_by_hand():
 
 
 @pytest.fixture(scope="module")
-def whatif():
+def whatif(data_dir):
+    # each point is a full prediction: its dispatch floors come from the data's kernels
     return parallel_whatif(GPU0, CFG, BATCH, SEQ, [1, 2, 3, 4], [50, 100], predictor=Const())
 
 

@@ -110,7 +110,7 @@ def test_a_datasheet_only_gpu_changes_no_table_key(data_dir, tmp_path, monkeypat
     assert measured.table_key("layernorm", "test") != before
 
 
-def test_training_key_ignores_the_test_split(monkeypatch):
+def test_training_key_ignores_the_test_split(monkeypatch, data_dir):
     calls = []
     real = measured.table_key
 

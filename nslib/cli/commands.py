@@ -12,11 +12,12 @@ from nslib.data.checks import arg_int
 
 
 def _gpus(args) -> int:
-    from nslib.data.gpus import listing_table, load_gpus, load_mixed_gpus_if_present
-    rows = [{"key": k, "data": "neusight", **g.to_json()} for k, g in load_gpus().items()]
-    # then the 16-bit data's datasheets (with Bf16FLOPs), when that folder is there
-    rows += [{"key": k, "data": "mixed", **g.to_json()}
-             for k, g in load_mixed_gpus_if_present().items()]
+    from nslib.data.gpus import listing_table
+    from nslib.data.registry import sources
+    # one line per datasheet file: the NeuSight data's, then the 16-bit data's (with
+    # Bf16FLOPs) and KernelBench's when those folders are there; `predict --gpu` takes any
+    rows = [{"key": k, "data": src, **g.to_json()}
+            for src, sheets in sources().items() for k, g in sheets.items()]
     if args.json:
         print(json.dumps(rows, indent=1))
     else:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import sys
 import warnings
 from pathlib import Path
 
@@ -9,7 +10,9 @@ from nslib.data.checks import arg_float, arg_int
 from nslib.kernels.dtypes import DTYPES
 from nslib.model.memory import memory_of
 from nslib.model.parallel import LINK_UTILISATION
+from nslib.model.inputs import resolve_gpu
 from nslib.model.predict import predict_model
+from nslib.model.trace import ModelNoteWarning, model_notes
 from nslib.predictors.gpu_range import DatasheetRangeWarning
 
 
@@ -20,24 +23,42 @@ def _predict(args) -> int:
         raise ValueError("name a GPU with --gpu NAME (see `nslib gpus`) or --gpu-spec FILE.json")
     # a spec is always a file, whatever its suffix
     gpu = Path(args.gpu_spec) if args.gpu_spec else args.gpu
+    name = resolve_gpu(gpu).name   # the datasheet the name resolved to, for the report
     extra = _options(args)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DatasheetRangeWarning)  # printed below, once
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         frame, summary = predict_model(gpu, args.model, args.batch, args.seq, args.mode,
                                        predictor=args.predictor, quick=args.quick, **extra)
-    mem, per_gpu = _memory(args, gpu, extra, frame)
-    summary = {"gpu": args.gpu_spec or args.gpu, "model": args.model, "batch": args.batch,
-               "seq": args.seq, "mode": args.mode, "predictor": args.predictor, **summary,
-               "memory_gb": mem, "fits": mem["fits"]}
+        mem, per_gpu = _memory(args, gpu, extra, frame)
+    summary = {"gpu": args.gpu_spec or args.gpu, "gpu_name": name, "model": args.model,
+               "batch": args.batch, "seq": args.seq, "mode": args.mode,
+               "predictor": args.predictor, **summary, "memory_gb": mem, "fits": mem["fits"]}
     if args.json:
         print(json.dumps(summary, indent=1, allow_nan=False))
     else:
         _print_summary(args, summary, mem, per_gpu)
+    _print_warnings(summary["warnings"], model_notes(args.model, args.seq), caught)
     return 0
+
+
+def _print_warnings(notes: list[str], model: list[str], caught) -> None:
+    """Every warning once, on stderr, as ``warning: ...`` (no library file and line): the
+    summary's notes (the model's, then the datasheet ranges', which say that the forecast
+    extrapolates), then any other warning the run issued."""
+    seen = set()
+    others = [str(w.message) for w in caught
+              if not issubclass(w.category, (DatasheetRangeWarning, ModelNoteWarning))]
+    lines = [n if n in model else f"{n} (outside the training GPUs: the forecast extrapolates)"
+             for n in notes]
+    for line in [*lines, *others]:
+        if line not in seen:
+            seen.add(line)
+            print(f"warning: {line}", file=sys.stderr)
 
 
 def _options(args) -> dict:
     """The keyword arguments of :func:`predict_model` that the command line was given."""
+    _check_flags(args)
     extra = {}
     if getattr(args, "fused", False):
         extra["fused"] = True
@@ -54,7 +75,7 @@ def _options(args) -> dict:
     dtype = getattr(args, "dtype", "fp32") or "fp32"
     if dtype != "fp32":
         extra["dtype"] = dtype
-        extra["tensor_predictor"] = args.tensor_predictor
+        extra["tensor_predictor"] = getattr(args, "tensor_predictor", None) or "nslib"
     if getattr(args, "plain_sum", False):
         extra["launch_us"] = None
     elif getattr(args, "launch_us", None) is not None:
@@ -62,15 +83,44 @@ def _options(args) -> dict:
     return extra
 
 
+def _check_flags(args) -> None:
+    """ValueError for flags that do not apply to the step asked for (they would be ignored)."""
+    get = lambda k: getattr(args, k, None)  # noqa: E731 - flags absent from other commands
+    rules = [
+        (get("tensor_predictor") is not None and (get("dtype") or "fp32") == "fp32",
+         "--tensor-predictor prices the 16-bit tensor-core kernels: add --dtype bf16 (or "
+         "fp16), or drop it"),
+        (get("optimizer") is not None and get("mode") != "train",
+         "--optimizer counts optimizer states in the training memory: add --mode train, or "
+         "drop it"),
+        (get("kv_cache") and get("mode") == "train",
+         "--kv-cache keeps the keys and values of generation, an inference step: drop it or "
+         "use --mode inf"),
+        (get("plain_sum") and get("launch_us") is not None,
+         "--plain-sum sums the kernels as measured, with no launch gap: give one of "
+         "--plain-sum and --launch-us"),
+        (get("microbatches") is not None and get("pp") is None,
+         "--microbatches splits the batch of a pipeline: add --pp N, or drop it"),
+    ]
+    for bad, message in rules:
+        if bad:
+            raise ValueError(message)
+
+
+def _fmt_ms(v: float) -> str:
+    """Milliseconds for people: two decimals, scientific from ten million on."""
+    return f"{v:,.2f}" if abs(v) < 1e7 else f"{v:.3e}"
+
+
 def _print_summary(args, summary: dict, mem: dict, per_gpu: bool) -> None:
     dtype = getattr(args, "dtype", "fp32") or "fp32"
     what = (args.predictor if dtype == "fp32" else
-            f"{dtype}: {args.tensor_predictor} tensor cores, {args.predictor} vector")
-    print(f"{args.model} {args.mode} batch {args.batch} seq {args.seq} on {summary['gpu']} "
-          f"({what}): {summary['e2e_ms']:.2f} ms "
-          f"(forward {summary['fw_ms']:.2f}, backward {summary['bw_ms']:.2f})")
+            f"{dtype}: {args.tensor_predictor or 'nslib'} tensor cores, {args.predictor} vector")
+    print(f"{args.model} {args.mode} batch {args.batch} seq {args.seq} on "
+          f"{summary['gpu_name']} ({what}): {_fmt_ms(summary['e2e_ms'])} ms "
+          f"(forward {_fmt_ms(summary['fw_ms'])}, backward {_fmt_ms(summary['bw_ms'])})")
     for k, v in sorted(summary["per_class_ms"].items(), key=lambda kv: -kv[1]):
-        print(f"  {k:12s} {v:10.2f} ms")
+        print(f"  {k:12s} {_fmt_ms(v):>12s} ms")
     par = summary.get("parallel")
     if par:
         link = par["link"]
@@ -86,8 +136,6 @@ def _print_summary(args, summary: dict, mem: dict, per_gpu: bool) -> None:
         print(f"  fused: {summary['n_kernels']} kernels "
               f"(from {summary['n_kernels_unfused']})")
     print(_memory_line(mem, per_gpu))
-    for w in summary.get("warnings", []):
-        print(f"warning: {w} (outside the training GPUs: the forecast extrapolates)")
 
 
 def _memory(args, gpu, extra: dict, frame) -> tuple[dict, bool]:
@@ -97,21 +145,27 @@ def _memory(args, gpu, extra: dict, frame) -> tuple[dict, bool]:
            if k in extra}
     if par.get("tp", 1) > 1:
         par["sharded"] = frame   # the sharded trace predict_model made: not sharded twice
-    mem = memory_of(gpu, args.model, args.batch, args.seq, args.mode, args.optimizer,
+    mem = memory_of(gpu, args.model, args.batch, args.seq, args.mode, args.optimizer or "adam",
                     kv_cache=args.kv_cache, **par).to_dict()
     return mem, any(par.get(k, 1) > 1 for k in ("dp", "tp", "pp"))
 
 
 def _memory_line(mem: dict, per_gpu: bool) -> str:
     """'memory: fits (X GB of Y)' or 'memory: does not fit (needs X GB of Y)', with the parts."""
-    parts = ", ".join(f"{k} {mem[k]:.2f}" for k in ("weights", "grads", "optimizer",
-                                                     "activations", "kv_cache", "framework",
-                                                     "comm") if mem[k] > 0)
-    verdict = (f"fits ({mem['total']:.2f} GB of {mem['capacity']:g})" if mem["fits"] else
-               f"does not fit (needs {mem['total']:.2f} GB of {mem['capacity']:g})")
+    parts = ", ".join(f"{k} {_fmt_gib(mem[k])}" for k in ("weights", "grads", "optimizer",
+                                                          "activations", "kv_cache",
+                                                          "framework", "comm") if mem[k] > 0)
+    verdict = (f"fits ({_fmt_gib(mem['total'])} GiB of {mem['capacity']:g})" if mem["fits"]
+               else f"does not fit (needs {_fmt_gib(mem['total'])} GiB of "
+                    f"{mem['capacity']:g})")
     where = " per GPU" if per_gpu else ""
     return (f"  memory{where}: {verdict}; peak in {mem['peak_phase']} at "
-            f"{mem['peak_module'] or 'kernel ' + str(mem['peak_kid'])}: {parts} GB")
+            f"{mem['peak_module'] or 'kernel ' + str(mem['peak_kid'])}: {parts} GiB")
+
+
+def _fmt_gib(v: float) -> str:
+    """GiB (2**30 bytes) for people: two decimals, scientific beyond a million."""
+    return f"{v:,.2f}" if abs(v) < 1e6 else f"{v:.3e}"
 
 
 def add_predict_parser(sub) -> None:
@@ -128,7 +182,7 @@ def add_predict_parser(sub) -> None:
                    help="number format of the model (default fp32, the paper's setting); "
                         "bf16/fp16 trace it with fused attention, priced by the 16-bit GEMM "
                         "and attention predictors (needs the datasheet's Bf16FLOPs)")
-    s.add_argument("--tensor-predictor", default="nslib", metavar="NAME",
+    s.add_argument("--tensor-predictor", metavar="NAME",
                    help="16-bit GEMM and attention predictor (default nslib; or a baseline: "
                         "roofline, roofline_eff, xgboost, mlp)")
     s.add_argument("--quick", action="store_true", help="use the quick-trained predictor")
@@ -142,8 +196,7 @@ def add_predict_parser(sub) -> None:
     s.add_argument("--imbalance", type=float, metavar="F",
                    help="mixture-of-experts routing: the busiest expert gets F times its even "
                         "share of tokens (default 1: balanced)")
-    s.add_argument("--optimizer", default="adam",
-                   choices=["adam", "adamw", "sgd", "sgd_plain", "none"],
+    s.add_argument("--optimizer", choices=["adam", "adamw", "sgd", "sgd_plain", "none"],
                    help="optimizer states counted in the training memory (default adam; sgd "
                         "keeps a momentum buffer, sgd_plain none)")
     s.add_argument("--kv-cache", action="store_true",
@@ -160,6 +213,6 @@ def add_predict_parser(sub) -> None:
                    help="pipeline micro-batches (with --pp; default 1)")
     s.add_argument("--link-bw", type=arg_float(positive=True), metavar="GBPS",
                    help="GPU link bandwidth in GB/s (datasheet, both directions; default: "
-                        f"the GPU's Link_Bw or its NVLink/PCIe generation), used x "
+                        f"the datasheet's Link_Bw), used x "
                         f"{LINK_UTILISATION:g} / 2")
     s.set_defaults(func=_predict)

@@ -9,7 +9,8 @@ import math
 
 import numpy as np
 
-from nslib.data.gpus import FIELDS, GPU, gpu_from_dict, load_gpus, load_mixed_gpus_if_present
+from nslib.data.gpus import FIELDS, GPU, gpu_from_dict
+from nslib.data.registry import all_gpus
 
 # the datasheet numbers a hypothetical GPU may change (the explorer's sliders)
 SLIDER_FIELDS = ("num_sm", "peak_gflops", "mem_bw", "mem_gb", "l2_mb")
@@ -94,10 +95,9 @@ def datasheet_summary(gpu: GPU) -> str:
 
 
 def explorer_gpus(data=None) -> dict[str, GPU]:
-    """The GPUs the explorer offers: the NeuSight data's datasheets, joined by the 16-bit
-    data's (which carry ``Bf16FLOPs``; they win for a stem both folders have) when that folder
-    is there."""
-    return {**load_gpus(data), **load_mixed_gpus_if_present()}
+    """The GPUs the explorer offers: every datasheet of :func:`nslib.data.gpus.all_gpus` (the
+    NeuSight data's, the 16-bit data's with ``Bf16FLOPs``, KernelBench's)."""
+    return all_gpus(data)
 
 
 __all__ = ["SLIDER_FIELDS", "INT_FIELDS", "hypothetical_gpu", "explorer_gpus", "short_name",

@@ -89,6 +89,13 @@ def hf_config(config: dict):
     return hf
 
 
+# The HuggingFace model types whose trace is checked (tests/test_families.py and the paper's
+# models): any other type is traced too, with a warning that its kernels are unchecked.
+SUPPORTED_MODEL_TYPES = ("bert", "deepseek_v2", "deepseek_v3", "gemma", "gpt2", "llama",
+                         "mistral", "mixtral", "opt", "phi3", "qwen2", "qwen2_moe",
+                         "switch_transformers", "t5", "vit", "whisper")
+
+
 # The models the NeuSight measurements ran, read from the node names of the original opgraphs
 # (results/opgraph): BERT inference is a sequence classifier (pooler + 2-way classifier),
 # BERT training the pre-training model (pooler + MLM + NSP heads).
@@ -144,6 +151,12 @@ def build_model(config: dict, architecture: str | None, dtype: str = "fp32"):
             if "Unrecognized configuration class" in msg:
                 errors.append(msg.splitlines()[0])
                 continue
+            if attn == "sdpa" and "attention implementation" in msg:
+                # not a config problem: transformers has no fused-attention path for it
+                raise ValueError(f"{model_type!r} has no scaled-dot-product attention in "
+                                 f"transformers, which a {dtype} trace needs (its attention "
+                                 f"is priced as one fused kernel): predict it with --dtype "
+                                 f"fp32 (eager attention)") from None
             raise ValueError(f"transformers cannot build a {model_type!r} model from this config: "
                              f"{msg.splitlines()[0] if msg else e!r}. Fix the config (sizes must "
                              f"be consistent, e.g. hidden size divisible by the head count)") from None

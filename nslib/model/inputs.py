@@ -17,26 +17,28 @@ import pandas as pd
 from nslib import __version__
 from nslib.data.cache import PARQUET, Format, cached
 from nslib.data.checks import check_int
-from nslib.data.gpus import GPU, find_gpu, load_gpu_file, load_gpus
+from nslib.data.gpus import GPU, load_gpu_file
+from nslib.data.registry import find_any
 from nslib.data.paths import hash_files
 from nslib.kernels.dtypes import check_dtype
 from nslib.model.config import load_model_config
 from nslib.model.moe import expert_tokens
-from nslib.model.trace import TRACE_VERSION, trace
+from nslib.model.trace import TRACE_VERSION, trace, warn_model_notes
 from nslib.predictors.training import trained
 
 MODES = ("inf", "train")
 
 
 def resolve_gpu(gpu: str | GPU | os.PathLike, data=None) -> GPU:
-    """A GPU from a :class:`GPU`, a spec file path (any suffix), or a name/alias in the data."""
+    """A GPU from a :class:`GPU`, a spec file path (any suffix), or a name/alias of any
+    datasheet in the data (:func:`nslib.data.registry.find_any`)."""
     if isinstance(gpu, GPU):
         return gpu
     if not isinstance(gpu, (str, os.PathLike)):
         raise TypeError(f"gpu must be a name, a spec file path or a GPU, not "
                         f"{type(gpu).__name__}")
     path = spec_path(gpu)
-    return load_gpu_file(path) if path is not None else find_gpu(str(gpu), load_gpus(data))
+    return load_gpu_file(path) if path is not None else find_any(str(gpu), data)
 
 
 def spec_path(gpu) -> Path | None:
@@ -71,8 +73,10 @@ def traced(model, batch: int, seq: int, mode: str, data=None,
     if dtype != "fp32":  # FP32 keys stay those of the traces cached before the dtype existed
         extra.append(dtype)
     key = hash_files([], extra=extra)
-    return _traced(key, json.dumps(config, sort_keys=True), int(batch), int(seq), mode,
-                   imbalance, dtype).copy()
+    frame = _traced(key, json.dumps(config, sort_keys=True), int(batch), int(seq), mode,
+                    imbalance, dtype).copy()
+    warn_model_notes(config, seq)  # on every call: the trace may come from the cache
+    return frame
 
 
 # trace columns holding tuples of ints (parquet stores them as lists)
@@ -83,7 +87,7 @@ TUPLE_COLUMNS = ("inputs", "allocs", "frees")
 def _traced(key: str, config_json: str, batch: int, seq: int, mode: str,
             imbalance: float = 1.0, dtype: str = "fp32") -> pd.DataFrame:
     return cached("traces", key, lambda: trace(json.loads(config_json), batch, seq, mode,
-                                               imbalance=imbalance, dtype=dtype),
+                                               imbalance=imbalance, dtype=dtype, notes=False),
                   "model trace", TRACE_FORMAT)
 
 

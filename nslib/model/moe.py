@@ -111,7 +111,7 @@ def patch_moe(model, imbalance: float = 1.0, arch: str = "model") -> int:
     layout (Mixtral, Qwen2-MoE, DeepSeek-V2/V3, ...) :func:`_balanced_experts`. Any other
     module named ``...Experts`` raises ValueError: its routing would need meta-unfriendly data.
     """
-    n, done = 0, []
+    n, done, top_k = 0, [], 0
     for name, mod in model.named_modules():
         cname = type(mod).__name__
         if any(name.startswith(d + ".") for d in done):
@@ -124,9 +124,15 @@ def patch_moe(model, imbalance: float = 1.0, arch: str = "model") -> int:
             mod._nslib_imbalance = imbalance
             mod.forward = types.MethodType(_balanced_experts, mod)
             n += 1
+            top_k += 1
         elif cname.endswith("Experts"):
             raise ValueError(f"{arch}: the mixture-of-experts module {name} ({cname}) is not in a "
                              f"layout nslib can trace (it needs 3-D gate_up_proj/down_proj "
                              f"expert weights as in Mixtral, Qwen2-MoE and DeepSeek, or a Switch "
                              f"SparseMLP); this architecture is not supported yet")
+    if imbalance != 1.0 and not top_k:
+        raise ValueError(f"{arch}: imbalance applies to top-k mixture-of-experts layers "
+                         f"(Mixtral, Qwen2-MoE, DeepSeek), and this model has none"
+                         f"{' (Switch keeps a fixed expert capacity)' if n else ''}: drop "
+                         f"the imbalance")
     return n

@@ -15,10 +15,12 @@ from nslib.data.gpus import GPU
 from nslib.kernels.dtypes import check_dtype
 from nslib.model import predict16
 from nslib.model.fusion import fuse
+from nslib.model.config import load_model_config
 from nslib.model.inputs import MODES, get_predictor, kernel_frame, resolve_gpu, traced
 from nslib.model.parallel import predict_parallel
 from nslib.model.stream import LAUNCH_US, per_class_ms, step_ms
-from nslib.predictors.gpu_range import tensor_ranges, warn_out_of_range
+from nslib.model.trace import model_notes
+from nslib.predictors.gpu_range import warn_out_of_range, warn_out_of_tensor_range
 
 
 def summarize(frame: pd.DataFrame) -> dict:
@@ -48,13 +50,10 @@ def predict_model(gpu, model, batch: int, seq: int, mode: str = "inf",
     :class:`nslib.model.parallel.LinkSpec`) for the communication; see :mod:`nslib.model.parallel`.
     The summary then gains ``comm_ms`` and ``parallel``.
 
-    ``launch_us``: kernels run back to back with this launch gap in us, each microbenchmark's
-    dispatch floor off, a phase no faster than its host dispatches (FP32:
-    :func:`nslib.model.stream.step_ms`); ``None`` sums the microbenchmark latencies as they
-    are (the original tool's; always so for ``plain_sum`` predictors). The summary records it.
-
-    ``imbalance``: routing of top-k mixture-of-experts layers (1 = tokens spread evenly over
-    the experts; see :func:`nslib.model.moe.expert_tokens`); single-GPU steps only.
+    ``launch_us``: the launch gap (us) of kernels run back to back, each microbenchmark's
+    dispatch floor off (:func:`nslib.model.stream.step_ms`); ``None`` sums the latencies as
+    they are (the original tool's; always so for ``plain_sum`` predictors). ``imbalance``:
+    top-k mixture-of-experts routing (:func:`nslib.model.moe.expert_tokens`; 1 = even).
 
     ``dtype``: ``fp32`` (default, the paper's setting) or ``bf16``/``fp16``: traced in that
     format with fused attention; tensor-core GEMMs and attention priced by ``tensor_predictor``
@@ -62,8 +61,8 @@ def predict_model(gpu, model, batch: int, seq: int, mode: str = "inf",
     pair of fitted ones), the rest by ``predictor`` at their real bytes
     (:mod:`nslib.model.predict16`). Needs the datasheet's ``Bf16FLOPs``, one GPU, no fusion.
 
-    The summary's ``warnings`` lists the GPU's datasheet figures outside the training GPUs'
-    range, each also issued as a :class:`nslib.predictors.gpu_range.DatasheetRangeWarning`.
+    The summary's ``warnings``: the model's notes (:func:`nslib.model.trace.model_notes`),
+    then the datasheet figures outside the training GPUs' range (also issued as warnings).
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
@@ -73,11 +72,14 @@ def predict_model(gpu, model, batch: int, seq: int, mode: str = "inf",
     multi = dp != 1 or tp != 1 or pp != 1 or microbatches != 1
     launch_us, link = _check_link_and_launch(launch_us, link)
     spec = resolve_gpu(gpu, data)
+    # the model's notes lead the summary's warnings (traced() issues them on every call)
+    notes = model_notes(load_model_config(model, data), seq)
     if check_dtype(dtype) != "fp32":
-        return _predict_half(spec, model, batch, seq, mode, predictor, data, quick,
-                             fused or multi, launch_us, imbalance, check_dtype(dtype),
-                             tensor_predictor)
-    notes = warn_out_of_range(spec, data)
+        frame, summ = _predict_half(spec, model, batch, seq, mode, predictor, data, quick,
+                                    fused or multi, launch_us, imbalance, check_dtype(dtype),
+                                    tensor_predictor)
+        return frame, {**summ, "warnings": notes + summ["warnings"]}
+    notes += warn_out_of_range(spec, data)
     if multi:
         if imbalance != 1.0:
             raise ValueError("imbalance applies to single-GPU predictions for now: drop "
@@ -122,7 +124,7 @@ def _predict_half(spec: GPU, model, batch, seq, mode, predictor, data, quick, mu
     predict16.datasheet_columns(spec)  # a datasheet without Bf16FLOPs fails before the trace
     # tensor-core kernels against the 16-bit data's GPUs; vector kernels (FP32-trained
     # predictors) against the NeuSight training GPUs
-    notes = (warn_out_of_range(spec, ranges=tensor_ranges()) +
+    notes = (warn_out_of_tensor_range(spec) +
              [f"vector kernels: {n}" for n in warn_out_of_range(spec, data)])
     frame = kernel_frame(traced(model, batch, seq, mode, data, imbalance, dtype), spec)
     tensor = (predict16.tensor_predictors(tensor_predictor, quick)

@@ -30,7 +30,9 @@ through storages; 16-bit attention is :mod:`~nslib.model.sdpa_trace`'s.
 from __future__ import annotations
 
 import contextlib
+import json
 import warnings
+from functools import lru_cache
 
 import numpy as np
 import pandas as pd
@@ -39,15 +41,17 @@ from nslib.kernels import sizes
 from nslib.kernels.dtypes import check_dtype
 from nslib.model.aten import tensors_in
 from nslib.model.blocks import block_index, check_layers, install_hooks
-from nslib.model.config import (MAX_POSITION_KEYS, MEASURED_ARCHITECTURE, build_model,
+from nslib.model.config import (MAX_POSITION_KEYS, MEASURED_ARCHITECTURE,
+                                SUPPORTED_MODEL_TYPES, build_model, hf_config,
                                 load_model_config)
 from nslib.model.moe import expert_tokens, patch_moe
 from nslib.model.recorder import TRACE_COLUMNS, Tracer, make_modes
 from nslib.model.sdpa_trace import ATTENTION_COLUMNS, sdpa_mode
 from nslib.model.storages import MEMORY_COLUMNS
 
-__all__ = ["trace", "summarize", "logits_loss", "TRACE_VERSION", "TRACE_COLUMNS",
-           "MEMORY_COLUMNS", "ATTENTION_COLUMNS"]
+__all__ = ["trace", "summarize", "logits_loss", "model_notes", "warn_model_notes",
+           "ModelNoteWarning", "TRACE_VERSION", "TRACE_COLUMNS", "MEMORY_COLUMNS",
+           "ATTENTION_COLUMNS"]
 
 # Bump when the rows trace() produces change, so caches of traces can key on it.
 TRACE_VERSION = 7
@@ -90,6 +94,64 @@ def _image_size(hf, arch: str) -> tuple[int, int]:
                      f"{size!r}): add image_size (pixels) to the config")
 
 
+class ModelNoteWarning(UserWarning):
+    """What a prediction of this model leaves out or ignores (:func:`model_notes`)."""
+
+
+def model_notes(config: dict, seq: int) -> list[str]:
+    """Notes on tracing ``config`` at ``seq``, from the config alone (so a cached trace still
+    gives them): a model type outside :data:`SUPPORTED_MODEL_TYPES` (its kernels unchecked), and
+    a vision model whose image, not ``seq``, sets the sequence."""
+    if not isinstance(config, dict):
+        config = load_model_config(config)
+    return list(_notes(json.dumps(config, sort_keys=True), int(seq)))
+
+
+@lru_cache(maxsize=256)
+def _notes(config_json: str, seq: int) -> tuple[str, ...]:
+    config = json.loads(config_json)
+    kind = config.get("model_type")
+    notes = []
+    if kind not in SUPPORTED_MODEL_TYPES:
+        notes.append(f"model_type {kind!r} is not among the families nslib has checked "
+                     f"({', '.join(SUPPORTED_MODEL_TYPES)}): its kernels are traced as they run "
+                     f"in eager PyTorch, but kernels of layers nslib does not model (recurrent "
+                     f"scans, custom CUDA ops) may be missing or mispriced")
+    if not _takes_images(config):
+        return tuple(notes)
+    hf = hf_config(config)   # only vision configs pay for transformers (the fast path does not)
+    if _vision(hf, "image_size") is not None:
+        h, w = _image_size(hf, kind)
+        patch = _vision(hf, "patch_size")
+        if isinstance(patch, int) and patch > 0 and seq != (h // patch) * (w // patch) + 1:
+            notes.append(f"{kind}: the sequence is set by the image ({h}x{w} pixels, patches "
+                         f"of {patch}: {(h // patch) * (w // patch) + 1} tokens with the class "
+                         f"token); seq={seq} is not used")
+    return tuple(notes)
+
+
+def _takes_images(config: dict) -> bool:
+    """Whether a config dict is a vision model's (an image size, a vision sub-config, or a
+    type whose name says so), without building it."""
+    kind = str(config.get("model_type", ""))
+    return ("image_size" in config or "vision_config" in config
+            or any(w in kind for w in ("vit", "vision", "swin", "deit", "beit", "convnext")))
+
+
+def warn_model_notes(config: dict, seq: int, stacklevel: int = 3) -> list[str]:
+    """:func:`model_notes`, each also issued as a :class:`ModelNoteWarning`."""
+    notes = model_notes(config, seq)
+    for n in notes:
+        warnings.warn(n, ModelNoteWarning, stacklevel=stacklevel)
+    return notes
+
+
+def _float_dtype(model):
+    """The floating-point format of the model's parameters (its inputs are built in it)."""
+    import torch
+    return next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+
+
 def _model_inputs(hf, model, batch: int, seq: int) -> dict:
     """Meta inputs of the shape the model's main input needs (see :func:`trace`)."""
     import torch
@@ -106,16 +168,13 @@ def _model_inputs(hf, model, batch: int, seq: int) -> dict:
                              f"Whisper-style num_mel_bins and max_source_positions, which this "
                              f"config lacks: not supported")
         # the two stride-1/stride-2 convolutions halve the frames to max_source_positions
-        inputs = {"input_features": torch.zeros(batch, mels, 2 * frames, device="meta")}
+        inputs = {"input_features": torch.zeros(batch, mels, 2 * frames, device="meta",
+                                                dtype=_float_dtype(model))}
     elif main == "pixel_values":
         h, w = _image_size(hf, arch)
         channels = int(_vision(hf, "num_channels") or 3)
-        inputs = {"pixel_values": torch.zeros(batch, channels, h, w, device="meta")}
-        patch = _vision(hf, "patch_size")
-        if isinstance(patch, int) and patch > 0 and seq != (h // patch) * (w // patch) + 1:
-            warnings.warn(f"{arch}: the sequence is set by the image ({h}x{w} pixels, patches "
-                          f"of {patch}: {(h // patch) * (w // patch) + 1} tokens with the class "
-                          f"token); seq={seq} is not used", stacklevel=4)
+        inputs = {"pixel_values": torch.zeros(batch, channels, h, w, device="meta",
+                                              dtype=_float_dtype(model))}
     else:
         raise ValueError(f"{arch} takes {main!r} as its input, which nslib cannot build (it "
                          f"builds token ids, Whisper-style audio features and images): not "
@@ -146,7 +205,7 @@ def logits_loss(output):
 
 def trace(config: dict, batch: int, seq: int, mode: str, *, grad_accumulation: bool = True,
           architecture: str | None = None, imbalance: float = 1.0,
-          dtype: str = "fp32") -> pd.DataFrame:
+          dtype: str = "fp32", notes: bool = True) -> pd.DataFrame:
     """The kernels one forward (``mode="inf"``) or forward + backward (``"train"``) launches.
 
     ``config``: a HuggingFace config dict (or a name/path for :func:`load_model_config`).
@@ -155,7 +214,8 @@ def trace(config: dict, batch: int, seq: int, mode: str, *, grad_accumulation: b
     shape ``(batch, num_mel_bins, 2 * max_source_positions)`` (the encoder's fixed 30 s
     window) and decoder ids ``(batch, seq)``; for vision models (ViT) images of shape
     ``(batch, num_channels, image_size, image_size)``, whose patch count sets the sequence
-    (``seq`` is then unused, with a warning when it differs). ``imbalance``: the routing of
+    (``seq`` is then unused). ``notes``: issue :func:`model_notes` as warnings (an unchecked
+    model type, an unused ``seq``). ``imbalance``: the routing of
     top-k mixture-of-experts layers (:func:`expert_tokens`; 1 = balanced). ``grad_accumulation``:
     trace the add of each parameter gradient into an existing ``.grad`` (as the measured runs and
     the original opgraph). ``architecture``: a transformers class name to build instead of the
@@ -194,10 +254,13 @@ def trace(config: dict, batch: int, seq: int, mode: str, *, grad_accumulation: b
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # transformers' notes about meta tensors, token ids...
     try:
-        return _trace(config, batch, seq, mode, grad_accumulation, architecture, imbalance,
-                      dtype)
+        frame = _trace(config, batch, seq, mode, grad_accumulation, architecture, imbalance,
+                       dtype)
     finally:
         hf_logging.set_verbosity(verbosity)
+    if notes:  # once the model built: a config that fails needs its error, not notes
+        warn_model_notes(config, seq)
+    return frame
 
 
 def _trace(config, batch, seq, mode, grad_accumulation, architecture, imbalance,

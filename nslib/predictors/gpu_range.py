@@ -22,12 +22,12 @@ from dataclasses import dataclass
 from nslib.data.cache import JSON, cached
 from nslib.data.gpus import GPU, find_gpu, load_gpus, load_mixed_gpus
 from nslib.data.mixed_data import attention_table, gemm_table, mixed_hash
-from nslib.data.paths import data_root
+from nslib.data.paths import DataNotFoundError, data_root
 from nslib.kernels.measured import data_hash, gpu_splits
 
 __all__ = ["CHECKED", "CHECKED_16", "DatasheetRangeWarning", "OutOfRange", "figures",
            "training_ranges", "tensor_ranges", "out_of_range", "range_warnings",
-           "warn_out_of_range"]
+           "warn_out_of_range", "warn_out_of_tensor_range"]
 
 # figure name (NeuSight JSON key, or the derived ratio) -> (GPU attribute or None, unit)
 CHECKED = {
@@ -145,7 +145,13 @@ def out_of_range(gpu: GPU, data=None, ranges: dict | None = None) -> list[OutOfR
     ``ranges``: the result of :func:`training_ranges` (default: read from ``data``) or of
     :func:`tensor_ranges` (the 16-bit figures, then).
     """
-    ranges = ranges or training_ranges(data)
+    if ranges is None:
+        try:
+            ranges = training_ranges(data)
+        except DataNotFoundError:
+            # no NeuSight data, so no training GPUs to compare with: only a fitted predictor
+            # passed in gets this far (a registered one needs the data to train)
+            return []
     checked, who = ((CHECKED_16, "16-bit training GPU") if ranges.get("kind") == "tensor"
                     else (CHECKED, "training GPU"))
     out = []
@@ -170,6 +176,16 @@ def tensor_ranges(mixed=None) -> dict:
 
     digest = mixed_hash(mixed)
     return _cached(("tensor", digest), f"tensor_range_{digest}", CHECKED_16, compute)
+
+
+def warn_out_of_tensor_range(gpu: GPU, mixed=None) -> list[str]:
+    """:func:`warn_out_of_range` against :func:`tensor_ranges`; none when the 16-bit data is
+    absent (only fitted tensor predictors passed in get that far: named ones train on it)."""
+    try:
+        ranges = tensor_ranges(mixed)
+    except DataNotFoundError:
+        return []
+    return warn_out_of_range(gpu, ranges=ranges, stacklevel=4)
 
 
 def range_warnings(gpu: GPU, data=None, ranges: dict | None = None) -> list[str]:

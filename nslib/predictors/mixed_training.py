@@ -9,8 +9,11 @@ trains and is evaluated on (the quick profile keeps a fixed, seeded subsample pe
 from __future__ import annotations
 
 import importlib
+import json
 import sys
+from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from nslib import __version__
@@ -85,6 +88,21 @@ def _key(kind: str, name: str, seed: int, quick: bool, exclude: list, mixed) -> 
                                              [str(p.relative_to(root)) for p in data]])
 
 
+def _rough_time(folder: Path, kind: str, name: str, quick: bool) -> str:
+    """How long a 16-bit fit takes: the median of earlier fits recorded in ``folder`` (same
+    kind, predictor and profile), else a minute (two seconds quick) on a 2-core machine."""
+    past = []
+    for meta in folder.glob(f"{kind}-{name}-*.json"):
+        try:
+            m = json.loads(meta.read_text())
+            if m.get("quick") == quick:
+                past.append(float(m["train_seconds"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    secs = float(np.median(past)) if past else (2.0 if quick else 60.0)
+    return f"{secs:.0f} s" if secs < 90 else f"{secs / 60:.0f} min"
+
+
 def trained_tensor(kind: str, name: str = "nslib", seed: int = 0, quick: bool = False,
                    exclude_gpus=(), mixed=None, progress: bool = True, table=None):
     """Predictor ``name`` of ``kind`` trained on every measured GPU except ``exclude_gpus``
@@ -107,7 +125,8 @@ def trained_tensor(kind: str, name: str = "nslib", seed: int = 0, quick: bool = 
             loaded.kind = pred.kind  # baselines keep their kind object, not in the file
         return loaded
     print(f"nslib: training the 16-bit {kind} {name} predictor ({'quick' if quick else 'full'}"
-          f" profile{', without ' + ', '.join(exclude) if exclude else ''}); cached afterwards",
+          f" profile{', without ' + ', '.join(exclude) if exclude else ''}). Roughly "
+          f"{_rough_time(path.parent, kind, name, quick)}; cached afterwards",
           file=sys.stderr, flush=True)
     table = kind_table(kind, quick, mixed) if table is None else table
     rows = table[~table["gpu"].isin(exclude)].reset_index(drop=True)

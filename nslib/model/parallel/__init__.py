@@ -6,14 +6,14 @@ Modules: :mod:`.links` (what a transfer costs), :mod:`.tensor` (a tensor-paralle
 trace), :mod:`.pipeline` (stages, GPipe), :mod:`.schedules` (communication rows, the DP/TP/PP
 step schedules), :mod:`.predict` (the step, :func:`predict_parallel`).
 """
-from nslib.model.parallel.links import (LINK_LATENCY_US, LINK_RULES, LINK_UTILISATION, LinkSpec,
-                                        default_link, raw_spec, resolve_link)
+from nslib.model.parallel.links import (FALLBACK_LINK_GBPS, LINK_LATENCY_US, LINK_UTILISATION,
+                                        LinkSpec, default_link, raw_spec, resolve_link)
 from nslib.model.parallel.pipeline import gpipe_time, pipeline_stages
 from nslib.model.parallel.predict import check_degrees, model_info, predict_parallel
 from nslib.model.parallel.schedules import dp_schedule, pp_schedule, tp_schedule
 from nslib.model.parallel.tensor import shard_tensor_parallel
 
-__all__ = ["LINK_LATENCY_US", "LINK_RULES", "LINK_UTILISATION", "LinkSpec", "check_degrees",
-           "default_link", "dp_schedule", "gpipe_time", "model_info", "pipeline_stages",
+__all__ = ["FALLBACK_LINK_GBPS", "LINK_LATENCY_US", "LINK_UTILISATION", "LinkSpec",
+           "check_degrees", "default_link", "dp_schedule", "gpipe_time", "model_info", "pipeline_stages",
            "pp_schedule", "predict_parallel", "raw_spec", "resolve_link",
            "shard_tensor_parallel", "tp_schedule"]

@@ -8,16 +8,15 @@ a transfer sees: ``effective = bandwidth * 0.72 / 2``. A ring all-reduce of ``b`
 effective + 2*(n-1) * latency``; a point-to-point send ``b / effective + latency``. The per-hop
 latency :data:`LINK_LATENCY_US` is a nominal 1 us (an order of magnitude for NVLink), not
 fitted; it matters only for tiny messages. Where the bandwidth comes from
-(:func:`default_link`): an optional ``Link_Bw`` key (GB/s, both directions) in the GPU's device
-JSON (also ``Link_Util`` and ``Link_Latency_us``), else a documented rule on the device name
-(:data:`LINK_RULES`: the NVLink generation of SXM parts, the PCIe generation of PCIe cards),
-else PCIe 3.0 x16; ``link=`` / ``--link-bw`` override it.
+(:func:`default_link`): the ``Link_Bw`` figure (GB/s, both directions) of the GPU's datasheet
+(also ``Link_Util`` and ``Link_Latency_us`` when its JSON gives them), never the GPU's name;
+a datasheet without it gets :data:`FALLBACK_LINK_GBPS` (PCIe 3.0 x16, the slowest link of a
+GPU server), and the report says so. ``link=`` / ``--link-bw`` override it.
 """
 from __future__ import annotations
 
 import json
 import math
-import re
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -26,8 +25,8 @@ import numpy as np
 from nslib.data.paths import data_root
 from nslib.data.units import GIGA, MS_PER_S, MS_PER_US
 
-__all__ = ["LINK_UTILISATION", "LINK_LATENCY_US", "LINK_DIRECTIONS", "LINK_RULES", "LinkSpec",
-           "raw_spec", "default_link", "resolve_link"]
+__all__ = ["LINK_UTILISATION", "LINK_LATENCY_US", "LINK_DIRECTIONS", "FALLBACK_LINK_GBPS",
+           "LinkSpec", "raw_spec", "default_link", "resolve_link"]
 
 # Fraction of the datasheet bandwidth a collective achieves: the NeuSight paper's link
 # utilisation for multi-GPU communication (method.md 6).
@@ -80,17 +79,8 @@ class LinkSpec:
         return {**asdict(self), "effective_gbps": self.effective_gbps}
 
 
-# (regex on the lower-cased device name, GB/s both directions, what it is). First match wins.
-LINK_RULES = (
-    (r"(h100|h200|h800|gh200)(?!.*pcie)", 900.0, "NVLink 4 (Hopper SXM)"),
-    (r"(h100|h200|h800).*pcie", 128.0, "PCIe 5.0 x16 (Hopper PCIe card)"),
-    (r"(a100|a800).*sxm", 600.0, "NVLink 3 (A100 SXM)"),
-    (r"v100.*sxm", 300.0, "NVLink 2 (V100 SXM2)"),
-    (r"p100.*sxm", 160.0, "NVLink 1 (P100 SXM2)"),
-    (r"(a100|a800|a10|a30|a40|l4|l40|rtx a|a6000).*|.*ampere|.*ada", 64.0,
-     "PCIe 4.0 x16 (Ampere/Ada PCIe card)"),
-    (r".*", 32.0, "PCIe 3.0 x16 (fallback)"),
-)
+# A datasheet without Link_Bw: PCIe 3.0 x16 (16 GB/s each way), the slowest GPU link in use.
+FALLBACK_LINK_GBPS = 32.0
 
 
 def raw_spec(gpu, spec_path=None, data=None) -> dict:
@@ -115,23 +105,21 @@ def raw_spec(gpu, spec_path=None, data=None) -> dict:
 
 
 def default_link(gpu, data=None, spec_path=None) -> LinkSpec:
-    """The link of a GPU: ``Link_Bw`` (and ``Link_Util``, ``Link_Latency_us``) from its device
-    JSON when present, else :data:`LINK_RULES` on its name (see the module docstring)."""
+    """The link of a GPU: its datasheet's ``Link_Bw`` (and ``Link_Util``, ``Link_Latency_us``
+    from its JSON), else :data:`FALLBACK_LINK_GBPS` (see the module docstring)."""
     raw = raw_spec(gpu, spec_path, data)
     name = getattr(gpu, "name", str(gpu))
     util = raw.get("Link_Util", LINK_UTILISATION)
     lat = raw.get("Link_Latency_us", LINK_LATENCY_US)
-    bw = raw.get("Link_Bw")
+    bw = raw.get("Link_Bw", getattr(gpu, "link_gbps", None))
     if bw is not None:
         if isinstance(bw, bool) or not isinstance(bw, (int, float)) or not 0 < bw < math.inf:
             raise ValueError(f"{name}: device JSON field 'Link_Bw' (GPU-to-GPU link bandwidth, "
                              f"GB/s both directions) must be a positive number, got {bw!r}")
-        return LinkSpec(float(bw), float(util), float(lat), source="device JSON Link_Bw")
-    low = name.lower()
-    for pattern, gbps, what in LINK_RULES:
-        if re.search(pattern, low):
-            return LinkSpec(gbps, float(util), float(lat), source=f"rule: {what}")
-    raise AssertionError("LINK_RULES ends with a catch-all")
+        return LinkSpec(float(bw), float(util), float(lat), source="datasheet Link_Bw")
+    return LinkSpec(FALLBACK_LINK_GBPS, float(util), float(lat),
+                    source="no Link_Bw in the datasheet: PCIe 3.0 x16 assumed (add Link_Bw, "
+                           "GB/s both directions, or pass --link-bw)")
 
 
 def resolve_link(link, gpu, data=None, spec_path=None) -> LinkSpec:

@@ -42,7 +42,8 @@ __all__ = ["model_info", "check_degrees", "predict_parallel"]
 # --------------------------------------------------------------------------------------------
 
 def model_info(model, mode: str = "train", data=None) -> dict:
-    """Sizes of a model config: ``hidden``, ``heads``, ``layers`` (transformer blocks),
+    """Sizes of a model config: ``hidden``, ``heads``, ``kv_heads`` (key/value heads, the
+    query heads without grouped-query attention), ``layers`` (transformer blocks),
     ``vocab``, ``param_bytes`` (FP32 bytes of the parameters per block index, -1 for those
     outside the blocks; tied weights once) and ``vocab_modules`` (embedding modules with a
     vocabulary-sized table). Built on the meta device (no memory), cached."""
@@ -71,6 +72,8 @@ def _model_info(config_json: str, mode: str) -> dict:
                           if isinstance(m, nn.Embedding) and vocab and m.num_embeddings == vocab)
     return {"hidden": int(getattr(hf, "hidden_size")),
             "heads": int(getattr(hf, "num_attention_heads")),
+            "kv_heads": int(getattr(hf, "num_key_value_heads", None)
+                            or getattr(hf, "num_attention_heads")),
             "layers": len(blocks), "vocab": vocab, "param_bytes": per,
             "vocab_modules": vocab_modules}
 
@@ -93,6 +96,13 @@ def check_degrees(info: dict, batch: int, dp: int = 1, tp: int = 1, pp: int = 1,
     if info["heads"] % tp:
         raise ValueError(f"tensor parallelism needs the attention heads divisible by tp: "
                          f"{info['heads']} heads are not divisible by tp={tp}")
+    kv = info.get("kv_heads", info["heads"])
+    if kv % tp:
+        # Megatron splits the key/value heads (query groups) across the GPUs as it does the
+        # query heads; a degree above their count would need replicated KV heads (not modelled)
+        raise ValueError(f"tensor parallelism needs the key/value heads divisible by tp: "
+                         f"{kv} key/value heads are not divisible by tp={tp}; use a tp that "
+                         f"divides {kv}")
     if info["layers"] % pp or (pp > 1 and info["layers"] == 0):
         raise ValueError(f"pipeline parallelism needs the transformer layers divisible by pp: "
                          f"{info['layers']} layers are not divisible by pp={pp}")
