@@ -29,7 +29,7 @@
 
 # %% tags=["parameters"]
 data = None          # NeuSight data root; None: $NSLIB_DATA or datasets/neusight
-out = None           # folder for figures and tables; None: the project's figures/
+out = None           # folder for figures and tables; None: figures/interactive/ (make reproduce: figures/)
 quick = False        # quick mode: fewer points in scatter plots, fewer training epochs
 seed = 0
 gpu = None           # GPU for sections 1-3; None: the fastest training GPU
@@ -44,10 +44,13 @@ from scipy.optimize import curve_fit
 
 from nslib.kernels import measured, sizes
 from nslib.viz.figures import save_figure, save_table
+from nslib.viz.scratch import notebook_out
 from nslib.data.gpus import load_gpus
 from nslib.model.inputs import resolve_gpu
 from nslib.predictors import get
 from nslib.explore.gpus import hypothetical_gpu
+
+out = notebook_out(out)   # run by hand: figures/interactive/, never the tracked figures/
 
 rng = np.random.default_rng(seed)
 sample = 4000 if quick else 20000

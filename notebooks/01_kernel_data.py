@@ -23,7 +23,7 @@
 
 # %% tags=["parameters"]
 data = None          # NeuSight data root; None: $NSLIB_DATA or datasets/neusight
-out = None           # folder for figures and tables; None: the project's figures/
+out = None           # folder for figures and tables; None: figures/interactive/ (make reproduce: figures/)
 quick = False        # quick mode: subsample the scatter plots
 seed = 0
 
@@ -36,7 +36,10 @@ import seaborn as sns
 from nslib.kernels import measured, sizes
 from nslib.evaluation.metrics import class_table, gpu_table
 from nslib.viz.figures import save_figure, save_table
+from nslib.viz.scratch import notebook_out
 from nslib.data.gpus import load_gpus
+
+out = notebook_out(out)   # run by hand: figures/interactive/, never the tracked figures/
 
 sample = 3000 if quick else 20000
 splits = measured.gpu_splits(data)

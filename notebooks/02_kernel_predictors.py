@@ -29,7 +29,7 @@
 
 # %% tags=["parameters"]
 data = None      # NeuSight data root; None: $NSLIB_DATA or datasets/neusight
-out = None       # folder for figures and tables; None: figures/
+out = None       # folder for figures and tables; None: figures/interactive/ (make reproduce: figures/)
 epochs = None    # None: the library's default (or the quick profile's)
 seed = 0
 quick = False    # quick profile: a few epochs, for tests
@@ -44,8 +44,11 @@ import seaborn as sns
 from nslib.kernels import measured, tiles
 from nslib.evaluation.metrics import ape, class_table, gpu_table
 from nslib.viz.figures import save_figure, save_table
+from nslib.viz.scratch import notebook_out
 from nslib.evaluation.kernel_level import predict_test
 from nslib.predictors.training import kernel_eval_frame, trained
+
+out = notebook_out(out)   # run by hand: figures/interactive/, never the tracked figures/
 
 splits = measured.gpu_splits(data)
 train_kw = dict(data=data, quick=quick, seed=seed, epochs=epochs)

@@ -25,7 +25,7 @@
 
 # %% tags=["parameters"]
 data = None      # NeuSight data root; None: $NSLIB_DATA or datasets/neusight
-out = None       # folder for figures and tables; None: figures/
+out = None       # folder for figures and tables; None: figures/interactive/ (make reproduce: figures/)
 predictors = ["roofline", "habitat", "li", "linreg", "xgboost", "mlp", "nslib", "neusight"]
 # leave-one-GPU-out trains each predictor once per training GPU: the cheaper ones
 logo_predictors = ["roofline", "linreg", "xgboost", "mlp", "nslib"]
@@ -41,8 +41,11 @@ import seaborn as sns
 from nslib.kernels import measured
 from nslib.evaluation.metrics import ape, class_table
 from nslib.viz.figures import save_figure, save_table
+from nslib.viz.scratch import notebook_out
 from nslib.evaluation.kernel_level import predict_test
 from nslib.predictors import available
+
+out = notebook_out(out)   # run by hand: figures/interactive/, never the tracked figures/
 
 splits = measured.gpu_splits(data)
 names = [p for p in predictors if p in available()]

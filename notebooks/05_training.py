@@ -23,7 +23,7 @@
 
 # %% tags=["parameters"]
 data = None        # NeuSight data root; None: $NSLIB_DATA or datasets/neusight
-out = None         # folder for figures and tables; None: figures/
+out = None         # folder for figures and tables; None: figures/interactive/ (make reproduce: figures/)
 # `neusight`: the paper's method as published; `nslib`: nslib's design
 predictors = ["nslib", "neusight", "roofline", "habitat", "li"]
 gpus = None        # GPU file stems to evaluate; None: every GPU with labels
@@ -34,9 +34,12 @@ quick = False      # quick profile: quick-trained predictors, a subset of config
 
 # %%
 from nslib.viz.figures import save_figure, save_table
+from nslib.viz.scratch import notebook_out
 from nslib.evaluation.model_level import report, time_breakdown
 from nslib.viz.plots import logo_heatmap, pred_vs_measured_bars, share_bars
 from nslib.predictors import available
+
+out = notebook_out(out)   # run by hand: figures/interactive/, never the tracked figures/
 
 mode = "train"
 prefix = "05_training"[:2]

@@ -32,7 +32,7 @@
 
 # %% tags=["parameters"]
 data = None        # NeuSight data root; None: $NSLIB_DATA or datasets/neusight
-out = None         # folder for figures and tables; None: figures/
+out = None         # folder for figures and tables; None: figures/interactive/ (make reproduce: figures/)
 # `neusight`: the paper's method as published; `nslib`: nslib's design
 predictors = ["nslib", "neusight", "roofline"]
 logo_predictors = ["nslib", "roofline"]  # also priced leave-one-GPU-out (1 fit per GPU)
@@ -43,6 +43,7 @@ quick = False      # quick profile: quick-trained predictors, BERT only
 
 # %%
 from nslib.viz.figures import save_figure, save_table
+from nslib.viz.scratch import notebook_out
 from nslib.evaluation.fusion_eval import (fused_group_counts, fusion_example, fusion_speedups,
                                           fusion_summary, fusion_table)
 from nslib.evaluation.model_level import evaluate_variant, paper_table, variant_logo
@@ -50,6 +51,8 @@ from nslib.model.fusion import fuse
 from nslib.model.inputs import traced
 from nslib.predictors import available
 from nslib.viz.variant_plots import fusion_bars
+
+out = notebook_out(out)   # run by hand: figures/interactive/, never the tracked figures/
 
 prefix = "06"
 names = [p for p in predictors if p in available()]

@@ -37,7 +37,7 @@
 
 # %% tags=["parameters"]
 data = None        # NeuSight data root; None: $NSLIB_DATA or datasets/neusight
-out = None         # folder for figures and tables; None: figures/
+out = None         # folder for figures and tables; None: figures/interactive/ (make reproduce: figures/)
 # `neusight`: the paper's method as published; `nslib`: nslib's design
 predictors = ["nslib", "neusight", "roofline"]
 gpus = None        # GPU file stems; None: every GPU with distributed labels
@@ -53,6 +53,7 @@ quick = False      # quick profile: quick-trained predictors, A100-SXM4 only, sm
 
 # %%
 from nslib.viz.figures import save_figure, save_table
+from nslib.viz.scratch import notebook_out
 from nslib.evaluation.model_level import evaluate_variant
 from nslib.evaluation.parallel_eval import (parallel_error_table, parallel_summary,
                                             parallel_table, scaling_table, with_strategy)
@@ -61,6 +62,8 @@ from nslib.model.parallel import default_link
 from nslib.model.parallel_whatif import link_sweep_degree, parallel_whatif
 from nslib.predictors import available
 from nslib.viz.variant_plots import parallel_bars, whatif_lines
+
+out = notebook_out(out)   # run by hand: figures/interactive/, never the tracked figures/
 
 prefix = "07"
 names = [p for p in predictors if p in available()]

@@ -27,7 +27,7 @@
 
 # %% tags=["parameters"]
 data = None        # NeuSight data root; None: $NSLIB_DATA or datasets/neusight
-out = None         # folder for figures and tables; None: the project's figures/
+out = None         # folder for figures and tables; None: figures/interactive/ (make reproduce: figures/)
 quick = False      # quick profile: the quick-trained predictor, a shorter what-if sweep
 seed = 0
 gpus = ["H100", "A100 80GB", "A100-PCIE-40GB"]   # names or aliases of GPUs in the data
@@ -45,12 +45,15 @@ import pandas as pd
 from IPython.display import Markdown, display
 
 from nslib.viz.figures import save_figure, save_table
+from nslib.viz.scratch import notebook_out
 from nslib.model.inputs import resolve_gpu
 from nslib.explore.gpus import hypothetical_gpu
 from nslib.explore.plots import plot_scenario
 from nslib.explore.ranges import training_ranges
 from nslib.explore.ui import build_explorer
 from nslib.explore.whatif import scenario
+
+out = notebook_out(out)   # run by hand: figures/interactive/, never the tracked figures/
 
 specs = [resolve_gpu(g, data) for g in gpus]
 base = specs[0]

@@ -26,7 +26,7 @@
 # %% tags=["parameters"]
 mixed = None     # 16-bit data root; None: $NSLIB_MIXED or datasets/mixed
 data = None      # NeuSight data root (nslib's FP32 vector predictors price norms and adds)
-out = None       # folder for figures and tables; None: figures/
+out = None       # folder for figures and tables; None: figures/interactive/ (make reproduce: figures/)
 predictors = ["roofline", "roofline_eff", "xgboost", "mlp", "nslib"]
 seed = 0
 quick = False    # quick profile: a subsample of each table and short training, for tests
@@ -40,10 +40,13 @@ import seaborn as sns
 
 from nslib.data import mixed_data
 from nslib.viz.figures import save_figure, save_table
+from nslib.viz.scratch import notebook_out
 from nslib.data.gpus import load_mixed_gpus
 from nslib.evaluation.kernel_level16 import logo_frame, mape_table
 from nslib.predictors.mixed_training import KINDS, kind_table
 from nslib.viz.plots import logo_heatmap, pred_vs_measured_scatter
+
+out = notebook_out(out)   # run by hand: figures/interactive/, never the tracked figures/
 
 gpus = load_mixed_gpus(mixed)
 sheets = mixed_data.gpu_frame(gpus).set_index("gpu")

@@ -39,7 +39,7 @@
 
 # %% tags=["parameters"]
 data = None        # NeuSight data root; None: $NSLIB_DATA or datasets/neusight
-out = None         # folder for figures and tables; None: figures/
+out = None         # folder for figures and tables; None: figures/interactive/ (make reproduce: figures/)
 models = ["gpt2_large", "gpt3_xl", "gpt3_27", "bert_large", "opt_13"]
 gpus = ["Tesla_P100-PCIE-16GB", "Tesla_T4", "Tesla_V100-PCIE-32GB", "NVIDIA_A100-SXM4-40GB",
         "NVIDIA_H100_80GB_HBM3"]
@@ -61,11 +61,14 @@ import numpy as np
 import pandas as pd
 
 from nslib.viz.figures import save_figure, save_table
+from nslib.viz.scratch import notebook_out
 from nslib.model.config import max_seq
 from nslib.model.trace import trace
 from nslib.evaluation.memcheck import SMALL_CONFIGS, compare
 from nslib.model.memory import (GIB, korthikanti_bytes, largest_batch, layer_saved_bytes,
     memory_of, pipeline_memory)
+
+out = notebook_out(out)   # run by hand: figures/interactive/, never the tracked figures/
 
 prefix = "10"
 parts = ["weights", "grads", "optimizer", "activations", "framework", "comm"]

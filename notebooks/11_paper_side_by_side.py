@@ -33,7 +33,7 @@
 
 # %% tags=["parameters"]
 data = None        # NeuSight data root; None: $NSLIB_DATA or datasets/neusight
-out = None         # folder for figures and tables; None: figures/
+out = None         # folder for figures and tables; None: figures/interactive/ (make reproduce: figures/)
 predictors = ["neusight", "nslib", "roofline", "habitat", "li"]
 models = None      # model names; None: every model the labels hold
 seed = 0
@@ -50,7 +50,10 @@ from nslib.evaluation.per_class import per_class_results, per_class_table
 from nslib.model.predict import predict_model
 from nslib.predictors import available
 from nslib.viz.figures import save_figure, save_table
+from nslib.viz.scratch import notebook_out
 from nslib.viz.reported_plots import reported_bars
+
+out = notebook_out(out)   # run by hand: figures/interactive/, never the tracked figures/
 
 prefix = "11"
 names = [p for p in predictors if p in available()]

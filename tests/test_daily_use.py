@@ -161,3 +161,22 @@ def test_huge_figures_print_readably(data_dir, tmp_path, capsys):
     assert main(args) == 0
     out = capsys.readouterr().out
     assert "e+" in out and not re.findall(r"\d[\d,.]{15,}", out)  # no 30-digit numbers
+
+
+def test_a_notebook_run_by_hand_never_rewrites_the_tracked_figures(tmp_path):
+    from pathlib import Path
+
+    from nslib.data.paths import figures_dir
+    from nslib.viz.scratch import INTERACTIVE, notebook_out
+    root = Path(__file__).resolve().parents[1]
+    assert notebook_out() == figures_dir() / INTERACTIVE
+    assert notebook_out(tmp_path / "x") == tmp_path / "x"
+    assert f"figures/{INTERACTIVE}/" in (root / ".gitignore").read_text().split()
+    for nb in sorted((root / "notebooks").glob("[0-9]*.py")):
+        text = nb.read_text()
+        params = text.split('# %% tags=["parameters"]', 1)[1].split("# %%", 1)[0]
+        assert "\nout = None" in params, nb.name
+        after = text.split('# %% tags=["parameters"]', 1)[1]
+        first_save = min(i for i in (after.find("save_figure("), after.find("save_table("))
+                         if i >= 0)
+        assert 0 <= after.find("out = notebook_out(out)") < first_save, nb.name

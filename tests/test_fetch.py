@@ -297,3 +297,15 @@ def test_real_extras_match_the_shared_copy():
     assert set(extras) == set(shared)
     for stem, keys in extras.items():
         assert keys == {k: shared[stem][k] for k in keys}, stem
+
+
+def test_cli_says_when_no_hash_was_checked(tmp_path, dest, capsys):
+    from nslib.cli import main
+    archive = _tar(tmp_path / "a.tar.gz", _files())
+    assert fetch.load_registry().get("sha256") is None   # nothing pinned the archive yet
+    assert main(["fetch", "--data", str(dest), "--source", str(archive)]) == 0
+    err = capsys.readouterr().err
+    assert "not checked against a pinned SHA-256" in err
+    assert main(["fetch", "--data", str(dest), "--source", str(archive), "--sha256",
+                 _sha(archive), "--force"]) == 0
+    assert "not checked" not in capsys.readouterr().err

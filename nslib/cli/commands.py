@@ -47,9 +47,15 @@ def _fetch(args) -> int:
         dest = fetch_mixed(dest=args.fetch_mixed or None, source=args.source, force=args.force)
         print(f"16-bit data ready at {dest} (every pinned file checked)")
         return 0
+    from nslib.data.fetch import load_registry
     dest = fetch(dest=args.data, source=args.source, sha256=args.sha256, force=args.force)
     lock = read_lock(dest) or {}
     print(f"NeuSight data ready at {dest} (sha256 {lock.get('sha256')})")
+    if lock.get("sha256") and not (args.sha256 or load_registry().get("sha256")):
+        # say so rather than imply a check: nothing pinned the archive's hash yet
+        print("note: the archive was not checked against a pinned SHA-256 (datasets/"
+              "registry.json records none); copy the hash above into its \"sha256\" so "
+              "later fetches are verified", file=sys.stderr)
     return 0
 
 
