@@ -101,6 +101,7 @@ def test_gpus_listing_shows_tdp_dash_when_absent(tmp_path, monkeypatch, capsys):
     (folder / "Other.json").write_text(json.dumps({**GOOD, "Device": "Other GPU"}))
     monkeypatch.setenv("NSLIB_DATA", str(tmp_path))  # restored after: main() sets it globally
     monkeypatch.setenv("NSLIB_MIXED", str(tmp_path / "no-mixed"))
+    monkeypatch.setenv("NSLIB_KERNELBENCH", str(tmp_path / "no-kernelbench"))
     assert main(["gpus"]) == 0
     lines = capsys.readouterr().out.splitlines()
     head = lines[0].split()
