@@ -48,7 +48,7 @@ def pytest_terminal_summary(terminalreporter):
     n = sum(1 for r in skipped if isinstance(r.longrepr, tuple) and _DATA_SKIP in r.longrepr[2])
     if n:
         terminalreporter.write_line(
-            f"{n} tests skipped: no {', no '.join(missing)} data. `make data` fetches it (or "
+            f"{n} test{'s' if n > 1 else ''} skipped: no {', no '.join(missing)} data. `make data` fetches it (or "
             f"point NSLIB_DATA, NSLIB_MIXED, NSLIB_KERNELBENCH at a copy) and `make test` "
             f"runs them")
 
