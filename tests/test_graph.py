@@ -9,7 +9,6 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from nslib.data.paths import DataNotFoundError, data_root
 from nslib.model import aten
 from nslib.model.config import load_model_config
 from nslib.model.trace import MEMORY_COLUMNS, TRACE_COLUMNS, summarize, trace
@@ -297,19 +296,8 @@ def test_load_model_config(tmp_path):
         load_model_config(lst)
 
 
-def _data():
-    for cand in (None, "../shared/neusight", "/work/shared/neusight"):
-        try:
-            return data_root(cand)
-        except DataNotFoundError:
-            continue
-    return None
-
-
-def test_load_model_config_by_name():
-    root = _data()
-    if root is None:
-        pytest.skip("nslib data not here: NeuSight (no data folder)")
+def test_load_model_config_by_name(data_dir):
+    root = data_dir
     cfg = load_model_config("gpt3_27", data=root)
     assert cfg["model_type"] == "gpt2" and cfg["n_embd"] == 2560
     with pytest.raises(FileNotFoundError, match="no_such_config"):

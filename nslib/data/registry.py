@@ -46,8 +46,13 @@ def sources(data=None, require_neusight: bool = True) -> dict[str, dict[str, GPU
 def all_gpus(data=None) -> dict[str, GPU]:
     """Every datasheet of :func:`sources` as one dict keyed by file stem (see module doc).
     With no datasheet anywhere, the NeuSight folder's error says how to get the data."""
+    return _merged(sources(data, require_neusight=False), data)
+
+
+def _merged(found: dict[str, dict[str, GPU]], data=None) -> dict[str, GPU]:
+    """The folders' datasheets of ``found`` (:func:`sources`) as one dict (see module doc)."""
     merged: dict[str, GPU] = {}
-    for sheets in sources(data, require_neusight=False).values():
+    for sheets in found.values():
         for stem, gpu in sheets.items():
             merged[stem] = _fill(merged[stem], gpu) if stem in merged else gpu
     if not merged:
@@ -67,8 +72,9 @@ def find_any(query: str, data=None) -> GPU:
     of :data:`SOURCES`: an alias one folder resolves to one GPU is that GPU (``A100 80GB`` is
     the NeuSight data's, though KernelBench has an A100 80GB too); a KeyError lists the
     candidates when none does."""
-    merged = all_gpus(data)
-    for sheets in sources(data, require_neusight=False).values():
+    found = sources(data, require_neusight=False)   # every folder read once
+    merged = _merged(found, data)
+    for sheets in found.values():
         hits = gpu_matches(query, sheets)
         if len(hits) == 1:
             return merged[hits[0].key]

@@ -17,5 +17,5 @@ INTERACTIVE = "interactive"   # subfolder of figures/, listed in .gitignore
 
 
 def notebook_out(out: str | os.PathLike | None = None) -> Path:
-    """``out`` as given (created), else ``figures/interactive/``."""
-    return figures_dir(out) if out is not None else figures_dir() / INTERACTIVE
+    """``out`` as given, else ``figures/interactive/``; created either way."""
+    return figures_dir(out if out is not None else figures_dir() / INTERACTIVE)

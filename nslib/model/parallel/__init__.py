@@ -14,6 +14,6 @@ from nslib.model.parallel.schedules import dp_schedule, pp_schedule, tp_schedule
 from nslib.model.parallel.tensor import shard_tensor_parallel
 
 __all__ = ["FALLBACK_LINK_GBPS", "LINK_LATENCY_US", "LINK_UTILISATION", "LinkSpec",
-           "check_degrees", "default_link", "dp_schedule", "gpipe_time", "model_info", "pipeline_stages",
-           "pp_schedule", "predict_parallel", "raw_spec", "resolve_link",
+           "check_degrees", "default_link", "dp_schedule", "gpipe_time", "model_info",
+           "pipeline_stages", "pp_schedule", "predict_parallel", "raw_spec", "resolve_link",
            "shard_tensor_parallel", "tp_schedule"]
