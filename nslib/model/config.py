@@ -92,7 +92,7 @@ def hf_config(config: dict):
 # The HuggingFace model types whose trace is checked (tests/test_families.py and the paper's
 # models): any other type is traced too, with a warning that its kernels are unchecked.
 SUPPORTED_MODEL_TYPES = ("bert", "deepseek_v2", "deepseek_v3", "gemma", "gpt2", "llama",
-                         "mistral", "mixtral", "opt", "phi3", "qwen2", "qwen2_moe",
+                         "mistral", "mixtral", "opt", "phi3", "qwen2", "qwen2_moe", "qwen3",
                          "switch_transformers", "t5", "vit", "whisper")
 
 

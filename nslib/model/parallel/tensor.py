@@ -54,12 +54,12 @@ def _divide_vector(df: pd.DataFrame, i: int, n: int) -> None:
     """Divide the work of a non-GEMM row (or a BMM) n ways, in place."""
     c = df.at[i, "cls"]
     if c == "bmm":
-        B, M = df.at[i, "B"], df.at[i, "M"]
+        B, M, elem = df.at[i, "B"], df.at[i, "M"], _elem(df, i)
         if B % n == 0 or B >= M:
             df.at[i, "B"] = _ceil_div(B, n)
         else:
             df.at[i, "M"] = _ceil_div(M, n)
-        _gemm_counts(df, i)
+        _gemm_counts(df, i, elem)
         return
     if c == "memory":
         H = df.at[i, "H"]
@@ -78,18 +78,26 @@ def _divide_vector(df: pd.DataFrame, i: int, n: int) -> None:
     df.at[i, "flops"] = df.at[i, "flops"] * f
 
 
-def _gemm_counts(df: pd.DataFrame, i: int) -> None:
+def _elem(df: pd.DataFrame, i: int) -> float:
+    """Bytes per element of GEMM row i (4 in an FP32 trace, 2 for a 16-bit GEMM)."""
+    B, M, N, K = (float(df.at[i, c]) for c in ("B", "M", "N", "K"))
+    return float(df.at[i, "bytes"]) / (B * (M * N + N * K + M * K))
+
+
+def _gemm_counts(df: pd.DataFrame, i: int, elem: float) -> None:
+    """FLOPs and bytes of GEMM row i from its dims, at ``elem`` bytes per element."""
     B, M, N, K = (float(df.at[i, c]) for c in ("B", "M", "N", "K"))
     df.at[i, "flops"] = 2.0 * B * M * N * K
-    df.at[i, "bytes"] = float(sizes.BYTES_PER_ELEM * B * (M * N + N * K + M * K))
+    df.at[i, "bytes"] = float(elem * B * (M * N + N * K + M * K))
 
 
 def _split_dim(df: pd.DataFrame, i: int, value: float, prefer: str, n: int) -> None:
     """Divide (ceil) the GEMM dim of row i that equals ``value``, preferring ``prefer``."""
     cands = [c for c in ("M", "N", "K") if df.at[i, c] == value]
     col = prefer if (prefer in cands or not cands) else cands[0]
+    elem = _elem(df, i)
     df.at[i, col] = _ceil_div(df.at[i, col], n)
-    _gemm_counts(df, i)
+    _gemm_counts(df, i, elem)
 
 
 def _divide(df: pd.DataFrame, i: int, n: int, how: str) -> None:
@@ -209,6 +217,7 @@ def _forward_linear(w: _Walk, i: int, any_sh: bool) -> None:
     if r is None:
         return
     w.role[m], w.fw_dims[m], w.fw_input[m] = r, (M, N, K), tuple(df.at[i, "inputs"])
+    elem = _elem(df, i)  # the all-reduce carries the output in the GEMM's format
     if r == "col":
         _split_dim(df, i, K, "K", w.n)
         w.sharded[i] = True
@@ -216,7 +225,7 @@ def _forward_linear(w: _Walk, i: int, any_sh: bool) -> None:
     else:
         _split_dim(df, i, N, "N", w.n)
         df.at[i, "tp_split"] = "row"
-        w.comm(i, sizes.BYTES_PER_ELEM * M * K)
+        w.comm(i, elem * M * K)
 
 
 # --------------------------------------------------------------------------------------------

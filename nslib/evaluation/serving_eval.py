@@ -1,0 +1,87 @@
+"""Serving forecasts against aiconfigurator's measured sample: TTFT and TPOT per engine, model
+and GPU, with a roofline serving forecast (the same scheduling over roofline kernel times)
+beside nslib's.
+
+:func:`predict_sample` prices every row :func:`nslib.data.serving_sample.serving_rows` can
+price (one :class:`nslib.model.serving.StepCost` per model, GPU and tensor-parallel degree;
+each group's rows in one vectorised :func:`nslib.model.serving.serve` call);
+:func:`error_table` summarises; :func:`unpriced` counts the other rows by reason.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from nslib.data.serving_sample import serving_rows
+from nslib.evaluation.metrics import ape
+from nslib.model.serving import ServingSetup, StepCost, serve
+
+METHODS = {"nslib": ("nslib", "nslib"), "roofline": ("roofline", "roofline")}
+
+
+def predict_sample(rows: pd.DataFrame | None = None, methods=("nslib", "roofline"),
+                   quick: bool = False, data=None, sample=None, mixed=None,
+                   progress: bool = False) -> pd.DataFrame:
+    """The priced rows of the sample with ``<method>_ttft_ms`` and ``<method>_tpot_ms`` for
+    each of ``methods`` (keys of :data:`METHODS`: vector and tensor predictor names)."""
+    rows = serving_rows(sample, mixed) if rows is None else rows
+    rows = rows[rows["reason"] == ""].copy()
+    groups = list(rows.groupby(["config", "gpu", "tp_size"], sort=True))
+    for method in methods:
+        vec, tensor = METHODS[method]
+        ttft, tpot = np.full(len(rows), np.nan), np.full(len(rows), np.nan)
+        for (config, gpu, tp), g in _bar(groups, progress, f"serving ({method})"):
+            cost = StepCost(ServingSetup(config, gpu, tp=int(tp), predictor=vec,
+                                         tensor_predictor=tensor, quick=quick, data=data))
+            at = rows.index.get_indexer(g.index)
+            for fw, h in g.groupby("framework"):
+                out = serve(cost, h["batch_size"], h["isl"], h["osl"], fw)
+                sel = rows.index.get_indexer(h.index)
+                ttft[sel], tpot[sel] = out["ttft_ms"], out["tpot_ms"]
+            del at
+        rows[f"{method}_ttft_ms"], rows[f"{method}_tpot_ms"] = ttft, tpot
+    return rows
+
+
+def _bar(items, progress: bool, desc: str):
+    if not progress:
+        return items
+    from tqdm.auto import tqdm
+    return tqdm(items, desc=desc, leave=False)
+
+
+def error_table(pred: pd.DataFrame, by=("framework", "model_path", "gpu"),
+                methods=("nslib", "roofline")) -> pd.DataFrame:
+    """Per group of ``by``: ``n`` and, per method, TTFT and TPOT MAPE (%) and median
+    predicted / measured ratio."""
+    out = []
+    for key, g in pred.groupby(list(by), sort=True):
+        row = dict(zip(by, key if isinstance(key, tuple) else (key,)), n=len(g))
+        for m in methods:
+            for what in ("ttft", "tpot"):
+                p, y = g[f"{m}_{what}_ms"].to_numpy(float), g[f"silicon_{what}_ms"].to_numpy(float)
+                row[f"{m}_{what}_mape"] = float(np.mean(ape(p, y)))
+                row[f"{m}_{what}_ratio"] = float(np.median(p / y))
+        out.append(row)
+    return pd.DataFrame(out)
+
+
+def unpriced(rows: pd.DataFrame) -> pd.DataFrame:
+    """Rows the forecast cannot price, counted by reason (and by model within it)."""
+    bad = rows[rows["reason"] != ""]
+    return (bad.groupby(["reason", "model_path"]).size().rename("rows").reset_index()
+            .sort_values(["reason", "model_path"], ignore_index=True))
+
+
+def summary_json(table: pd.DataFrame, rows: pd.DataFrame, method: str = "nslib") -> dict:
+    """``{framework/model: {GPU: {ttft_mape, tpot_mape, n}}}`` plus ``unpriced``:
+    ``{reason: rows}``."""
+    out: dict = {}
+    for r in table.itertuples(index=False):
+        d = r._asdict()
+        out.setdefault(f"{d['framework']}/{d['model_path']}", {})[d["gpu"]] = {
+            "ttft_mape": round(float(d[f"{method}_ttft_mape"]), 2),
+            "tpot_mape": round(float(d[f"{method}_tpot_mape"]), 2), "n": int(d["n"])}
+    out["unpriced"] = {k: int(v) for k, v in
+                       rows[rows["reason"] != ""]["reason"].value_counts().items()}
+    return out

@@ -1,0 +1,158 @@
+"""Aggregated continuous batching: TTFT, TPOT and throughput from the cost of iterations.
+
+``concurrency`` clients each keep one request in flight (``isl`` prompt tokens, ``osl``
+output tokens), as a benchmark run at fixed concurrency does. The engine holds at most as many
+requests as its KV cache has room for (:func:`kv_capacity`); the others wait for a slot.
+Two ways to schedule prompts beside decodes cover the three engines of the silicon sample
+(:data:`FRAMEWORKS`, their documented defaults):
+
+- **mixed** (vLLM V1, TensorRT-LLM in-flight batching): every iteration carries one token of
+  each decoding request and as many prompt tokens as fit in the token budget. Requests are
+  spread over their lifetimes (steady state): each iteration ``λ = running / (osl - 1 + k)``
+  requests arrive, where ``k`` is the iterations one prompt takes (``isl / room``, at least
+  1; ``room`` = budget - decode tokens). An iteration runs ``D = λ (osl - 1)`` decode tokens
+  and ``P = min(λ isl, room)`` prompt tokens on average. TPOT is that average iteration;
+  TTFT is half of one (a request arrives while one runs) plus the ``k`` iterations that carry
+  its own prompt (``isl / k`` prompt tokens each beside the decodes).
+- **prefill-first** (SGLang's default: no mixed chunks, prompts before decodes): requests
+  that finish together come back together, so the running set moves in waves: its prompts run
+  as budget-sized prefill batches back to back, then all decode together. A request's TTFT is
+  the end of its prefill batch; the prefill batches after its own stall its decode, so
+  ``TPOT = decode iteration + (later prefill batches) / (osl - 1)``, on average over the wave.
+
+When the KV cache holds ``running < concurrency`` requests, a request waits for a slot: with
+``R`` the time a running request takes, a closed loop of ``concurrency`` clients served
+``running`` at a time waits ``R (concurrency / running - 1)`` on average (Little's law); that
+wait is part of TTFT. Throughput: ``running / R`` requests per second on the ``tp`` GPUs.
+
+Not modelled: prefix caching (the benchmark prompts are random), speculative decoding,
+chunked-prefill attention over a prompt's earlier chunks (a prompt's attention is priced once,
+over its whole length), preemption, request-rate (open-loop) arrivals, the HTTP front end.
+Units: ms, tokens, bytes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from nslib.data.units import GIB
+from nslib.model.memory.step import framework_bytes
+from nslib.model.serving.steps import StepCost
+
+
+@dataclass(frozen=True)
+class Framework:
+    """A serving engine's scheduling defaults.
+
+    ``token_budget``: most tokens one iteration carries (vLLM ``max_num_batched_tokens``,
+    SGLang ``chunked_prefill_size``, TensorRT-LLM ``max_num_tokens``); ``mixed``: prompts share
+    iterations with decodes; ``memory_fraction``: share of the GPU's memory the engine takes
+    for weights and KV cache (``free_only``: of the memory left after the weights, as
+    TensorRT-LLM's ``free_gpu_memory_fraction``)."""
+
+    name: str
+    token_budget: int
+    mixed: bool
+    memory_fraction: float
+    free_only: bool = False
+
+
+# Documented defaults of the engine versions in the silicon sample (vLLM 0.12 online serving
+# on GPUs of 70 GiB or more; SGLang 0.5 on 80-160 GB GPUs; TensorRT-LLM 1.0 trtllm-serve).
+FRAMEWORKS = {
+    "vllm": Framework("vllm", 8192, True, 0.90),
+    "sglang": Framework("sglang", 8192, False, 0.88),
+    "trtllm": Framework("trtllm", 8192, True, 0.90, free_only=True),
+}
+
+
+def framework(name) -> Framework:
+    """A :class:`Framework` by name (``vllm``, ``sglang``, ``trtllm``) or as given."""
+    if isinstance(name, Framework):
+        return name
+    key = str(name).strip().lower().replace("-", "").replace("_", "")
+    key = {"tensorrtllm": "trtllm"}.get(key, key)
+    if key not in FRAMEWORKS:
+        raise ValueError(f"unknown serving framework {name!r}; use one of "
+                         f"{', '.join(FRAMEWORKS)}")
+    return FRAMEWORKS[key]
+
+
+def kv_capacity(cost: StepCost, fw: Framework) -> dict:
+    """KV-cache room on one GPU: ``{kv_bytes, kv_tokens, weight_bytes, reserved_bytes,
+    memory_bytes}`` (tokens over every layer; 0 when the weights do not fit)."""
+    memory = float(cost.spec.mem_gb) * GIB
+    weights = cost.weight_bytes()
+    reserved, _ = framework_bytes(cost.spec, cost.setup.data)
+    room = (memory - weights - reserved) * fw.memory_fraction if fw.free_only \
+        else memory * fw.memory_fraction - weights - reserved
+    room = max(room, 0.0)
+    return {"kv_bytes": room, "kv_tokens": float(np.floor(room / cost.kv_bytes_per_token())),
+            "weight_bytes": weights, "reserved_bytes": reserved, "memory_bytes": memory}
+
+
+def serve(cost: StepCost, concurrency, isl, osl, fw="vllm") -> dict:
+    """Forecast aggregated serving at each (``concurrency``, ``isl``, ``osl``) (arrays
+    broadcast together): a dict of arrays ``ttft_ms``, ``tpot_ms``, ``latency_ms`` (a request
+    from arrival to last token), ``running`` (requests the KV cache holds at once),
+    ``queue_ms`` (the wait for a slot, inside TTFT), ``tokens_per_s`` (output tokens per
+    second, all GPUs), ``tokens_per_s_gpu`` (per GPU), ``fits`` (at least one request fits).
+    """
+    fw = framework(fw)
+    c, isl, osl = (np.asarray(v, float) for v in np.broadcast_arrays(concurrency, isl, osl))
+    if (c < 1).any() or (isl < 1).any() or (osl < 1).any():
+        raise ValueError("concurrency, isl and osl must be at least 1")
+    cap = kv_capacity(cost, fw)
+    fits_one = np.floor(cap["kv_tokens"] / (isl + osl))
+    running = np.clip(fits_one, 1.0, c)
+    out = (_mixed if fw.mixed else _waves)(cost, fw, running, isl, osl)
+    service = out["ttft_ms"] + (osl - 1) * out["tpot_ms"]
+    queue = service * (c / running - 1.0)
+    rate = running / service * 1000.0        # requests per second
+    return {"ttft_ms": out["ttft_ms"] + queue, "tpot_ms": out["tpot_ms"],
+            "latency_ms": service + queue, "running": running, "queue_ms": queue,
+            "tokens_per_s": rate * osl, "tokens_per_s_gpu": rate * osl / cost.setup.tp,
+            "fits": fits_one >= 1, "kv_tokens": np.full(c.shape, cap["kv_tokens"])}
+
+
+def _mixed(cost: StepCost, fw: Framework, running, isl, osl) -> dict:
+    budget = float(fw.token_budget)
+    k = np.ones_like(running)
+    for _ in range(4):  # k and λ depend on each other; a few rounds settle them
+        lam = running / (osl - 1.0 + k)
+        decode = lam * (osl - 1.0)
+        room = np.maximum(budget - decode, 1.0)
+        k = np.maximum(1.0, isl / room)
+    prompt = np.minimum(lam * isl, room)
+    ctx = isl + osl / 2.0
+    dec_attn = cost.attention_ms("decode", np.ceil(decode), 1, ctx)
+    own_attn = cost.attention_ms("prefill", 1, isl, isl)
+    it = (cost.tokens_ms(np.ceil(decode + prompt), np.ceil(decode + lam)) + dec_attn +
+          lam * own_attn)
+    # the iterations that carry this request's prompt and those of its group: requests
+    # admitted together (``group`` = the prompts one budget holds) finish together and come
+    # back together, since every request has the same lengths
+    group = np.clip(np.floor(budget / isl), 1.0, running)
+    own = (cost.tokens_ms(np.ceil(decode + group * isl / k), np.ceil(decode + group)) +
+           dec_attn + group * own_attn / k)
+    return {"ttft_ms": 0.5 * it + k * own, "tpot_ms": it}
+
+
+def _waves(cost: StepCost, fw: Framework, running, isl, osl) -> dict:
+    budget = float(fw.token_budget)
+    per = np.maximum(np.floor(budget / isl), 1.0)          # prompts per prefill batch
+    n_batches = np.ceil(running / per)
+    full = (cost.tokens_ms(np.minimum(per * isl, np.maximum(budget, isl)), per) +
+            per * cost.attention_ms("prefill", 1, isl, isl))
+    last_n = running - per * (n_batches - 1)
+    last = (cost.tokens_ms(last_n * isl, last_n) +
+            last_n * cost.attention_ms("prefill", 1, isl, isl))
+    # request i of batch b gets its first token when batch b ends
+    ends_full = full * (n_batches - 1) * n_batches / 2.0   # sum of full batches' end times
+    ttft = (per * ends_full + last_n * (full * (n_batches - 1) + last)) / running
+    wave_prefill = full * (n_batches - 1) + last
+    dec = (cost.tokens_ms(running, running) +
+           cost.attention_ms("decode", running, 1, isl + osl / 2.0))
+    stall = np.where(osl > 1, (wave_prefill - ttft) / np.maximum(osl - 1.0, 1.0), 0.0)
+    return {"ttft_ms": ttft, "tpot_ms": dec + stall}

@@ -1,0 +1,251 @@
+"""Serving iterations of a 16-bit model on one of ``tp`` GPUs: what an engine step costs.
+
+An LLM serving engine runs *iterations*: each one pushes a set of tokens through every layer
+(prompt tokens of requests being prefilled and one new token of each request decoding) and
+samples one token for each request whose prompt is done. Outside attention, every kernel of
+an iteration depends only on how many tokens it carries, ``T``: the GEMMs are ``[T x k] @
+[k x n]``, the vector kernels touch ``T x hidden`` elements. Attention depends on each
+request's own query and context lengths.
+
+:class:`StepCost` prices iterations from the same trace and predictors as
+``predict_model(..., dtype="bf16")`` (:mod:`nslib.model.predict16`), not a second model of
+the GPU:
+
+- **Token law.** The model is traced (16-bit, scaled-dot-product attention) at batch 1 and two
+  sequence lengths, tensor-parallel sharded (:func:`nslib.model.parallel.shard_tensor_parallel`)
+  and fused (:func:`nslib.model.fusion.fuse`: serving engines run fused norms, rotary and
+  gated activations). Every dim of every row is then ``c * T**j`` with ``j`` 0 or 1, read off
+  the two traces. Rows growing faster (``j >= 2``: the causal masks an eager model builds) are
+  dropped: serving attention kernels take lengths, not masks.
+- **Output head.** The causal LM's last GEMM (the vocabulary projection) runs only for the
+  tokens that sample: one per request that decodes or finishes its prompt, not for every
+  prompt token. Its rows take ``T = logits``.
+- **Attention.** The trace's attention rows give the per-GPU heads, key/value heads, head dim
+  and the layer count; each iteration's attention is priced by the 16-bit attention predictor
+  per request group: prefill (``batch`` prompts of ``q = kv = isl``) and decode (``batch``
+  requests, one query each, ``kv`` cached tokens).
+- **Tensor parallelism.** All-reduces carry ``T x hidden`` 16-bit elements over the GPU's
+  link (:func:`nslib.model.parallel.default_link`: the datasheet's ``Link_Bw``).
+
+All distinct token counts of a whole sweep are priced in one batched predictor call per
+kernel class. Units: ms, tokens.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+import pandas as pd
+
+from nslib.kernels import sizes
+from nslib.kernels.dtypes import bytes_per_elem, check_dtype
+from nslib.model import predict16
+from nslib.model.fusion import fuse
+from nslib.model.inputs import get_predictor, kernel_frame, resolve_gpu, traced
+from nslib.model.parallel import default_link, model_info, resolve_link, shard_tensor_parallel
+from nslib.model.stream import LAUNCH_US
+
+DIMS = ("B", "M", "N", "K", "H", "flops", "bytes")
+# two probe token counts of the token law (ratio 1.5, as the scenario sweeps)
+PROBE_TOKENS = (32, 48)
+
+
+@dataclass(frozen=True)
+class ServingSetup:
+    """What a serving forecast is asked about: the model, the GPU, the tensor-parallel degree
+    and the predictors. ``predictor`` prices the vector kernels (FP32-trained, at their real
+    bytes), ``tensor_predictor`` the 16-bit GEMMs and attention (names of
+    :func:`nslib.predictors.mixed_training.predictors`, e.g. ``"nslib"`` or ``"roofline"``).
+    ``link``: None (the datasheet's), a bandwidth in GB/s or a LinkSpec."""
+
+    model: object
+    gpu: object
+    tp: int = 1
+    dtype: str = "bf16"
+    predictor: str = "nslib"
+    tensor_predictor: str = "nslib"
+    link: object = None
+    launch_us: float = LAUNCH_US
+    quick: bool = False
+    data: object = None
+
+
+def _probe(setup: ServingSetup, info: dict, tokens: int) -> pd.DataFrame:
+    tr = traced(setup.model, 1, tokens, "inf", setup.data, dtype=setup.dtype)
+    tr = shard_tensor_parallel(tr, setup.tp, info)
+    return engine_kernels(fuse(tr, prologues=True).reset_index(drop=True))
+
+
+def engine_kernels(frame: pd.DataFrame) -> pd.DataFrame:
+    """A fused forward trace as serving engines run it (vLLM, SGLang and TensorRT-LLM
+    alike): the forward GEMMs of one layer that read the same input (query/key/value
+    projections; gate and up projections) are one GEMM with their output widths summed, and
+    each run of vector and memory kernels between two GEMM, attention or communication
+    kernels of a layer is one fused kernel, priced as the largest of the run (the fused
+    kernel still reads its largest input and writes its output; what passes between the run's
+    kernels stays on chip). Rows outside the layers are kept as they are."""
+    df = frame.reset_index(drop=True)
+    gemm = df["cls"].isin(sizes.GEMM_CLASSES).to_numpy() & (df["phase"] == "fw").to_numpy()
+    key = df["layer"].astype(str) + "|" + df["inputs"].astype(str) + "|" + \
+        df["M"].astype(str) + "|" + df["N"].astype(str)
+    drop = np.zeros(len(df), bool)
+    layer = df["layer"].to_numpy()
+    for _, idx in df[gemm & (layer >= 0)].groupby(key[gemm & (layer >= 0)]).groups.items():
+        idx = list(idx)
+        if len(idx) > 1:
+            first = idx[0]
+            df.at[first, "K"] = float(df.loc[idx, "K"].sum())
+            df.at[first, "flops"] = float(df.loc[idx, "flops"].sum())
+            df.at[first, "bytes"] = float(df.loc[idx, "bytes"].sum())
+            drop[idx[1:]] = True
+    vector = (df["cls"].isin(sizes.VECTOR_CLASSES) | (df["cls"] == "memory")).to_numpy()
+    run = np.cumsum(~vector | (np.r_[True, layer[1:] != layer[:-1]]))
+    for _, idx in df[vector & (layer >= 0)].groupby(run[vector & (layer >= 0)]).groups.items():
+        idx = np.asarray(list(idx))
+        if len(idx) > 1:
+            keep = idx[int(np.argmax(df.loc[idx, "bytes"].to_numpy(float)))]
+            drop[idx[idx != keep]] = True
+    return df[~drop].reset_index(drop=True)
+
+
+def token_law(setup: ServingSetup, info: dict) -> tuple[pd.DataFrame, dict]:
+    """(rows with no attention, ``{dim: (c, j)}``) such that a dim at ``T`` tokens is
+    ``c * T**j``; rows with any ``j >= 2`` and the attention rows are left out. The frame has
+    a boolean ``head`` column: the output projection's rows."""
+    a, b = (_probe(setup, info, t) for t in PROBE_TOKENS)
+    if len(a) != len(b) or (a["aten"].to_numpy() != b["aten"].to_numpy()).any():
+        raise ValueError("this model launches different kernels at different prompt lengths; "
+                         "its serving steps cannot be priced from a token law")
+    t0, t1 = PROBE_TOKENS
+    law, keep = {}, (a["cls"] != "attention").to_numpy().copy()
+    for col in DIMS:
+        x, y = a[col].to_numpy(float), b[col].to_numpy(float)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            j = np.round(np.log(y / x) / np.log(t1 / t0))
+        j = np.where(np.isfinite(j), j, 0.0)
+        keep &= j <= 1
+        law[col] = (x / t0 ** j, j)
+    gemm = np.flatnonzero((a["cls"].isin(sizes.GEMM_CLASSES) & (a["phase"] == "fw")).to_numpy())
+    head = np.zeros(len(a), bool)
+    if len(gemm) and int(a.at[gemm[-1], "layer"]) < 0:
+        head[a["module"].to_numpy() == a.at[gemm[-1], "module"]] = True
+    rows = a.assign(head=head)[keep].reset_index(drop=True)
+    return rows, {c: (v[0][keep], v[1][keep]) for c, v in law.items()}
+
+
+class StepCost:
+    """Prices serving iterations of ``setup`` (see the module doc).
+
+    Use :meth:`tokens_ms` for the token-proportional part and :meth:`attention_ms` for
+    attention; :meth:`iteration_ms` adds them.
+    """
+
+    def __init__(self, setup: ServingSetup):
+        self.setup = setup
+        self.spec = resolve_gpu(setup.gpu, setup.data)
+        predict16.datasheet_columns(self.spec)   # a datasheet without Bf16FLOPs fails here
+        self.dtype = check_dtype(setup.dtype)
+        if self.dtype == "fp32":
+            raise ValueError("serving forecasts are 16-bit: use dtype 'bf16' or 'fp16'")
+        self.info = model_info(setup.model, "inf", setup.data)
+        if self.info["heads"] % setup.tp or self.info["kv_heads"] % setup.tp:
+            raise ValueError(f"tp={setup.tp} must divide the model's {self.info['heads']} "
+                             f"attention heads and {self.info['kv_heads']} key/value heads")
+        self.rows, self.law = token_law(setup, self.info)
+        self._elem = np.nan_to_num(sizes.elem_bytes(self.rows), nan=sizes.BYTES_PER_ELEM)
+        self.link = resolve_link(setup.link, self.spec, setup.data) if setup.link is not None \
+            else default_link(self.spec, setup.data)
+        attn = _probe(setup, self.info, PROBE_TOKENS[0])
+        attn = attn[attn["cls"] == "attention"]
+        if attn.empty:
+            raise ValueError("the traced model has no scaled-dot-product attention rows: "
+                             "serving forecasts need a decoder with attention")
+        first = attn.iloc[0]
+        self.layers = int(len(attn))
+        self.heads = float(first["H"])
+        self.kv_heads = float(self.info["kv_heads"] // setup.tp)
+        self.head_dim = float(first["N"])
+
+    @cached_property
+    def predictors(self):
+        """(vector predictor, (GEMM, attention) 16-bit predictors), trained or cached."""
+        s = self.setup
+        return (get_predictor(s.predictor, s.data, s.quick),
+                predict16.tensor_predictors(s.tensor_predictor, s.quick))
+
+    def kv_bytes_per_token(self) -> float:
+        """KV-cache bytes one token takes on one GPU (every layer's keys and values)."""
+        return 2.0 * self.layers * self.kv_heads * self.head_dim * bytes_per_elem(self.dtype)
+
+    def weight_bytes(self) -> float:
+        """Parameter bytes on one GPU: the blocks' and the head's split ``tp`` ways, in the
+        model's 16-bit format (the embedding table and norms counted the same way)."""
+        total = sum(self.info["param_bytes"].values()) / sizes.BYTES_PER_ELEM
+        return total * bytes_per_elem(self.dtype) / self.setup.tp
+
+    def _frame(self, tokens: np.ndarray, logits: np.ndarray) -> pd.DataFrame:
+        """The law's rows at each (tokens, logits) pair, one block after another; ``pair``
+        holds the pair's index."""
+        n, m = len(self.rows), len(tokens)
+        df = self.rows.iloc[np.tile(np.arange(n), m)].reset_index(drop=True)
+        head = np.tile(self.rows["head"].to_numpy(), m)
+        t = np.where(head, np.repeat(logits, n), np.repeat(tokens, n)).astype(float)
+        for col in DIMS:
+            c, j = (np.tile(v, m) for v in self.law[col])
+            df[col] = np.where(j > 0, np.maximum(np.round(c * t ** j), 1.0), c)
+        # a GEMM's bytes are affine in T, not a power of it: recomputed from the dims, at
+        # each row's element size
+        meas = df["cls"].isin(sizes.CLASSES).to_numpy()
+        if meas.any():
+            f, by = sizes.flops_bytes(df[meas])
+            df.loc[meas, "flops"] = f
+            df.loc[meas, "bytes"] = by * np.tile(self._elem, m)[meas] / sizes.BYTES_PER_ELEM
+        df["pair"] = np.repeat(np.arange(m), n)
+        return df
+
+    def tokens_ms(self, tokens, logits) -> np.ndarray:
+        """Time (ms) of everything but attention for iterations of ``tokens`` tokens of which
+        ``logits`` sample (arrays of the same shape; each distinct pair priced once)."""
+        tokens = np.maximum(np.asarray(tokens, float), 1.0)
+        logits = np.clip(np.asarray(logits, float), 1.0, tokens)
+        pairs, inv = np.unique(np.stack([tokens.ravel(), logits.ravel()], 1), axis=0,
+                               return_inverse=True)
+        df = self._frame(np.ceil(pairs[:, 0]), np.ceil(pairs[:, 1]))
+        comm = (df["cls"] == "comm").to_numpy()
+        ms = np.zeros(len(df))
+        if (~comm).any():
+            vec, tensor = self.predictors
+            kf = kernel_frame(df[~comm].drop(columns=["pair", "head"]), self.spec)
+            ms[~comm] = predict16.stream_ms_half(vec, kf, self.spec, tensor,
+                                                 self.setup.launch_us, self.setup.data)
+        if comm.any():
+            ms[comm] = self.link.allreduce_ms(df.loc[comm, "bytes"].to_numpy(float),
+                                              self.setup.tp)
+        per = np.bincount(df["pair"].to_numpy(), weights=ms, minlength=len(pairs))
+        return per[inv.ravel()].reshape(tokens.shape)
+
+    def attention_ms(self, phase, batch, q_len, kv_len) -> np.ndarray:
+        """Time (ms) of every layer's attention for groups of ``batch`` requests with ``q_len``
+        query and ``kv_len`` key tokens each (``phase`` ``"prefill"`` or ``"decode"``;
+        arrays broadcast together); 0 where ``batch`` is 0."""
+        phase, batch, q_len, kv_len = np.broadcast_arrays(
+            np.asarray(phase), *(np.asarray(v, float) for v in (batch, q_len, kv_len)))
+        out = np.zeros(batch.shape)
+        live = batch.ravel() > 0
+        if not live.any():
+            return out
+        key = pd.DataFrame({"phase": phase.ravel()[live], "batch": np.ceil(batch.ravel()[live]),
+                            "q_len": np.ceil(q_len.ravel()[live]),
+                            "kv_len": np.ceil(kv_len.ravel()[live])})
+        uniq = key.drop_duplicates().reset_index(drop=True)
+        rows = uniq.assign(heads=self.heads, kv_heads=self.kv_heads, head_dim=self.head_dim,
+                           causal=uniq["phase"] == "prefill",
+                           **predict16.datasheet_columns(self.spec))
+        attn = self.predictors[1][1]
+        ms = np.asarray(attn.predict(rows), float) * self.layers
+        if self.setup.launch_us is not None:
+            ms = np.maximum(ms, self.layers * self.setup.launch_us / 1000.0)
+        got = key.merge(uniq.assign(ms=ms), how="left", on=list(key.columns))["ms"]
+        out.ravel()[np.flatnonzero(live)] = got.to_numpy()
+        return out
