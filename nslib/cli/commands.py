@@ -184,8 +184,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_reproduce(sub)
     from nslib.cli.models import add_eval_models_parser
     from nslib.cli.predict import add_predict_parser
+    from nslib.cli.serving import add_serving_parsers
     add_predict_parser(sub)
     add_eval_models_parser(sub)
+    add_serving_parsers(sub)
     _global_options_anywhere(p, sub)
     return p
 

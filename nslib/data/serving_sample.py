@@ -82,8 +82,8 @@ def serving_rows(sample=None, mixed=None) -> pd.DataFrame:
     df = df.reset_index(drop=True)
     gpus = system_gpus(pd.unique(df["system"].astype(str)), mixed)
     configs = model_configs()
-    df["gpu"] = df["system"].astype(str).map(gpus).fillna("")
-    df["config"] = df["model_path"].map(lambda m: str(configs.get(m, ""))).fillna("")
+    df["gpu"] = [gpus.get(s, "") for s in df["system"].astype(str)]
+    df["config"] = [str(configs.get(m, "")) for m in df["model_path"]]
     df["framework"] = df["backend"].astype(str).str.lower()
     reason = np.full(len(df), "", dtype=object)
 
@@ -91,7 +91,8 @@ def serving_rows(sample=None, mixed=None) -> pd.DataFrame:
         mask = np.asarray(mask, bool) & (reason == "")
         reason[mask] = np.asarray(why, dtype=object)[mask] if not isinstance(why, str) else why
 
-    prec = df["precision"].fillna("").astype(str).str.strip()
+    prec = df["precision"].astype(object).where(df["precision"].notna(), "").astype(str) \
+        .str.strip()
     mark(df["mode"] != "agg", "disaggregated serving (separate prefill and decode workers)")
     mark(prec != "", "precision " + prec + " (16-bit predictors only)")
     mark(df["config"] == "", "no model config in the project for " + df["model_path"])

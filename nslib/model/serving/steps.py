@@ -38,13 +38,18 @@ from functools import cached_property
 import numpy as np
 import pandas as pd
 
+from nslib import __version__
+from nslib.data.cache import JSON, cached
+from nslib.data.paths import hash_files
 from nslib.kernels import sizes
 from nslib.kernels.dtypes import bytes_per_elem, check_dtype
 from nslib.model import predict16
 from nslib.model.fusion import fuse
+from nslib.model.config import load_model_config
 from nslib.model.inputs import get_predictor, kernel_frame, resolve_gpu, traced
 from nslib.model.parallel import default_link, model_info, resolve_link, shard_tensor_parallel
 from nslib.model.stream import LAUNCH_US
+from nslib.model.trace import TRACE_VERSION
 
 DIMS = ("B", "M", "N", "K", "H", "flops", "bytes")
 # two probe token counts of the token law (ratio 1.5, as the scenario sweeps)
@@ -57,7 +62,8 @@ class ServingSetup:
     and the predictors. ``predictor`` prices the vector kernels (FP32-trained, at their real
     bytes), ``tensor_predictor`` the 16-bit GEMMs and attention (names of
     :func:`nslib.predictors.mixed_training.predictors`, e.g. ``"nslib"`` or ``"roofline"``).
-    ``link``: None (the datasheet's), a bandwidth in GB/s or a LinkSpec."""
+    Fitted predictors are accepted too (``tensor_predictor`` then a ``(gemm, attention)``
+    pair). ``link``: None (the datasheet's), a bandwidth in GB/s or a LinkSpec."""
 
     model: object
     gpu: object
@@ -109,29 +115,67 @@ def engine_kernels(frame: pd.DataFrame) -> pd.DataFrame:
     return df[~drop].reset_index(drop=True)
 
 
-def token_law(setup: ServingSetup, info: dict) -> tuple[pd.DataFrame, dict]:
+# columns the engine table keeps (what pricing needs; the trace's tuple columns stay out)
+KEEP = ("kid", "phase", "aten", "cls", "op", *DIMS, "layer", "module", "kv_heads", "causal")
+ENGINE_VERSION = 1  # bump when engine_kernels or the token law change
+
+
+def model_sizes(setup: ServingSetup) -> dict:
+    """``{heads, kv_heads, params}`` of the model (``params``: parameter count, tied weights
+    once), cached by config: the model is built on the meta device only the first time."""
+    config = load_model_config(setup.model, setup.data)
+    key = hash_files([], extra=[config, __version__, "serving-sizes"])
+
+    def build():
+        info = model_info(config, "inf")
+        return {"heads": info["heads"], "kv_heads": info["kv_heads"],
+                "params": sum(info["param_bytes"].values()) / sizes.BYTES_PER_ELEM}
+    return cached("traces", f"sizes-{key}", build, "model sizes", JSON)
+
+
+def token_law(setup: ServingSetup, info: dict | None = None) -> tuple[pd.DataFrame, dict]:
     """(rows with no attention, ``{dim: (c, j)}``) such that a dim at ``T`` tokens is
     ``c * T**j``; rows with any ``j >= 2`` and the attention rows are left out. The frame has
     a boolean ``head`` column: the output projection's rows."""
+    table = engine_table(setup, info)
+    rows = table[table["law"]].reset_index(drop=True)
+    law = {c: (rows[f"c_{c}"].to_numpy(float), rows[f"j_{c}"].to_numpy(float)) for c in DIMS}
+    return rows, law
+
+
+def engine_table(setup: ServingSetup, info: dict | None = None) -> pd.DataFrame:
+    """The engine's kernels at :data:`PROBE_TOKENS` tokens with their token law (columns
+    ``c_<dim>``, ``j_<dim>``), ``head`` and ``law`` (False for attention rows and rows growing
+    faster than the tokens); cached by the model config, ``tp`` and format."""
+    config = load_model_config(setup.model, setup.data)
+    key = hash_files([], extra=[config, int(setup.tp), setup.dtype, __version__, TRACE_VERSION,
+                                ENGINE_VERSION, "engine"])
+    return cached("traces", f"engine-{key}",
+                  lambda: _engine_table(setup, info or model_info(config, "inf")),
+                  "serving engine kernels")
+
+
+def _engine_table(setup: ServingSetup, info: dict) -> pd.DataFrame:
     a, b = (_probe(setup, info, t) for t in PROBE_TOKENS)
     if len(a) != len(b) or (a["aten"].to_numpy() != b["aten"].to_numpy()).any():
         raise ValueError("this model launches different kernels at different prompt lengths; "
                          "its serving steps cannot be priced from a token law")
     t0, t1 = PROBE_TOKENS
-    law, keep = {}, (a["cls"] != "attention").to_numpy().copy()
+    out = a[[c for c in KEEP if c in a.columns]].copy()
+    keep = (a["cls"] != "attention").to_numpy().copy()
     for col in DIMS:
         x, y = a[col].to_numpy(float), b[col].to_numpy(float)
         with np.errstate(divide="ignore", invalid="ignore"):
             j = np.round(np.log(y / x) / np.log(t1 / t0))
         j = np.where(np.isfinite(j), j, 0.0)
         keep &= j <= 1
-        law[col] = (x / t0 ** j, j)
+        out[f"c_{col}"], out[f"j_{col}"] = x / t0 ** j, j
     gemm = np.flatnonzero((a["cls"].isin(sizes.GEMM_CLASSES) & (a["phase"] == "fw")).to_numpy())
     head = np.zeros(len(a), bool)
     if len(gemm) and int(a.at[gemm[-1], "layer"]) < 0:
         head[a["module"].to_numpy() == a.at[gemm[-1], "module"]] = True
-    rows = a.assign(head=head)[keep].reset_index(drop=True)
-    return rows, {c: (v[0][keep], v[1][keep]) for c, v in law.items()}
+    out["head"], out["law"] = head, keep
+    return out.reset_index(drop=True)
 
 
 class StepCost:
@@ -148,15 +192,15 @@ class StepCost:
         self.dtype = check_dtype(setup.dtype)
         if self.dtype == "fp32":
             raise ValueError("serving forecasts are 16-bit: use dtype 'bf16' or 'fp16'")
-        self.info = model_info(setup.model, "inf", setup.data)
+        self.info = model_sizes(setup)
         if self.info["heads"] % setup.tp or self.info["kv_heads"] % setup.tp:
             raise ValueError(f"tp={setup.tp} must divide the model's {self.info['heads']} "
                              f"attention heads and {self.info['kv_heads']} key/value heads")
-        self.rows, self.law = token_law(setup, self.info)
+        self.rows, self.law = token_law(setup)
         self._elem = np.nan_to_num(sizes.elem_bytes(self.rows), nan=sizes.BYTES_PER_ELEM)
         self.link = resolve_link(setup.link, self.spec, setup.data) if setup.link is not None \
             else default_link(self.spec, setup.data)
-        attn = _probe(setup, self.info, PROBE_TOKENS[0])
+        attn = engine_table(setup)
         attn = attn[attn["cls"] == "attention"]
         if attn.empty:
             raise ValueError("the traced model has no scaled-dot-product attention rows: "
@@ -171,8 +215,9 @@ class StepCost:
     def predictors(self):
         """(vector predictor, (GEMM, attention) 16-bit predictors), trained or cached."""
         s = self.setup
-        return (get_predictor(s.predictor, s.data, s.quick),
-                predict16.tensor_predictors(s.tensor_predictor, s.quick))
+        tensor = (predict16.tensor_predictors(s.tensor_predictor, s.quick)
+                  if isinstance(s.tensor_predictor, str) else tuple(s.tensor_predictor))
+        return get_predictor(s.predictor, s.data, s.quick), tensor
 
     def kv_bytes_per_token(self) -> float:
         """KV-cache bytes one token takes on one GPU (every layer's keys and values)."""
@@ -181,14 +226,15 @@ class StepCost:
     def weight_bytes(self) -> float:
         """Parameter bytes on one GPU: the blocks' and the head's split ``tp`` ways, in the
         model's 16-bit format (the embedding table and norms counted the same way)."""
-        total = sum(self.info["param_bytes"].values()) / sizes.BYTES_PER_ELEM
+        total = self.info["params"]
         return total * bytes_per_elem(self.dtype) / self.setup.tp
 
     def _frame(self, tokens: np.ndarray, logits: np.ndarray) -> pd.DataFrame:
         """The law's rows at each (tokens, logits) pair, one block after another; ``pair``
         holds the pair's index."""
         n, m = len(self.rows), len(tokens)
-        df = self.rows.iloc[np.tile(np.arange(n), m)].reset_index(drop=True)
+        cols = [c for c in KEEP if c in self.rows.columns] + ["head"]
+        df = self.rows[cols].iloc[np.tile(np.arange(n), m)].reset_index(drop=True)
         head = np.tile(self.rows["head"].to_numpy(), m)
         t = np.where(head, np.repeat(logits, n), np.repeat(tokens, n)).astype(float)
         for col in DIMS:

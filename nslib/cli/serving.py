@@ -1,0 +1,116 @@
+"""``nslib serve`` and ``nslib eval-serving``: LLM serving forecasts from the command line.
+
+A thin layer over :mod:`nslib.model.serving` (the forecast) and
+:mod:`nslib.evaluation.serving_eval` (the check against aiconfigurator's measured sample).
+"""
+from __future__ import annotations
+
+import json
+import sys
+import warnings
+
+
+
+from nslib.data.checks import arg_float, arg_int
+
+
+def _serve(args) -> int:
+    from nslib.model.serving import FRAMEWORKS, serving_forecast
+    if args.framework not in FRAMEWORKS:
+        raise ValueError(f"unknown --framework {args.framework!r}; use one of "
+                         f"{', '.join(FRAMEWORKS)}")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        frame = serving_forecast(args.model, args.gpu, args.concurrency, args.isl, args.osl,
+                                 tp=args.tp, framework_name=args.framework,
+                                 predictor=args.predictor,
+                                 tensor_predictor=args.tensor_predictor, quick=args.quick,
+                                 link=args.link_bw)
+    notes = list(dict.fromkeys(str(w.message) for w in caught))
+    mem = frame.attrs["memory"]
+    if args.json:
+        rows = [{k: (bool(v) if k == "fits" else round(float(v), 4) if isinstance(v, float)
+                     else v) for k, v in r.items()} for r in frame.to_dict("records")]
+        print(json.dumps({"gpu": frame.attrs["gpu"], "model": str(args.model),
+                          "kv_cache_tokens": mem["kv_tokens"],
+                          "weights_gib_per_gpu": mem["weight_bytes"] / 2 ** 30,
+                          "forecasts": rows, "warnings": notes}, indent=1))
+        return 0
+    print(f"{args.model} on {args.tp} x {frame.attrs['gpu']} ({args.framework} defaults), "
+          f"{args.isl} prompt / {args.osl} output tokens per request")
+    print(f"weights {mem['weight_bytes'] / 2 ** 30:.1f} GiB per GPU; the KV cache holds "
+          f"{mem['kv_tokens']:,.0f} tokens")
+    show = frame[["concurrency", "running", "ttft_ms", "tpot_ms", "latency_ms",
+                  "tokens_per_s", "tokens_per_s_gpu"]].rename(columns={
+                      "running": "in KV cache", "tokens_per_s": "tok/s",
+                      "tokens_per_s_gpu": "tok/s/GPU"})
+    print(show.round(1).to_string(index=False))
+    short = frame[frame["running"] < frame["concurrency"]]
+    if len(short):
+        print(f"the KV cache holds {int(short['running'].iloc[0])} requests of this length: "
+              "the others queue (their wait is in TTFT)")
+    if not frame["fits"].all():
+        print("does not fit: not one request's KV cache fits beside the weights; raise --tp")
+    for n in notes:
+        print(f"warning: {n}", file=sys.stderr)
+    return 0
+
+
+def _eval_serving(args) -> int:
+    from nslib.data.serving_sample import serving_rows
+    from nslib.evaluation.serving_eval import (error_table, predict_sample, summary_json,
+                                               unpriced)
+    rows = serving_rows(args.sample)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        pred = predict_sample(rows, quick=args.quick, progress=not args.json)
+    tab = error_table(pred)
+    if args.json:
+        print(json.dumps(summary_json(tab, rows), indent=1))
+        return 0
+    print(f"Serving sample: {len(pred)} rows priced, {int((rows['reason'] != '').sum())} not")
+    cols = {"nslib_ttft_mape": "TTFT MAPE", "nslib_ttft_ratio": "TTFT pred/meas",
+            "nslib_tpot_mape": "TPOT MAPE", "nslib_tpot_ratio": "TPOT pred/meas",
+            "roofline_ttft_mape": "roofline TTFT", "roofline_tpot_mape": "roofline TPOT"}
+    print(tab[["framework", "model_path", "gpu", "n", *cols]].rename(columns=cols)
+          .round(2).to_string(index=False))
+    miss = unpriced(rows)
+    if len(miss):
+        print("\nnot priced (rows by reason):")
+        print(miss.to_string(index=False))
+    return 0
+
+
+def add_serving_parsers(sub) -> None:
+    s = sub.add_parser("serve", help="forecast LLM serving: TTFT, TPOT, tokens/s")
+    s.add_argument("--model", required=True, help="config name or JSON path, or a "
+                   "HuggingFace id with a config in the project (meta-llama/Llama-3.1-8B-"
+                   "Instruct, Qwen/Qwen3-32B)")
+    s.add_argument("--gpu", required=True, help="GPU name, alias or datasheet JSON (needs "
+                   "Bf16FLOPs)")
+    s.add_argument("--isl", type=arg_int(), default=1024, help="prompt tokens per request")
+    s.add_argument("--osl", type=arg_int(), default=128, help="output tokens per request")
+    s.add_argument("--concurrency", type=arg_int(), nargs="+", default=[16],
+                   help="requests in flight (several values: a sweep)")
+    s.add_argument("--tp", type=arg_int(), default=1, help="tensor-parallel GPUs")
+    s.add_argument("--framework", default="vllm", help="engine defaults: vllm, sglang, trtllm")
+    s.add_argument("--predictor", default="nslib", help="vector-kernel predictor")
+    s.add_argument("--tensor-predictor", default="nslib",
+                   help="16-bit GEMM and attention predictor (nslib, roofline, ...)")
+    s.add_argument("--link-bw", type=arg_float(positive=True), default=None,
+                   help="GPU-to-GPU link, GB/s both directions (default: datasheet Link_Bw)")
+    s.add_argument("--quick", action="store_true", help="quick-profile predictors")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=_serve)
+
+    s = sub.add_parser("eval-serving", help="serving forecasts against aiconfigurator's "
+                       "measured TTFT/TPOT sample")
+    s.add_argument("--sample", help="silicon_sample.csv (default: the one in the 16-bit data)")
+    s.add_argument("--quick", action="store_true", help="quick-profile predictors")
+    s.add_argument("--json", action="store_true",
+                   help="{framework/model: {GPU: {ttft_mape, tpot_mape, n}}, unpriced: {...}}")
+    s.set_defaults(func=_eval_serving)
+
+
+__all__ = ["add_serving_parsers"]
+

@@ -1,0 +1,65 @@
+"""One call from a question to a table: ``serving_forecast(model, gpu, concurrency, isl, osl)``.
+
+Resolves the model (a config name or path, or a HuggingFace id the project keeps a config for:
+:func:`nslib.data.serving_sample.model_configs`), builds the :class:`StepCost` once per model,
+GPU, tensor-parallel degree and predictors (kept for the process), and forecasts every
+scenario in one vectorised :func:`nslib.model.serving.serve` call.
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+
+from nslib.data.checks import check_int
+from nslib.data.serving_sample import model_configs
+from nslib.model.config import load_model_config
+from nslib.model.serving.schedule import framework, kv_capacity, serve
+from nslib.model.serving.steps import ServingSetup, StepCost
+
+_COSTS: dict = {}
+
+
+def resolve_model(model, data=None) -> dict:
+    """A config dict from a dict, a config name or path, or a HuggingFace id of
+    :func:`nslib.data.serving_sample.model_configs`."""
+    if isinstance(model, str) and model in model_configs():
+        model = str(model_configs()[model])
+    return load_model_config(model, data)
+
+
+def step_cost(model, gpu, tp: int = 1, predictor: str = "nslib",
+              tensor_predictor: str = "nslib", quick: bool = False, data=None,
+              link=None) -> StepCost:
+    """The :class:`StepCost` of a model on ``tp`` GPUs, built once per process."""
+    config = resolve_model(model, data)
+    tp = check_int("tp", tp)
+    key = (json.dumps(config, sort_keys=True), str(getattr(gpu, "name", gpu)), tp, predictor,
+           tensor_predictor, quick, str(data), repr(link))
+    if key not in _COSTS:
+        _COSTS[key] = StepCost(ServingSetup(config, gpu, tp=tp, predictor=predictor,
+                                            tensor_predictor=tensor_predictor, link=link,
+                                            quick=quick, data=data))
+    return _COSTS[key]
+
+
+def serving_forecast(model, gpu, concurrency, isl: int, osl: int, tp: int = 1,
+                     framework_name: str = "vllm", predictor: str = "nslib",
+                     tensor_predictor: str = "nslib", quick: bool = False, data=None,
+                     link=None) -> pd.DataFrame:
+    """One row per concurrency: ``concurrency, isl, osl, tp, framework, ttft_ms, tpot_ms,
+    latency_ms, running, queue_ms, tokens_per_s, tokens_per_s_gpu, fits, kv_tokens``
+    (:func:`nslib.model.serving.serve`)."""
+    conc = np.atleast_1d(np.asarray(concurrency))
+    for v in conc:
+        check_int("concurrency", v)
+    isl, osl = check_int("isl", isl), check_int("osl", osl)
+    fw = framework(framework_name)
+    cost = step_cost(model, gpu, tp, predictor, tensor_predictor, quick, data, link)
+    out = serve(cost, conc.astype(float), isl, osl, fw)
+    frame = pd.DataFrame({"concurrency": conc.astype(int), "isl": isl, "osl": osl,
+                          "tp": cost.setup.tp, "framework": fw.name, **out})
+    frame.attrs["memory"] = kv_capacity(cost, fw)
+    frame.attrs["gpu"] = cost.spec.name
+    return frame

@@ -1,0 +1,190 @@
+"""Serving forecasts: the schedules on a hand-priced engine (every number below is hand
+arithmetic), the engine's kernels of a tiny Llama, the sample reader and the CLI."""
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from nslib.cli import main
+from nslib.data.gpus import gpu_from_dict
+from nslib.model.serving import Framework, kv_capacity, serve
+from nslib.model.serving.steps import engine_kernels
+from nslib.model.trace import trace
+
+GPU = gpu_from_dict({"Device": "Test GPU", "Dev_Mem": 80, "Mem_Bw": 3000, "Num_Sm": 100,
+                     "Core_Per_SM": 128, "Freq": 1500, "SingleFLOPs": 40000, "L2Cache": 40,
+                     "Bf16FLOPs": 800000})
+
+
+class LinearCost:
+    """An engine whose iteration costs ``1 + 0.01 T`` ms (``T`` tokens), attention free."""
+
+    def __init__(self, kv_per_token=1e5, weights=1e9, tp=1):
+        self.spec, self.setup = GPU, SimpleNamespace(tp=tp, data=None)
+        self._kv, self._w = kv_per_token, weights
+
+    def tokens_ms(self, tokens, logits):
+        return 1.0 + 0.01 * np.asarray(tokens, float)
+
+    def attention_ms(self, phase, batch, q_len, kv_len):
+        return np.zeros(np.broadcast(np.asarray(batch), np.asarray(kv_len)).shape)
+
+    def kv_bytes_per_token(self):
+        return self._kv
+
+    def weight_bytes(self):
+        return self._w
+
+
+def test_waves_by_hand():
+    # 4 prompts of 100 tokens, 2 per 200-token prefill batch: batches end at 3 and 6 ms
+    fw = Framework("t", 200, False, 0.9)
+    out = serve(LinearCost(), 4, 100, 11, fw)
+    assert out["ttft_ms"] == pytest.approx(4.5)          # (3 + 3 + 6 + 6) / 4
+    # decode of 4 tokens 1.04 ms, plus the later batches' 6 - 4.5 ms spread over 10 tokens
+    assert out["tpot_ms"] == pytest.approx(1.04 + 0.15)
+    assert out["queue_ms"] == 0 and out["running"] == 4
+
+
+def test_one_wave_when_the_budget_holds_every_prompt():
+    out = serve(LinearCost(), 4, 100, 11, Framework("t", 8192, False, 0.9))
+    assert out["ttft_ms"] == pytest.approx(5.0)          # one 400-token batch
+    assert out["tpot_ms"] == pytest.approx(1.04)
+
+
+def test_mixed_by_hand():
+    # 10 requests, 100 + 11 tokens: 10/11 arrive per iteration; 100 tokens per iteration
+    out = serve(LinearCost(), 10, 100, 11, Framework("m", 8192, True, 0.9))
+    assert out["tpot_ms"] == pytest.approx(2.0)
+    # half an iteration, then the one holding the group's 10 prompts beside 9.09 decodes
+    assert out["ttft_ms"] == pytest.approx(1.0 + 1.0 + 0.01 * np.ceil(10 / 11 * 10 + 1000))
+    assert out["latency_ms"] == pytest.approx(out["ttft_ms"] + 10 * 2.0)
+    assert out["tokens_per_s"] == pytest.approx(10 / out["latency_ms"] * 1000 * 11)
+
+
+def test_kv_cache_bound_queues_by_littles_law():
+    fw = Framework("m", 8192, True, 0.9)
+    cost = LinearCost(kv_per_token=2e7)                  # room for a few requests only
+    cap = kv_capacity(cost, fw)
+    running = np.floor(cap["kv_tokens"] / 111)
+    assert 1 <= running < 64
+    out = serve(cost, 64, 100, 11, fw)
+    assert out["running"] == running
+    service = out["latency_ms"] - out["queue_ms"]
+    assert out["latency_ms"] == pytest.approx(64 / running * service)
+    assert out["ttft_ms"] > out["queue_ms"] > 0
+
+
+def test_weights_that_do_not_fit():
+    out = serve(LinearCost(weights=100e9), 8, 100, 11, "vllm")
+    assert not out["fits"]
+
+
+def test_bad_lengths_and_framework():
+    with pytest.raises(ValueError, match="at least 1"):
+        serve(LinearCost(), 0, 100, 10)
+    with pytest.raises(ValueError, match="unknown serving framework"):
+        serve(LinearCost(), 1, 100, 10, "tgi")
+
+
+def test_sweep_is_monotone_in_concurrency():
+    out = serve(LinearCost(), np.arange(1, 101), 512, 64, "vllm")
+    assert (np.diff(out["tpot_ms"]) >= -1e-9).all()
+    assert (np.diff(out["tokens_per_s"]) >= -1e-9).all()
+
+
+# -- the engine's kernels of a tiny Llama --------------------------------------------------
+
+HID, FF, HEADS, KV, LAYERS, VOCAB = 64, 128, 4, 2, 2, 100
+LLAMA = dict(model_type="llama", hidden_size=HID, intermediate_size=FF,
+             num_hidden_layers=LAYERS, num_attention_heads=HEADS, num_key_value_heads=KV,
+             vocab_size=VOCAB, max_position_embeddings=64)
+
+
+def test_engine_kernels_merge_projections_and_vector_runs():
+    from nslib.model.fusion import fuse
+    tr = fuse(trace(LLAMA, 1, 16, "inf", dtype="bf16"), prologues=True)
+    eng = engine_kernels(tr)
+    layer = eng[eng["layer"] == 0]
+    gemm = layer[layer["cls"] == "linear"]
+    # q, k and v as one GEMM (64 + 2 * 2 * 16 outputs), gate and up as one, o and down
+    assert sorted(gemm["K"]) == sorted([HID + 2 * KV * (HID // HEADS), HID, 2 * FF, HID])
+    assert (layer["cls"] == "attention").sum() == 1
+    # no two vector kernels in a row inside a layer
+    kinds = layer["cls"].isin(["elementwise", "softmax", "layernorm", "memory"]).to_numpy()
+    assert not (kinds[1:] & kinds[:-1]).any()
+    assert (eng["layer"] < 0).sum() == (tr["layer"] < 0).sum()   # outside the layers as is
+
+
+def test_step_cost_token_law(data_dir, mixed_dir):
+    from nslib.model.serving import ServingSetup, StepCost
+    cost = StepCost(ServingSetup(LLAMA, "H100", tp=2, predictor="roofline",
+                                 tensor_predictor="roofline", quick=True))
+    df = cost._frame(np.array([1000.0]), np.array([7.0]))
+    gemm = df[df["cls"] == "linear"]
+    head = gemm[df.loc[gemm.index, "head"]]
+    assert (head["M"] == 7).all() and (gemm[~df.loc[gemm.index, "head"]]["M"] == 1000).all()
+    assert (gemm["bytes"] < 4 * (gemm["M"] * gemm["N"] + gemm["N"] * gemm["K"] +
+                                 gemm["M"] * gemm["K"])).all()      # 16-bit bytes
+    comm = df[(df["cls"] == "comm") & (df["layer"] >= 0)]   # (and the embedding's)
+    assert len(comm) == 2 * LAYERS and (comm["bytes"] == 1000 * HID * 2).all()
+    assert cost.layers == LAYERS and cost.heads == HEADS / 2 and cost.kv_heads == KV / 2
+    assert cost.kv_bytes_per_token() == 2 * LAYERS * (KV / 2) * (HID // HEADS) * 2
+    t = cost.tokens_ms([1, 100, 10000], [1, 1, 1])
+    assert (np.diff(t) > 0).all()
+    a = cost.attention_ms("decode", [1, 8, 0], 1, 512)
+    assert a[0] > 0 and a[1] >= a[0] and a[2] == 0
+
+
+# -- the sample and the CLI ------------------------------------------------------------------
+
+def test_sample_rows_say_why(mixed_dir, tmp_path):
+    from nslib.data.serving_sample import serving_rows
+    rows = serving_rows()
+    assert (rows["reason"] == "").sum() > 0
+    agg = rows[rows["mode"] == "agg"]
+    assert agg.loc[agg["precision"].fillna("") != "", "reason"].str.startswith(
+        "precision").all()
+    assert (rows["reason"] != "").sum() + (rows["reason"] == "").sum() == len(rows)
+    # a GPU with no datasheet is counted, not dropped
+    priced = rows[rows["reason"] == ""].drop(columns=["gpu", "config", "framework", "reason"])
+    priced.head(3).assign(system="zz_9000_sxm").to_csv(tmp_path / "s.csv", index=False)
+    odd = serving_rows(tmp_path / "s.csv")
+    assert len(odd) == 3
+    assert (odd["reason"] == "no datasheet for system zz_9000_sxm").all()
+
+
+def test_system_names_map_to_datasheets(mixed_dir):
+    from nslib.data.serving_sample import system_gpus
+    got = system_gpus(["h100_sxm", "a100_sxm", "l40s", "nonesuch"])
+    assert got["h100_sxm"].startswith("NVIDIA H100") and "nonesuch" not in got
+
+
+def test_sample_file_errors(tmp_path, capsys):
+    (tmp_path / "s.csv").write_text("a,b\n1,2\n")
+    assert main(["eval-serving", "--sample", str(tmp_path / "s.csv")]) == 2
+    assert "missing column" in capsys.readouterr().err
+    assert main(["eval-serving", "--sample", str(tmp_path / "none.csv")]) == 2
+    assert "no serving sample" in capsys.readouterr().err
+
+
+def test_serve_cli_errors(capsys):
+    assert main(["serve", "--model", "x.json", "--gpu", "H100", "--framework", "tgi"]) == 2
+    assert "unknown --framework" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["serve", "--model", "x", "--gpu", "H100", "--concurrency", "0"])
+
+
+def test_serve_cli_json(data_dir, mixed_dir, tmp_path, capsys):
+    cfg = tmp_path / "tiny.json"
+    cfg.write_text(json.dumps(LLAMA))
+    assert main(["serve", "--model", str(cfg), "--gpu", "H100", "--concurrency", "1", "4",
+                 "--isl", "32", "--osl", "8", "--tensor-predictor", "roofline",
+                 "--predictor", "roofline", "--quick", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [r["concurrency"] for r in out["forecasts"]] == [1, 4]
+    assert all(r["ttft_ms"] > 0 and r["tpot_ms"] > 0 for r in out["forecasts"])
