@@ -57,13 +57,31 @@ def test_one_wave_when_the_budget_holds_every_prompt():
 
 
 def test_mixed_by_hand():
-    # 10 requests, 100 + 11 tokens: 10/11 arrive per iteration; 100 tokens per iteration
+    # 10 requests of 100 + 11 tokens: 10/11 arrive per iteration, 9.09 decode tokens (10
+    # priced); the group of 10 prompts (1,000 tokens) rides one iteration in 11
     out = serve(LinearCost(), 10, 100, 11, Framework("m", 8192, True, 0.9))
-    assert out["tpot_ms"] == pytest.approx(2.0)
-    # half an iteration, then the one holding the group's 10 prompts beside 9.09 decodes
-    assert out["ttft_ms"] == pytest.approx(1.0 + 1.0 + 0.01 * np.ceil(10 / 11 * 10 + 1000))
-    assert out["latency_ms"] == pytest.approx(out["ttft_ms"] + 10 * 2.0)
+    plain, carry = 1.0 + 0.01 * 10, 1.0 + 0.01 * np.ceil(10 / 11 * 10 + 1000)
+    it = (10 / 11) * plain + (1 / 11) * carry
+    assert out["tpot_ms"] == pytest.approx(it)
+    assert out["ttft_ms"] == pytest.approx(0.5 * it + carry)
+    assert out["latency_ms"] == pytest.approx(out["ttft_ms"] + 10 * it)
     assert out["tokens_per_s"] == pytest.approx(10 / out["latency_ms"] * 1000 * 11)
+
+
+def test_mixed_long_prompt_is_chunked():
+    # one request, a 1,000-token prompt, a 400-token budget: the prompt takes k = 1000 / 399.7
+    # = 2.50 iterations of ~400 prompt tokens; 0.286 requests arrive per iteration (one per
+    # 1 + k iterations), so 0.286 * 2.50 = 71% of the iterations carry prompt tokens
+    out = serve(LinearCost(), 1, 1000, 2, Framework("m", 400, True, 0.9))
+    k = 2.5
+    for _ in range(20):
+        lam = 1 / (1 + k)
+        k = 1000 / (400 - lam)
+    carry = 1.0 + 0.01 * np.ceil(lam + 1000 / k)
+    it = (1 - lam * k) * (1.0 + 0.01) + lam * k * carry
+    assert k == pytest.approx(2.502, abs=1e-3)
+    assert out["tpot_ms"] == pytest.approx(it, rel=1e-3)
+    assert out["ttft_ms"] == pytest.approx(0.5 * it + k * carry, rel=1e-3)
 
 
 def test_kv_cache_bound_queues_by_littles_law():

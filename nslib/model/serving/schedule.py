@@ -7,13 +7,15 @@ Two ways to schedule prompts beside decodes cover the three engines of the silic
 (:data:`FRAMEWORKS`, their documented defaults):
 
 - **mixed** (vLLM V1, TensorRT-LLM in-flight batching): every iteration carries one token of
-  each decoding request and as many prompt tokens as fit in the token budget. Requests are
-  spread over their lifetimes (steady state): each iteration ``λ = running / (osl - 1 + k)``
-  requests arrive, where ``k`` is the iterations one prompt takes (``isl / room``, at least
-  1; ``room`` = budget - decode tokens). An iteration runs ``D = λ (osl - 1)`` decode tokens
-  and ``P = min(λ isl, room)`` prompt tokens on average. TPOT is that average iteration;
-  TTFT is half of one (a request arrives while one runs) plus the ``k`` iterations that carry
-  its own prompt (``isl / k`` prompt tokens each beside the decodes).
+  each decoding request and as many prompt tokens as fit in the token budget. In the steady
+  state ``λ = running / (osl - 1 + k)`` requests arrive per iteration, where ``k`` is the
+  iterations one prompt takes (``isl / room``, at least 1; ``room`` = budget - the
+  ``D = λ (osl - 1)`` decode tokens). Requests admitted together come back together (the
+  same lengths, the same finish): they arrive in groups of the prompts the room holds
+  (``g``), and a share ``f = λ k / g`` of the iterations carries a group's prompts beside the
+  decodes. TPOT is the mean iteration (``1 - f`` plain decode iterations, ``f`` carrying
+  prompts); TTFT is half of one (a request arrives while one runs) plus the ``k`` iterations
+  that carry its group.
 - **prefill-first** (SGLang's default: no mixed chunks, prompts before decodes): requests
   that finish together come back together, so the running set moves in waves: its prompts run
   as budget-sized prefill batches back to back, then all decode together. A request's TTFT is
@@ -124,19 +126,20 @@ def _mixed(cost: StepCost, fw: Framework, running, isl, osl) -> dict:
         decode = lam * (osl - 1.0)
         room = np.maximum(budget - decode, 1.0)
         k = np.maximum(1.0, isl / room)
-    prompt = np.minimum(lam * isl, room)
+    # requests admitted together (as many prompts as the room holds) finish together and
+    # come back together, since every request has the same lengths: a group's prompts ride
+    # ``k`` iterations beside the decodes, and a share ``f`` of the iterations carries one
+    group = np.clip(np.floor(room / isl), 1.0, running)
+    share = np.minimum(1.0, lam * k / group)
     ctx = isl + osl / 2.0
-    dec_attn = cost.attention_ms("decode", np.ceil(decode), 1, ctx)
-    own_attn = cost.attention_ms("prefill", 1, isl, isl)
-    it = (cost.tokens_ms(np.ceil(decode + prompt), np.ceil(decode + lam)) + dec_attn +
-          lam * own_attn)
-    # the iterations that carry this request's prompt and those of its group: requests
-    # admitted together (``group`` = the prompts one budget holds) finish together and come
-    # back together, since every request has the same lengths
-    group = np.clip(np.floor(budget / isl), 1.0, running)
-    own = (cost.tokens_ms(np.ceil(decode + group * isl / k), np.ceil(decode + group)) +
-           dec_attn + group * own_attn / k)
-    return {"ttft_ms": 0.5 * it + k * own, "tpot_ms": it}
+    dec = np.ceil(decode)
+    dec_attn = cost.attention_ms("decode", dec, 1, ctx)
+    prompt_attn = group * cost.attention_ms("prefill", 1, isl, isl) / k
+    plain = cost.tokens_ms(dec, dec) + dec_attn
+    carry = (cost.tokens_ms(np.ceil(decode + group * isl / k), np.ceil(decode + group)) +
+             dec_attn + prompt_attn)
+    it = (1.0 - share) * plain + share * carry
+    return {"ttft_ms": 0.5 * it + k * carry, "tpot_ms": it}
 
 
 def _waves(cost: StepCost, fw: Framework, running, isl, osl) -> dict:

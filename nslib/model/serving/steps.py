@@ -178,6 +178,41 @@ def _engine_table(setup: ServingSetup, info: dict) -> pd.DataFrame:
     return out.reset_index(drop=True)
 
 
+def _at_tokens(rows: pd.DataFrame, law: dict, elem: np.ndarray, tokens: np.ndarray,
+               logits: np.ndarray) -> pd.DataFrame:
+    """``rows`` at each (tokens, logits) pair, one block after another; ``pair`` holds the
+    pair's index."""
+    n, m = len(rows), len(tokens)
+    cols = [c for c in KEEP if c in rows.columns] + ["head"]
+    df = rows[cols].iloc[np.tile(np.arange(n), m)].reset_index(drop=True)
+    head = np.tile(rows["head"].to_numpy(), m)
+    t = np.where(head, np.repeat(logits, n), np.repeat(tokens, n)).astype(float)
+    for col in DIMS:
+        c, j = (np.tile(v, m) for v in law[col])
+        df[col] = np.where(j > 0, np.maximum(np.round(c * t ** j), 1.0), c)
+    # a GEMM's bytes are affine in T, not a power of it: recomputed from the dims, at each
+    # row's element size
+    meas = df["cls"].isin(sizes.CLASSES).to_numpy()
+    if meas.any():
+        f, by = sizes.flops_bytes(df[meas])
+        df.loc[meas, "flops"] = f
+        df.loc[meas, "bytes"] = by * np.tile(elem, m)[meas] / sizes.BYTES_PER_ELEM
+    df["pair"] = np.repeat(np.arange(m), n)
+    return df
+
+
+def _distinct_rows(rows: pd.DataFrame, law: dict, elem: np.ndarray):
+    """((rows, law, elem) of the distinct kernels, how often each runs): the layers repeat
+    the same kernels, which are priced once per token count."""
+    key = rows[["phase", "cls", "op", "head"]].assign(
+        elem=elem, **{f"{c}{k}": law[c][k] for c in DIMS for k in range(2)})
+    group = key.groupby(list(key.columns), dropna=False, sort=False).ngroup().to_numpy()
+    first = np.unique(group, return_index=True)[1]
+    small = rows.iloc[first].reset_index(drop=True)
+    return ((small, {c: tuple(a[first] for a in law[c]) for c in DIMS}, elem[first]),
+            np.bincount(group).astype(float))
+
+
 class StepCost:
     """Prices serving iterations of ``setup`` (see the module doc).
 
@@ -198,6 +233,7 @@ class StepCost:
                              f"attention heads and {self.info['kv_heads']} key/value heads")
         self.rows, self.law = token_law(setup)
         self._elem = np.nan_to_num(sizes.elem_bytes(self.rows), nan=sizes.BYTES_PER_ELEM)
+        self._distinct, self._count = _distinct_rows(self.rows, self.law, self._elem)
         self.link = resolve_link(setup.link, self.spec, setup.data) if setup.link is not None \
             else default_link(self.spec, setup.data)
         attn = engine_table(setup)
@@ -232,23 +268,7 @@ class StepCost:
     def _frame(self, tokens: np.ndarray, logits: np.ndarray) -> pd.DataFrame:
         """The law's rows at each (tokens, logits) pair, one block after another; ``pair``
         holds the pair's index."""
-        n, m = len(self.rows), len(tokens)
-        cols = [c for c in KEEP if c in self.rows.columns] + ["head"]
-        df = self.rows[cols].iloc[np.tile(np.arange(n), m)].reset_index(drop=True)
-        head = np.tile(self.rows["head"].to_numpy(), m)
-        t = np.where(head, np.repeat(logits, n), np.repeat(tokens, n)).astype(float)
-        for col in DIMS:
-            c, j = (np.tile(v, m) for v in self.law[col])
-            df[col] = np.where(j > 0, np.maximum(np.round(c * t ** j), 1.0), c)
-        # a GEMM's bytes are affine in T, not a power of it: recomputed from the dims, at
-        # each row's element size
-        meas = df["cls"].isin(sizes.CLASSES).to_numpy()
-        if meas.any():
-            f, by = sizes.flops_bytes(df[meas])
-            df.loc[meas, "flops"] = f
-            df.loc[meas, "bytes"] = by * np.tile(self._elem, m)[meas] / sizes.BYTES_PER_ELEM
-        df["pair"] = np.repeat(np.arange(m), n)
-        return df
+        return _at_tokens(self.rows, self.law, self._elem, tokens, logits)
 
     def tokens_ms(self, tokens, logits) -> np.ndarray:
         """Time (ms) of everything but attention for iterations of ``tokens`` tokens of which
@@ -257,7 +277,8 @@ class StepCost:
         logits = np.clip(np.asarray(logits, float), 1.0, tokens)
         pairs, inv = np.unique(np.stack([tokens.ravel(), logits.ravel()], 1), axis=0,
                                return_inverse=True)
-        df = self._frame(np.ceil(pairs[:, 0]), np.ceil(pairs[:, 1]))
+        rows, law, elem = self._distinct
+        df = _at_tokens(rows, law, elem, np.ceil(pairs[:, 0]), np.ceil(pairs[:, 1]))
         comm = (df["cls"] == "comm").to_numpy()
         ms = np.zeros(len(df))
         if (~comm).any():
@@ -268,6 +289,7 @@ class StepCost:
         if comm.any():
             ms[comm] = self.link.allreduce_ms(df.loc[comm, "bytes"].to_numpy(float),
                                               self.setup.tp)
+        ms *= np.tile(self._count, len(pairs))   # each distinct kernel as often as it runs
         per = np.bincount(df["pair"].to_numpy(), weights=ms, minlength=len(pairs))
         return per[inv.ravel()].reshape(tokens.shape)
 
