@@ -43,6 +43,13 @@ def declared(nb_path: Path) -> set[str]:
     return set(pm.inspect_notebook(str(nb_path)))
 
 
+def library_hash() -> str:
+    """Content hash of the library's source: a notebook whose code changed under it is not
+    up to date, whatever its own file says."""
+    lib = Path(__file__).resolve().parent
+    return hash_files(sorted(lib.rglob("*.py")))
+
+
 def run(quick: bool = False, force: bool = False, only=None, data=None, out=None,
         results=None, progress: bool = True, params_file=None) -> list[dict]:
     """Run the notebooks; returns one record per notebook (name, status, seconds).
@@ -62,13 +69,14 @@ def run(quick: bool = False, force: bool = False, only=None, data=None, out=None
     figs = figures_dir(figs)
     res.mkdir(parents=True, exist_ok=True)
     root, dhash = str(data_root(data)), data_hash(data)
+    code = library_hash()
     records = []
     for name, params in tqdm(plan.items(), desc="notebooks", disable=not progress):
         nb = NOTEBOOKS / f"{name}.ipynb"
         wanted = declared(nb)
         params = {k: v for k, v in params.items() if k in wanted}
         full = {**params, "data": root, "out": str(figs)}
-        extra = [params, dhash, __version__, str(figs)]
+        extra = [params, dhash, __version__, str(figs), code]
         if "mixed" in wanted:  # the 16-bit notebook: its data's content is part of the key
             full["mixed"] = str(mixed_root())
             extra.append(mixed_hash())
