@@ -37,6 +37,9 @@ seq = 1024
 mode = "inf"           # "inf" (one forward pass) or "train" (forward + backward)
 predictor = "nslib"
 what_if = {"mem_bw": 2.0}   # factors on the first GPU's datasheet for a hypothetical GPU
+serving_model = "Qwen/Qwen3-32B"   # the serving view: a model with a config in the project
+serving_gpus = ["NVIDIA H100 80GB HBM3", "NVIDIA H200", "NVIDIA B200"]  # need Bf16FLOPs
+serving_tp = 2
 
 # %%
 import matplotlib.pyplot as plt
@@ -171,3 +174,38 @@ display(Markdown("\n".join(notes)))
 explorer = build_explorer(gpus=gpus, model=model, batch=batch, seq=seq, mode=mode,
                           predictor=predictor, quick=quick, data=data, hypothetical=what_if)
 explorer
+
+# %% [markdown]
+# ## Serving: tokens per second and time to first token
+# The same question for an LLM served by an engine (vLLM, SGLang or TensorRT-LLM defaults):
+# output tokens per second per GPU and TTFT against the number of requests in flight, for
+# GPUs with a BF16 peak in their datasheet and a hypothetical one (the first GPU with twice
+# its bandwidth). Where the KV cache is full the rest of the requests queue, and TTFT climbs.
+# How far these forecasts hold is notebook 12's subject.
+
+# %%
+from nslib.explore.gpus import hypothetical_gpu as _hyp
+from nslib.explore.serving import serving_curves
+from nslib.explore.serving_ui import build_serving_explorer
+from nslib.model.inputs import resolve_gpu
+from nslib.viz.serving_plots import throughput_curves
+
+first = resolve_gpu(serving_gpus[0])
+served = serving_curves(serving_gpus + [_hyp(first, mem_bw=2 * first.mem_bw)], serving_model,
+                        tp=serving_tp, most=64 if quick else 256, quick=quick)
+for n in served["notes"]:
+    print(n)
+fig = throughput_curves(served["curves"])
+save_figure(fig, "08_serving", out)
+served["curves"].groupby("gpu", sort=False).tail(1).set_index("gpu")[
+    ["concurrency", "running", "ttft_ms", "tpot_ms", "tokens_per_s_gpu"]].round(1)
+
+# %% [markdown]
+# The interactive serving view: pick GPUs, the model, the engine, the tensor-parallel degree,
+# prompt and output lengths and the largest concurrency; tick *add a hypothetical GPU* to
+# scale a GPU's bandwidth, BF16 peak or memory.
+
+# %%
+serving_view = build_serving_explorer(gpus=serving_gpus, model=serving_model, tp=serving_tp,
+                                      quick=quick, hypothetical={"mem_bw": 2.0})
+serving_view

@@ -27,9 +27,9 @@ def test_00_ideas(data_dir, tmp_path):
     assert (mape > 0).all().all()
 
 
-def test_08_gpu_explorer(data_dir, tmp_path):
+def test_08_gpu_explorer(data_dir, mixed_dir, tmp_path):
     nb = run_notebook("08_gpu_explorer", tmp_path, quick=True)
-    _figures(tmp_path, ["08_scenario", "08_what_if"])
+    _figures(tmp_path, ["08_scenario", "08_what_if", "08_serving"])
     summary = pd.read_csv(tmp_path / "08_scenario.csv", index_col=0)
     assert len(summary) == 4 and (summary["e2e_ms"] > 0).all()
     # the hypothetical GPU (first GPU, twice the bandwidth) is no slower than the first GPU
@@ -39,9 +39,10 @@ def test_08_gpu_explorer(data_dir, tmp_path):
     assert set(sweep.index.get_level_values(0)) == {"mem_bw", "peak_gflops"}
     per_class = pd.read_csv(tmp_path / "08_per_class.csv", index_col=0)
     assert per_class.sum(axis=1).to_numpy() == pytest.approx(summary["e2e_ms"].to_numpy())
-    # the explorer cell produced a widget, not an error
+    # the two explorer cells (step, serving) produced widgets, not errors
     cells = json.loads(nb.read_text())["cells"]
-    last = [c for c in cells if c["cell_type"] == "code"][-1]
-    kinds = {k for o in last.get("outputs", []) for k in o.get("data", {})}
-    assert "application/vnd.jupyter.widget-view+json" in kinds
+    code = [c for c in cells if c["cell_type"] == "code"]
+    for cell in (code[-1], next(c for c in code if "build_explorer(" in "".join(c["source"]))):
+        kinds = {k for o in cell.get("outputs", []) for k in o.get("data", {})}
+        assert "application/vnd.jupyter.widget-view+json" in kinds
     assert not [o for c in cells for o in c.get("outputs", []) if o.get("output_type") == "error"]

@@ -206,3 +206,24 @@ def test_serve_cli_json(data_dir, mixed_dir, tmp_path, capsys):
     out = json.loads(capsys.readouterr().out)
     assert [r["concurrency"] for r in out["forecasts"]] == [1, 4]
     assert all(r["ttft_ms"] > 0 and r["tpot_ms"] > 0 for r in out["forecasts"])
+
+
+# -- the explorer's serving view -------------------------------------------------------------
+
+def test_serving_explorer_view(data_dir, mixed_dir):
+    from nslib.explore.serving import concurrencies, serving_curves
+    from nslib.explore.serving_ui import build_serving_explorer
+    assert list(concurrencies(8)) == [1, 2, 3, 4, 6, 8]
+    res = serving_curves(["H100", "no such GPU"], "meta-llama/Llama-3.1-8B-Instruct", tp=1,
+                         most=8, quick=True)
+    assert set(res["curves"]["gpu"]) == {"NVIDIA H100 80GB HBM3"}
+    assert any(n.startswith("no such GPU: not forecast") for n in res["notes"])
+    ex = build_serving_explorer(gpus=["NVIDIA H100 80GB HBM3"],
+                                model="meta-llama/Llama-3.1-8B-Instruct", tp=1, most=16,
+                                quick=True, hypothetical={"mem_bw": 2.0})
+    assert ex.error is None
+    got = ex.result["curves"].groupby("gpu")["tpot_ms"].min()
+    assert got.loc["NVIDIA H100 80GB HBM3 (mem_bw x2)"] < got.loc["NVIDIA H100 80GB HBM3"]
+    ex.use_custom.value = False
+    ex.gpu_select.value = ()
+    assert ex.error.startswith("select at least one GPU")

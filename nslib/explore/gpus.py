@@ -9,12 +9,13 @@ import math
 
 import numpy as np
 
-from nslib.data.gpus import FIELDS, GPU, gpu_from_dict
+from nslib.data.gpus import FIELDS, GPU, OPTIONAL_FIELDS, gpu_from_dict
 from nslib.data.registry import all_gpus
 
 # the datasheet numbers a hypothetical GPU may change (the explorer's sliders)
 SLIDER_FIELDS = ("num_sm", "peak_gflops", "mem_bw", "mem_gb", "l2_mb")
-JSON_KEY = {f: k for k, (f, _) in FIELDS.items()}          # dataclass field -> JSON key
+# dataclass field -> JSON key (the optional ones too: a hypothetical GPU's BF16 peak, TDP, link)
+JSON_KEY = {f: k for k, (f, _) in {**FIELDS, **OPTIONAL_FIELDS}.items()}
 # datasheet counts: a hypothetical GPU's must be whole numbers
 INT_FIELDS = ("num_sm", "cores_per_sm")
 # how far (relative) a float count may sit from a whole number and still count as one

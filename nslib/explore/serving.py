@@ -1,0 +1,56 @@
+"""Serving what-ifs as a plain function: one model served on several GPUs (real or
+hypothetical) over a range of concurrencies, for the explorer's serving view.
+
+:func:`serving_curves` returns one row per (GPU, concurrency) with TTFT, TPOT and tokens/s
+(:func:`nslib.model.serving.serving_forecast`) and a note per GPU it could not forecast
+(no ``Bf16FLOPs`` in the datasheet, a ``tp`` that does not divide the heads, weights that
+do not fit): nothing is dropped without a word.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pandas as pd
+
+from nslib.model.serving import serving_forecast
+
+# concurrency points of a curve: powers of two up to the chosen maximum, and the steps between
+POINTS_PER_OCTAVE = 2
+
+
+def concurrencies(most: int) -> np.ndarray:
+    """1 .. ``most`` on a log grid (:data:`POINTS_PER_OCTAVE` points per doubling)."""
+    n = int(np.log2(max(most, 1)) * POINTS_PER_OCTAVE) + 1
+    return np.unique(np.round(np.geomspace(1, max(most, 1), max(n, 1))).astype(int))
+
+
+def serving_curves(gpus, model, tp: int = 1, engine: str = "vllm", isl: int = 1024,
+                   osl: int = 128, most: int = 256, quick: bool = False,
+                   data=None) -> dict:
+    """``{"curves": frame, "notes": [...], "seconds": s}``: the frame has a ``gpu`` column
+    and the columns of :func:`nslib.model.serving.serving_forecast`; ``notes`` says which
+    GPUs were left out and why, and where the KV cache makes requests queue."""
+    t0 = time.perf_counter()
+    conc, parts, notes = concurrencies(most), [], []
+    for g in gpus:
+        name = getattr(g, "name", str(g))
+        try:
+            f = serving_forecast(model, g, conc, isl, osl, tp=tp, framework_name=engine,
+                                 quick=quick, data=data)
+        except (KeyError, ValueError) as e:
+            notes.append(f"{name}: not forecast ({str(e).strip(chr(39))})")
+            continue
+        if not f["fits"].all():
+            notes.append(f"{f.attrs['gpu']}: the weights leave no room for one request's KV "
+                         f"cache on {tp} GPU(s); raise tp")
+        elif (f["running"] < f["concurrency"]).any():
+            first = int(f.loc[f["running"] < f["concurrency"], "concurrency"].iloc[0])
+            notes.append(f"{f.attrs['gpu']}: from {first} requests on, the KV cache holds only "
+                         f"{int(f['running'].max())}; the rest queue (TTFT includes the wait)")
+        parts.append(f.assign(gpu=f.attrs["gpu"]))
+    curves = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+    return {"curves": curves, "notes": notes, "seconds": time.perf_counter() - t0}
+
+
+__all__ = ["concurrencies", "serving_curves"]
