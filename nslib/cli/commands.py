@@ -184,10 +184,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_reproduce(sub)
     from nslib.cli.models import add_eval_models_parser
     from nslib.cli.predict import add_predict_parser
+    from nslib.cli.intervals import add_calibrate_parser
     from nslib.cli.serving import add_serving_parsers
     add_predict_parser(sub)
     add_eval_models_parser(sub)
     add_serving_parsers(sub)
+    add_calibrate_parser(sub)
     _global_options_anywhere(p, sub)
     return p
 

@@ -116,8 +116,11 @@ def _print_summary(args, summary: dict, mem: dict, per_gpu: bool) -> None:
     dtype = getattr(args, "dtype", "fp32") or "fp32"
     what = (args.predictor if dtype == "fp32" else
             f"{dtype}: {args.tensor_predictor or 'nslib'} tensor cores, {args.predictor} vector")
+    band = summary.get("interval_ms")
+    band = (f" ({100 * summary['interval_coverage']:.0f}%: {_fmt_ms(band[0])}-"
+            f"{_fmt_ms(band[1])})" if band else "")
     print(f"{args.model} {args.mode} batch {args.batch} seq {args.seq} on "
-          f"{summary['gpu_name']} ({what}): {_fmt_ms(summary['e2e_ms'])} ms "
+          f"{summary['gpu_name']} ({what}): {_fmt_ms(summary['e2e_ms'])} ms{band} "
           f"(forward {_fmt_ms(summary['fw_ms'])}, backward {_fmt_ms(summary['bw_ms'])})")
     for k, v in sorted(summary["per_class_ms"].items(), key=lambda kv: -kv[1]):
         print(f"  {k:12s} {_fmt_ms(v):>12s} ms")

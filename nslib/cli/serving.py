@@ -113,4 +113,3 @@ def add_serving_parsers(sub) -> None:
 
 
 __all__ = ["add_serving_parsers"]
-

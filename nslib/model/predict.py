@@ -21,6 +21,7 @@ from nslib.model.parallel import predict_parallel
 from nslib.model.stream import LAUNCH_US, per_class_ms, step_ms
 from nslib.model.trace import model_notes
 from nslib.predictors.gpu_range import warn_out_of_range, warn_out_of_tensor_range
+from nslib.predictors.intervals import calibration
 
 
 def summarize(frame: pd.DataFrame) -> dict:
@@ -88,9 +89,29 @@ def predict_model(gpu, model, batch: int, seq: int, mode: str = "inf",
                                        fused=fused, dp=dp, tp=tp, pp=pp,
                                        microbatches=microbatches, link=link,
                                        launch_us=launch_us)
-        return frame, {**summ, "warnings": notes}
-    return _predict_one(spec, model, batch, seq, mode, predictor, data, quick, fused,
-                        launch_us, imbalance, notes)
+        return frame, with_interval({**summ, "warnings": notes}, predictor, data, quick)
+    frame, summ = _predict_one(spec, model, batch, seq, mode, predictor, data, quick, fused,
+                               launch_us, imbalance, notes)
+    return frame, with_interval(summ, predictor, data, quick)
+
+
+def with_interval(summary: dict, predictor, data=None, quick: bool = False) -> dict:
+    """``summary`` with ``interval_ms`` (``[lo, hi]``, ms) and ``interval_coverage`` when the
+    predictor (a registered name) has a cached calibration
+    (:func:`nslib.predictors.intervals.calibration`; ``nslib calibrate`` builds it): the
+    comonotone class bounds' ratio to the classes' plain sum, applied to the step time (so a
+    schedule's overlap or a host-bound floor scales with it). Without one, the summary is
+    unchanged (building a calibration trains a fold per training GPU: never done here)."""
+    if not isinstance(predictor, str):
+        return summary
+    cal = calibration(predictor, data, quick, build=False)
+    total = sum(summary["per_class_ms"].values())
+    if cal is None or total <= 0:
+        return summary
+    lo, hi = cal.step_interval(summary["per_class_ms"])
+    e2e = summary["e2e_ms"]
+    return {**summary, "interval_ms": [e2e * lo / total, e2e * hi / total],
+            "interval_coverage": cal.coverage}
 
 
 def _check_link_and_launch(launch_us, link):

@@ -1,0 +1,60 @@
+"""``nslib calibrate``: the intervals of every forecast, calibrated and checked.
+
+A thin layer over :mod:`nslib.predictors.intervals` (the calibration) and
+:mod:`nslib.evaluation.interval_eval` (how well it holds).
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from nslib.data.checks import arg_float
+
+
+def _calibrate(args) -> int:
+    from nslib.evaluation.interval_eval import e2e_summary, e2e_table, kernel_table
+    from nslib.predictors.intervals import calibration
+    cal = calibration(args.predictor, quick=args.quick, coverage=args.coverage,
+                      progress=not args.json)
+    tab = kernel_table(args.predictor, args.coverage, quick=args.quick)
+    e2e = {m: e2e_summary(e2e_table(m, args.predictor, args.coverage, quick=args.quick))
+           for m in (args.e2e or [])}
+    if args.json:
+        print(json.dumps({"calibration": cal.to_dict(),
+                          "kernels": {c: {k: round(float(v), 2) for k, v in r.items()}
+                                      for c, r in tab.iterrows()},
+                          "e2e": {m: {g: {k: round(float(v), 2) for k, v in r.items()}
+                                      for g, r in t.iterrows()} for m, t in e2e.items()}},
+                         indent=1))
+        return 0
+    pct = 100 * cal.coverage
+    print(f"{pct:.0f}% intervals of {args.predictor}, calibrated on its leave-one-GPU-out "
+          f"residuals ({', '.join(cal.gpus)} held out in turn); a kernel predicted at p lies "
+          "in [p x lower, p x upper]:")
+    for c, (lo, hi) in cal.bounds.items():
+        print(f"  {c:12s} lower {np.exp(-hi):.3f}  upper {np.exp(-lo):.3f}  ({cal.n[c]} "
+              "kernels)")
+    print(f"\nEach GPU against the calibration of the others (achieved coverage and half-width, "
+          f"%), the +-MAPE band beside:")
+    print(tab.round(1).to_string())
+    for m, t in e2e.items():
+        print(f"\nEnd to end, {m}, GPUs never trained on:")
+        print(t.round(1).to_string())
+    return 0
+
+
+def add_calibrate_parser(sub) -> None:
+    s = sub.add_parser("calibrate", help="calibrate (and check) the intervals of a "
+                       "predictor's forecasts")
+    s.add_argument("--predictor", default="nslib")
+    s.add_argument("--coverage", type=arg_float(positive=True), default=0.8,
+                   help="central coverage of the intervals (default 0.8)")
+    s.add_argument("--e2e", nargs="*", choices=("inf", "train"),
+                   help="also check end to end on these modes' labels of the new GPUs")
+    s.add_argument("--quick", action="store_true", help="quick-profile predictors")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=_calibrate)
+
+
+__all__ = ["add_calibrate_parser"]

@@ -1,0 +1,70 @@
+"""How well the calibrated intervals hold: per kernel class on the leave-one-GPU-out folds
+(nested: each GPU against the calibration of the others), with the plain ``+- MAPE`` band
+beside as the baseline, and end to end on the measured labels of the GPUs the predictor never
+trained on (:mod:`nslib.predictors.intervals`)."""
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pandas as pd
+from tqdm.auto import tqdm
+
+from nslib.evaluation.model_level import label_configs
+from nslib.kernels import measured
+from nslib.model.predict import predict_model
+from nslib.predictors.intervals import (COVERAGE, calibration, logo_residuals,
+                                        mape_band_coverage, nested_coverage)
+
+
+def kernel_table(name: str = "nslib", coverage: float = COVERAGE, data=None,
+                 quick: bool = False, seed: int = 0) -> pd.DataFrame:
+    """Per class: mean over held-out GPUs of the achieved coverage (%) and half-width (% of
+    the prediction) of the calibrated interval and of the ``+- MAPE`` band, the worst GPU's
+    coverage, and the residuals behind it."""
+    res = logo_residuals(name, data, quick, seed)
+    cal, band = nested_coverage(res, coverage), mape_band_coverage(res)
+    out = cal.groupby("cls").agg(covered=("covered", "mean"), worst_gpu=("covered", "min"),
+                                 half_width=("half_width", "mean"), kernels=("n", "sum"))
+    base = band.groupby("cls").agg(mape_band_covered=("covered", "mean"),
+                                   mape_band_half_width=("half_width", "mean"))
+    return out.join(base)
+
+
+def e2e_table(mode: str, name: str = "nslib", coverage: float = COVERAGE, data=None,
+              quick: bool = False, seed: int = 0, gpus=None,
+              progress: bool = False) -> pd.DataFrame:
+    """Each label of the GPUs the predictor never trained on (``gpus``: default the data's
+    new GPUs): measured and predicted ms, the interval, and whether it covers the label."""
+    calibration(name, data, quick, seed, coverage)       # built (and cached) first
+    gpus = gpus or measured.gpu_splits(data)["new_gpus"]
+    lab = label_configs(mode, data, gpus)
+    rows = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for _, r in tqdm(list(lab.iterrows()), desc=f"{mode} intervals", disable=not progress):
+            try:
+                _, s = predict_model(r["gpu_key"], r["model"], r["batch"], r["seq"], mode,
+                                     predictor=name, data=data, quick=quick)
+            except (ValueError, NotImplementedError, RuntimeError):
+                continue
+            lo, hi = s.get("interval_ms", (np.nan, np.nan))
+            rows.append({"gpu": r["gpu"], "model": r["model"], "batch": r["batch"],
+                         "measured_ms": r["e2e_ms"], "pred_ms": s["e2e_ms"], "lo_ms": lo,
+                         "hi_ms": hi})
+    out = pd.DataFrame(rows)
+    if len(out):
+        out["covered"] = (out["measured_ms"] >= out["lo_ms"]) & \
+            (out["measured_ms"] <= out["hi_ms"])
+    return out
+
+
+def e2e_summary(frame: pd.DataFrame) -> pd.DataFrame:
+    """Per GPU: labels, coverage (%) and the median half-width (% of the prediction)."""
+    hw = 50 * (frame["hi_ms"] - frame["lo_ms"]) / frame["pred_ms"]
+    return frame.assign(hw=hw).groupby("gpu").agg(
+        labels=("covered", "size"), covered=("covered", lambda c: 100 * c.mean()),
+        median_half_width=("hw", "median"))
+
+
+__all__ = ["e2e_summary", "e2e_table", "kernel_table"]

@@ -1,0 +1,93 @@
+"""Calibrated intervals: conformal quantiles, per-class bounds and the comonotone step by
+hand, the nested check, the summary's interval, and ``nslib calibrate`` on the roofline."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from nslib.cli import main
+from nslib.model.predict import with_interval
+from nslib.predictors import intervals
+from nslib.predictors.intervals import (Calibration, mape_band_coverage, nested_coverage,
+                                        weighted_quantile)
+
+
+def test_weighted_quantile_is_the_conformal_rank():
+    r = np.arange(1.0, 10.0)                     # 9 values: rank ceil(10 * 0.9) = 9
+    w = np.ones(9)
+    assert weighted_quantile(r, w, 0.9) == 9.0
+    assert weighted_quantile(r, w, 0.1) == 1.0   # floor(10 * 0.1) = 1
+    assert weighted_quantile(r, w, 0.5) == 5.0
+
+
+def _residuals():
+    # GPU a: 90 kernels at r = -0.1 .. 0.1; GPU b: 10 kernels at r = 0.5 (too slow by e^0.5)
+    a = pd.DataFrame({"gpu": "a", "cls": "linear", "r": np.linspace(-0.1, 0.1, 90)})
+    b = pd.DataFrame({"gpu": "b", "cls": "linear", "r": np.full(10, 0.5)})
+    out = pd.concat([a, b], ignore_index=True)
+    out["latency_ms"] = 1.0
+    out["pred_ms"] = np.exp(out["r"])
+    return out
+
+
+def test_every_gpu_weighs_the_same():
+    cal = Calibration.fit(_residuals(), 0.8)
+    lo, hi = cal.bounds["linear"]
+    # unweighted, b's 10 kernels would sit above the 90% rank; weighted, they hold half
+    assert hi == pytest.approx(0.5)
+    # a's kernels weigh 100 / 180 each: the rank floor(101 * 0.1) = 10 is a's 18th smallest
+    assert lo == pytest.approx(-0.1 + 0.2 * 17 / 89)
+    f_lo, f_hi = cal.factors(["linear", "comm"])
+    assert f_lo[0] == pytest.approx(np.exp(-0.5)) and f_hi[0] == pytest.approx(np.exp(-lo))
+    assert f_lo[1] == f_hi[1] == 1.0             # no calibration: the prediction itself
+
+
+def test_step_interval_adds_class_bounds_together():
+    cal = Calibration("p", 0.8, {"linear": (-0.2, 0.4), "elementwise": (0.0, 0.1)})
+    lo, hi = cal.step_interval({"linear": 10.0, "memory": 2.0, "comm": 1.0})
+    # memory rows are priced as elementwise kernels
+    assert lo == pytest.approx(10 * np.exp(-0.4) + 2 * np.exp(-0.1) + 1)
+    assert hi == pytest.approx(10 * np.exp(0.2) + 2 * 1.0 + 1)
+    assert Calibration.from_dict(cal.to_dict()) == cal
+
+
+def test_nested_and_baseline_coverage():
+    res = _residuals()
+    nested = nested_coverage(res, 0.8).set_index("gpu")
+    # b held out: a's bounds (+-0.1) miss every b kernel; a held out: b's single value misses
+    assert nested.loc["b", "covered"] == 0.0
+    assert nested.loc["a", "covered"] < 5.0
+    band = mape_band_coverage(res).set_index("gpu")
+    assert set(band.index) == {"a", "b"} and (band["half_width"] > 0).all()
+
+
+def test_bad_coverage():
+    with pytest.raises(ValueError, match="strictly between 0 and 1"):
+        Calibration.fit(_residuals(), 1.0)
+
+
+def test_summary_interval_scales_the_step(monkeypatch):
+    summ = {"e2e_ms": 20.0, "per_class_ms": {"linear": 10.0}}
+    assert with_interval(summ, object()) is summ                    # a fitted predictor
+    monkeypatch.setattr("nslib.model.predict.calibration", lambda *a, **k: None)
+    assert "interval_ms" not in with_interval(summ, "nslib")       # nothing cached
+    cal = Calibration("nslib", 0.8, {"linear": (-0.1, 0.2)})
+    monkeypatch.setattr("nslib.model.predict.calibration", lambda *a, **k: cal)
+    got = with_interval(summ, "nslib")
+    # the classes sum to 10 ms of a 20 ms step (a floor, a schedule): the ratio carries over
+    assert got["interval_ms"] == pytest.approx([20 * np.exp(-0.2), 20 * np.exp(0.1)])
+    assert got["interval_coverage"] == 0.8
+
+
+def test_calibrate_cli_roofline(data_dir, capsys):
+    assert main(["calibrate", "--predictor", "roofline", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["calibration"]["coverage"] == 0.8
+    assert set(out["kernels"]) >= {"linear", "bmm", "elementwise"}
+    for row in out["kernels"].values():
+        assert 0 <= row["covered"] <= 100 and row["half_width"] > 0
+    cal = intervals.calibration("roofline", build=False)
+    assert cal is not None and cal.bounds
