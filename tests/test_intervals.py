@@ -91,3 +91,19 @@ def test_calibrate_cli_roofline(data_dir, capsys):
         assert 0 <= row["covered"] <= 100 and row["half_width"] > 0
     cal = intervals.calibration("roofline", build=False)
     assert cal is not None and cal.bounds
+
+
+def test_sweep_interval_matches_predict(data_dir, monkeypatch):
+    from nslib.model.predict import predict_model
+    from nslib.model.sweep import sweep
+    cal = Calibration("nslib", 0.8, {"linear": (-0.1, 0.3), "elementwise": (-0.05, 0.05)})
+    monkeypatch.setattr("nslib.model.predict.calibration", lambda *a, **k: cal)
+    monkeypatch.setattr("nslib.model.sweep.calibration", lambda *a, **k: cal)
+    cfg = {"model_type": "gpt2", "n_layer": 2, "n_embd": 128, "n_head": 4,
+           "n_positions": 256, "vocab_size": 500}
+    out = sweep(cfg, "inf", pd.DataFrame({"gpu": ["V100"], "batch": [2], "seq": [64]}),
+                predictor="roofline", memory=False)
+    _, s = predict_model("V100", cfg, 2, 64, "inf", predictor="roofline")
+    assert out["e2e_ms"].iloc[0] == pytest.approx(s["e2e_ms"])
+    assert [out["interval_lo_ms"].iloc[0], out["interval_hi_ms"].iloc[0]] == \
+        pytest.approx(s["interval_ms"])

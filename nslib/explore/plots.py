@@ -45,13 +45,20 @@ def _time_panel(ax, summary: pd.DataFrame, gcol: dict, fits: np.ndarray) -> None
     if (summary["bw_ms"] > 0).any():
         ax.barh(y, shown["bw_ms"], left=shown["fw_ms"], color=[gcol[g] for g in summary["gpu"]],
                 alpha=0.5, hatch="//", label="backward")
-    for yi, v, ok in zip(y, summary["e2e_ms"], fits):
-        ax.text(v if ok else 0, yi, f" {v:,.1f}" if ok else " does not fit in memory",
+    lo = summary.get("interval_lo_ms", pd.Series(np.nan, index=summary.index)).to_numpy(float)
+    hi = summary.get("interval_hi_ms", pd.Series(np.nan, index=summary.index)).to_numpy(float)
+    band = fits & np.isfinite(lo) & np.isfinite(hi)
+    if band.any():  # the calibrated interval (nslib calibrate), where there is one
+        ax.hlines(y[band], lo[band], hi[band], color="k", lw=1.2, label="calibrated interval")
+    at = np.where(band, np.fmax(summary["e2e_ms"].to_numpy(float), hi), summary["e2e_ms"])
+    for yi, v, x, ok in zip(y, summary["e2e_ms"], at, fits):
+        ax.text(x if ok else 0, yi, f" {v:,.1f}" if ok else " does not fit in memory",
                 va="center", fontsize=LABEL_FONT, color="k" if ok else MISSING)
     ax.set_yticks(y, [short_name(g) for g in summary["gpu"]], fontsize=LABEL_FONT)
     ax.invert_yaxis()
     ax.set_xlabel("predicted step time (ms)")
-    ax.set_xlim(0, summary["e2e_ms"].max() * TIME_HEADROOM if n else 1)
+    top = np.nanmax(np.r_[summary["e2e_ms"].to_numpy(float), hi[band]]) if n else 1.0
+    ax.set_xlim(0, top * TIME_HEADROOM)
     ax.set_title("step time per GPU" + (" (hatched: backward)" if (summary["bw_ms"] > 0).any()
                                         else ""), fontsize=TITLE_FONT)
 

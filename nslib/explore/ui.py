@@ -26,7 +26,8 @@ GPU_LIST_ROWS = 8            # at most this many GPUs visible in the list at onc
 SLIDER_LOG2_MIN, SLIDER_LOG2_MAX, SLIDER_LOG2_STEP = -3, 4, 0.25
 SLIDER_EPS = 1e-9            # a slider this close to 1 leaves its number unchanged
 MAX_BATCH, MAX_SEQ = 1 << 16, 1 << 20
-SUMMARY_COLUMNS = ["gpu", "e2e_ms", "fw_ms", "bw_ms", "n_kernels", "memory_gb", "fits"]
+SUMMARY_COLUMNS = ["gpu", "e2e_ms", "interval_lo_ms", "interval_hi_ms", "fw_ms", "bw_ms", "n_kernels",
+                   "memory_gb", "fits"]
 
 
 def _gpu_options(gpus: dict[str, GPU]) -> list[tuple[str, str]]:

@@ -31,7 +31,7 @@ from nslib.kernels.dtypes import check_dtype
 from nslib.kernels.sizes import MODEL_CLASSES
 from nslib.model.config import load_model_config
 from nslib.model.inputs import MODES, get_predictor, resolve_gpu
-from nslib.model.predict import predict_model
+from nslib.model.predict import predict_model, with_interval
 from nslib.predictors.gpu_range import DatasheetRangeWarning, out_of_range, tensor_ranges
 
 # how many of the largest kernels a scenario lists per GPU
@@ -204,13 +204,18 @@ def _on_gpu(step: _Step, label: str, ranges: dict, top: int) -> dict:
     datasheet figures out of range and a tiles-and-waves warning (or None)."""
     frame, summ, has_waves = _predicted(step)
     frame, spec = frame.copy(), step.spec
+    name = step.pred_key[0] if isinstance(step.pred_key, tuple) else None
+    if isinstance(name, str) and step.dtype == "fp32":   # the cached calibration's interval
+        summ = with_interval(summ, name, step.data, bool(step.pred_key[1]))
+    lo, hi = summ.get("interval_ms", (np.nan, np.nan))
     warning = None
     if has_waves is not True and has_waves is not None:
         warning = f"{label}: could not compute tiles and waves of the kernels ({has_waves})."
     issues = out_of_range(spec, ranges=ranges["datasheet"] if step.dtype == "fp32"
                           else tensor_ranges())
     row = {"gpu": label, "e2e_ms": summ["e2e_ms"], "fw_ms": summ["fw_ms"],
-           "bw_ms": summ["bw_ms"], "n_kernels": summ["n_kernels"],
+           "bw_ms": summ["bw_ms"], "interval_lo_ms": lo, "interval_hi_ms": hi,
+           "n_kernels": summ["n_kernels"],
            **{c: v for c, v in spec.columns().items() if c != "gpu"},
            "in_training_range": not issues}
     return {"row": row, "per_class": {"gpu": label, **summ["per_class_ms"]},

@@ -18,6 +18,7 @@ from nslib.model.inputs import (LAW_POINTS, LAW_POINTS_ONE, get_predictor, kerne
 from nslib.model.memory import sweep_memory
 from nslib.model.stream import LAUNCH_US, stream_terms
 from nslib.predictors.gpu_range import warn_out_of_range
+from nslib.predictors.intervals import calibration
 
 DIMS = ["B", "M", "N", "K", "H"]
 # (batch, seq) probes, ratios 1.5 in each direction; batch 1 has its own pair
@@ -108,6 +109,8 @@ def sweep(model, mode: str, scenarios: pd.DataFrame, predictor="nslib", data=Non
     per figure. ``memory``: also the peak memory ``memory_gb``, the GPU's ``capacity_gb`` and
     ``fits`` (:func:`nslib.model.memory.sweep_memory`, ``optimizer``'s states counted in training);
     the times of a scenario that does not fit are still given, as if it had the memory.
+    With a cached calibration of ``predictor`` (``nslib calibrate``), ``interval_lo_ms`` and
+    ``interval_hi_ms`` bound each step (:func:`nslib.model.predict.with_interval`).
     """
     laws = {one: scaling_law(model, mode, data, batch_one=one)
             for one in pd.unique(scenarios["batch"] == 1)}
@@ -143,6 +146,15 @@ def sweep(model, mode: str, scenarios: pd.DataFrame, predictor="nslib", data=Non
             np.bincount(combo_row[mask], host_ms[mask], minlength=len(combos)))
         out[f"{phase}_ms"] = per_combo[combo_of]
     out["e2e_ms"] = out["fw_ms"] + out["bw_ms"]
+    cal = calibration(predictor, data, quick, build=False) if isinstance(predictor, str) \
+        else None
+    if cal is not None:  # as nslib.model.predict.with_interval, per scenario
+        lo, hi = cal.factors(list(big["kernel_class"]))
+        total = np.bincount(combo_row, pred_ms, minlength=len(combos))[combo_of]
+        for col, f in (("interval_lo_ms", lo), ("interval_hi_ms", hi)):
+            part = np.bincount(combo_row, pred_ms * f, minlength=len(combos))[combo_of]
+            out[col] = out["e2e_ms"] * np.where(total > 0, part / np.maximum(total, 1e-300),
+                                                1.0)
     out["warnings"] = [notes[g] for g in out["gpu"]]
     if memory:
         out = sweep_memory(model, mode, out, optimizer, data)

@@ -117,13 +117,14 @@ class Calibration:
     def factors(self, classes) -> tuple[np.ndarray, np.ndarray]:
         """(lower, upper) multipliers of the prediction for each class name (1 where the
         class has no calibration)."""
-        lo = np.ones(len(classes))
-        hi = np.ones(len(classes))
-        for i, c in enumerate(classes):
+        names, idx = np.unique(np.asarray(list(classes), dtype=object).astype(str),
+                               return_inverse=True)
+        lo, hi = np.ones(len(names)), np.ones(len(names))
+        for i, c in enumerate(names):
             b = self.bounds.get(CLASS_OF.get(c, c))
             if b is not None:
                 lo[i], hi[i] = np.exp(-b[1]), np.exp(-b[0])
-        return lo, hi
+        return lo[idx.ravel()], hi[idx.ravel()]
 
     def kernel_interval(self, classes, pred_ms) -> tuple[np.ndarray, np.ndarray]:
         """Per kernel (``classes``, predicted ``pred_ms``): the interval's bounds, ms."""
