@@ -26,9 +26,9 @@ HEAVY = ("torch", "transformers", "scipy", "matplotlib", "seaborn", "sklearn", "
 
 
 def timed_cli(args, env) -> float:
-    """Wall seconds of ``python -m nslib.cli.commands ARGS`` as a whole process."""
+    """Wall seconds of ``python -m nslib.cli ARGS`` as a whole process."""
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "nslib.cli.commands", *args], env=env, check=True,
+    subprocess.run([sys.executable, "-m", "nslib.cli", *args], env=env, check=True,
                    stdout=subprocess.DEVNULL)
     return time.perf_counter() - t0
 

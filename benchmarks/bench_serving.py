@@ -18,9 +18,9 @@ import numpy as np
 
 
 def timed_cli(args) -> float:
-    """Wall seconds of ``python -m nslib.cli.commands ARGS`` as a whole process."""
+    """Wall seconds of ``python -m nslib.cli ARGS`` as a whole process."""
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "nslib.cli.commands", *args], env=dict(os.environ),
+    subprocess.run([sys.executable, "-m", "nslib.cli", *args], env=dict(os.environ),
                    check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return time.perf_counter() - t0
 
