@@ -227,3 +227,43 @@ def test_serving_explorer_view(data_dir, mixed_dir):
     ex.use_custom.value = False
     ex.gpu_select.value = ()
     assert ex.error.startswith("select at least one GPU")
+
+
+# -- intervals on serving forecasts -----------------------------------------------------------
+
+class PartCost(LinearCost):
+    """LinearCost split into parts: GEMMs 0.01 T, vectors 1 ms, no communication."""
+
+    def token_parts(self, tokens, logits):
+        t = np.asarray(tokens, float)
+        return {"gemm": 0.01 * t, "vector": np.ones_like(t), "comm": np.zeros_like(t)}
+
+
+def test_scaled_cost_scales_each_part():
+    from nslib.model.serving import ScaledCost
+    cost = ScaledCost(PartCost(), {"gemm": 2.0, "vector": 0.5})
+    assert cost.tokens_ms(np.array([100.0]), 1)[0] == pytest.approx(2.0 * 1.0 + 0.5)
+    assert cost.kv_bytes_per_token() == 1e5            # the rest is the wrapped cost's
+    base = serve(PartCost(), 4, 100, 11, Framework("t", 200, False, 0.9))
+    up = serve(ScaledCost(PartCost(), {"gemm": 2.0, "vector": 2.0}), 4, 100, 11,
+               Framework("t", 200, False, 0.9))
+    # every part twice as long: every time twice as long, throughput halved
+    assert up["ttft_ms"] == pytest.approx(2 * base["ttft_ms"])
+    assert up["tpot_ms"] == pytest.approx(2 * base["tpot_ms"])
+    assert up["tokens_per_s"] == pytest.approx(base["tokens_per_s"] / 2)
+
+
+def test_part_factors_from_calibrations(monkeypatch):
+    from nslib.model.serving import forecast
+    from nslib.predictors.intervals import Calibration
+    monkeypatch.setattr(forecast, "tensor_calibration", lambda *a, **k: None)
+    assert forecast.part_factors("nslib", "nslib") is None      # nothing cached: no interval
+    tensor = Calibration("nslib", 0.8, {"gemm": (-0.1, 0.2), "attention": (0.0, 0.3)})
+    vector = Calibration("nslib", 0.8, {"elementwise": (-0.05, 0.05)})
+    monkeypatch.setattr(forecast, "tensor_calibration", lambda *a, **k: tensor)
+    monkeypatch.setattr(forecast, "calibration", lambda *a, **k: vector)
+    lo, hi, cover = forecast.part_factors("nslib", "nslib")
+    assert cover == 0.8
+    assert lo["gemm"] == pytest.approx(np.exp(-0.2)) and hi["gemm"] == pytest.approx(np.exp(0.1))
+    assert lo["vector"] == pytest.approx(np.exp(-0.05))
+    assert forecast.part_factors("nslib", ("a", "b")) is None   # fitted predictors: none

@@ -43,8 +43,13 @@ def _serve(args) -> int:
     show = frame[["concurrency", "running", "ttft_ms", "tpot_ms", "latency_ms",
                   "tokens_per_s", "tokens_per_s_gpu"]].rename(columns={
                       "running": "in KV cache", "tokens_per_s": "tok/s",
-                      "tokens_per_s_gpu": "tok/s/GPU"})
-    print(show.round(1).to_string(index=False))
+                      "tokens_per_s_gpu": "tok/s/GPU"}).round(1)
+    cover = frame.attrs.get("interval_coverage")
+    if cover:  # the calibrated intervals (nslib calibrate), beside the forecasts
+        for k, label in (("ttft", "TTFT"), ("tpot", "TPOT")):
+            show[f"{label} {100 * cover:.0f}%"] = [
+                f"{lo:,.1f}-{hi:,.1f}" for lo, hi in zip(frame[f"{k}_lo_ms"], frame[f"{k}_hi_ms"])]
+    print(show.to_string(index=False))
     short = frame[frame["running"] < frame["concurrency"]]
     if len(short):
         print(f"the KV cache holds {int(short['running'].iloc[0])} requests of this length: "

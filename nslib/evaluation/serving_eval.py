@@ -14,7 +14,7 @@ import pandas as pd
 
 from nslib.data.serving_sample import serving_rows
 from nslib.evaluation.metrics import ape
-from nslib.model.serving import ServingSetup, StepCost, serve
+from nslib.model.serving import ScaledCost, ServingSetup, StepCost, part_factors, serve
 
 METHODS = {"nslib": ("nslib", "nslib"), "roofline": ("roofline", "roofline")}
 
@@ -29,17 +29,24 @@ def predict_sample(rows: pd.DataFrame | None = None, methods=("nslib", "roofline
     groups = list(rows.groupby(["config", "gpu", "tp_size"], sort=True))
     for method in methods:
         vec, tensor = METHODS[method]
-        ttft, tpot = np.full(len(rows), np.nan), np.full(len(rows), np.nan)
+        bounds = part_factors(vec, tensor, quick, data)
+        cols = {f"{method}_{k}": np.full(len(rows), np.nan) for k in (
+            "ttft_ms", "tpot_ms", "ttft_lo_ms", "ttft_hi_ms", "tpot_lo_ms", "tpot_hi_ms")}
         for (config, gpu, tp), g in _bar(groups, progress, f"serving ({method})"):
             cost = StepCost(ServingSetup(config, gpu, tp=int(tp), predictor=vec,
                                          tensor_predictor=tensor, quick=quick, data=data))
-            at = rows.index.get_indexer(g.index)
             for fw, h in g.groupby("framework"):
-                out = serve(cost, h["batch_size"], h["isl"], h["osl"], fw)
                 sel = rows.index.get_indexer(h.index)
-                ttft[sel], tpot[sel] = out["ttft_ms"], out["tpot_ms"]
-            del at
-        rows[f"{method}_ttft_ms"], rows[f"{method}_tpot_ms"] = ttft, tpot
+                runs = {"": cost}
+                if bounds is not None:
+                    runs.update(_lo=ScaledCost(cost, bounds[0]), _hi=ScaledCost(cost, bounds[1]))
+                for tag, c in runs.items():
+                    out = serve(c, h["batch_size"], h["isl"], h["osl"], fw)
+                    for k in ("ttft", "tpot"):
+                        cols[f"{method}_{k}{tag}_ms"][sel] = out[f"{k}_ms"]
+        for k, v in cols.items():
+            if not np.isnan(v).all():
+                rows[k] = v
     return rows
 
 
@@ -52,8 +59,9 @@ def _bar(items, progress: bool, desc: str):
 
 def error_table(pred: pd.DataFrame, by=("framework", "model_path", "gpu"),
                 methods=("nslib", "roofline")) -> pd.DataFrame:
-    """Per group of ``by``: ``n`` and, per method, TTFT and TPOT MAPE (%) and median
-    predicted / measured ratio."""
+    """Per group of ``by``: ``n`` and, per method, TTFT and TPOT MAPE (%), median
+    predicted / measured ratio and, where the forecast has an interval, the share of
+    measurements inside it (``<method>_ttft_covered``, %)."""
     out = []
     for key, g in pred.groupby(list(by), sort=True):
         row = dict(zip(by, key if isinstance(key, tuple) else (key,)), n=len(g))
@@ -62,6 +70,9 @@ def error_table(pred: pd.DataFrame, by=("framework", "model_path", "gpu"),
                 p, y = g[f"{m}_{what}_ms"].to_numpy(float), g[f"silicon_{what}_ms"].to_numpy(float)
                 row[f"{m}_{what}_mape"] = float(np.mean(ape(p, y)))
                 row[f"{m}_{what}_ratio"] = float(np.median(p / y))
+                if f"{m}_{what}_lo_ms" in g:   # the calibrated interval's coverage, %
+                    lo, hi = g[f"{m}_{what}_lo_ms"], g[f"{m}_{what}_hi_ms"]
+                    row[f"{m}_{what}_covered"] = float(100 * ((y >= lo) & (y <= hi)).mean())
         out.append(row)
     return pd.DataFrame(out)
 

@@ -26,13 +26,17 @@ prediction as both bounds. Units: ms.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from nslib import __version__
 from nslib.data.cache import JSON, cached, read_cache_entry
-from nslib.data.paths import cache_dir
+from nslib.data.mixed_data import measured_gpus, mixed_hash
+from nslib.data.paths import cache_dir, hash_files
 from nslib.kernels import measured
+from nslib.predictors.mixed_training import KINDS, kind_table, trained_tensor
 from nslib.predictors.training import cache_key, kernel_eval_frame, params_for, trained
 
 COVERAGE = 0.8     # default central coverage of an interval
@@ -167,6 +171,48 @@ def calibration(name: str = "nslib", data=None, quick: bool = False, seed: int =
     return Calibration.from_dict(made)
 
 
+def _tensor_key(name: str, quick: bool, seed: int, coverage, mixed=None) -> str:
+    # every predictor module's source: an edited 16-bit predictor never reuses stale bounds
+    sources = sorted(Path(__file__).resolve().parent.glob("*.py"))
+    return hash_files(sources, extra=[name, quick, seed, coverage, mixed_hash(mixed),
+                                      __version__, "tensor-calibration"])
+
+
+def tensor_residuals(name: str = "nslib", quick: bool = False, seed: int = 0, mixed=None,
+                     progress: bool = False) -> pd.DataFrame:
+    """``gpu, cls, pred_ms, latency_ms, r`` of the 16-bit kinds (``cls`` ``gemm`` or
+    ``attention``): each measured GPU's rows predicted by the kind's predictor trained on the
+    other GPUs (:func:`nslib.predictors.mixed_training.trained_tensor`, cached per fold)."""
+    parts = []
+    for kind in KINDS:
+        table = kind_table(kind, quick, mixed)
+        for g in measured_gpus(table):
+            rows = table[table["gpu"] == g].reset_index(drop=True)
+            pred = trained_tensor(kind, name, seed, quick, [g], mixed, progress, table)
+            parts.append(pd.DataFrame({"gpu": g, "cls": kind,
+                                       "pred_ms": np.asarray(pred.predict(rows), float),
+                                       "latency_ms": rows["latency_ms"].to_numpy(float)}))
+    out = pd.concat(parts, ignore_index=True)
+    ok = (out["pred_ms"] > 0) & (out["latency_ms"] > 0)
+    return out[ok].assign(r=np.log(out["pred_ms"] / out["latency_ms"])[ok]) \
+        .reset_index(drop=True)
+
+
+def tensor_calibration(name: str = "nslib", quick: bool = False, seed: int = 0,
+                       coverage: float = COVERAGE, mixed=None, build: bool = True,
+                       progress: bool = False) -> Calibration | None:
+    """The :class:`Calibration` of the 16-bit GEMM and attention predictors ``name`` (classes
+    ``gemm``, ``attention``), cached; ``build=False`` as in :func:`calibration`."""
+    key = f"calibration16-{name}-{_tensor_key(name, quick, seed, coverage, mixed)}"
+    if not build:
+        got = read_cache_entry(cache_dir("tables") / f"{key}.json", JSON.read, "calibration")
+        return Calibration.from_dict(got) if got is not None else None
+    made = cached("tables", key, lambda: Calibration.fit(
+        tensor_residuals(name, quick, seed, mixed, progress), coverage, name).to_dict(),
+        f"16-bit {name} interval calibration", JSON)
+    return Calibration.from_dict(made)
+
+
 def nested_coverage(residuals: pd.DataFrame, coverage: float = COVERAGE) -> pd.DataFrame:
     """Out-of-sample check: each held-out GPU's kernels against the calibration of the other
     GPUs' residuals. Per class and GPU: ``covered`` (share inside, %) and ``half_width``
@@ -205,4 +251,4 @@ def mape_band_coverage(residuals: pd.DataFrame) -> pd.DataFrame:
 
 
 __all__ = ["COVERAGE", "Calibration", "calibration", "logo_residuals", "mape_band_coverage",
-           "nested_coverage", "weighted_quantile"]
+           "nested_coverage", "tensor_calibration", "tensor_residuals", "weighted_quantile"]

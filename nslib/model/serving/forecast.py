@@ -16,7 +16,8 @@ from nslib.data.checks import check_int
 from nslib.data.serving_sample import model_configs
 from nslib.model.config import load_model_config
 from nslib.model.serving.schedule import framework, kv_capacity, serve
-from nslib.model.serving.steps import ServingSetup, StepCost
+from nslib.model.serving.steps import ScaledCost, ServingSetup, StepCost
+from nslib.predictors.intervals import calibration, tensor_calibration
 
 _COSTS: dict = {}
 
@@ -44,13 +45,34 @@ def step_cost(model, gpu, tp: int = 1, predictor: str = "nslib",
     return _COSTS[key]
 
 
+def part_factors(predictor, tensor_predictor, quick: bool = False, data=None):
+    """(lower factors, upper factors, coverage) of an iteration's parts (``gemm`` and
+    ``attention`` from the 16-bit predictors' calibration, ``vector`` from the FP32 one's
+    elementwise class) when the calibrations are cached, else None (``nslib calibrate``
+    builds them; a forecast never trains folds)."""
+    if not (isinstance(predictor, str) and isinstance(tensor_predictor, str)):
+        return None
+    tensor = tensor_calibration(tensor_predictor, quick, build=False)
+    if tensor is None:
+        return None
+    vector = calibration(predictor, data, quick, build=False)
+    lo, hi = {}, {}
+    for part, cal, cls in (("gemm", tensor, "gemm"), ("attention", tensor, "attention"),
+                           ("vector", vector, "elementwise")):
+        if cal is not None:
+            (lo[part],), (hi[part],) = cal.factors([cls])
+    return lo, hi, tensor.coverage
+
+
 def serving_forecast(model, gpu, concurrency, isl: int, osl: int, tp: int = 1,
                      framework_name: str = "vllm", predictor: str = "nslib",
                      tensor_predictor: str = "nslib", quick: bool = False, data=None,
                      link=None) -> pd.DataFrame:
     """One row per concurrency: ``concurrency, isl, osl, tp, framework, ttft_ms, tpot_ms,
     latency_ms, running, queue_ms, tokens_per_s, tokens_per_s_gpu, fits, kv_tokens``
-    (:func:`nslib.model.serving.serve`)."""
+    (:func:`nslib.model.serving.serve`); with cached calibrations (:func:`part_factors`),
+    the bounds ``ttft_lo_ms, ttft_hi_ms, tpot_lo_ms, ...``, ``tokens_per_s_lo/_hi``: the
+    schedule rerun with every part at its bound (``attrs["interval_coverage"]``)."""
     conc = np.atleast_1d(np.asarray(concurrency))
     for v in conc:
         check_int("concurrency", v)
@@ -60,6 +82,15 @@ def serving_forecast(model, gpu, concurrency, isl: int, osl: int, tp: int = 1,
     out = serve(cost, conc.astype(float), isl, osl, fw)
     frame = pd.DataFrame({"concurrency": conc.astype(int), "isl": isl, "osl": osl,
                           "tp": cost.setup.tp, "framework": fw.name, **out})
+    bounds = part_factors(predictor, tensor_predictor, quick, data)
+    if bounds is not None:
+        lo, hi = (serve(ScaledCost(cost, f), conc.astype(float), isl, osl, fw)
+                  for f in bounds[:2])
+        for k in ("ttft_ms", "tpot_ms", "latency_ms"):
+            frame[f"{k[:-3]}_lo_ms"], frame[f"{k[:-3]}_hi_ms"] = lo[k], hi[k]
+        frame["tokens_per_s_lo"], frame["tokens_per_s_hi"] = hi["tokens_per_s"], \
+            lo["tokens_per_s"]
+        frame.attrs["interval_coverage"] = bounds[2]
     frame.attrs["memory"] = kv_capacity(cost, fw)
     frame.attrs["gpu"] = cost.spec.name
     return frame

@@ -273,6 +273,11 @@ class StepCost:
     def tokens_ms(self, tokens, logits) -> np.ndarray:
         """Time (ms) of everything but attention for iterations of ``tokens`` tokens of which
         ``logits`` sample (arrays of the same shape; each distinct pair priced once)."""
+        return sum(self.token_parts(tokens, logits).values())
+
+    def token_parts(self, tokens, logits) -> dict:
+        """:meth:`tokens_ms` split into ``{"gemm": 16-bit GEMMs, "vector": the rest of the
+        kernels, "comm": all-reduces}`` (ms arrays of ``tokens``' shape)."""
         tokens = np.maximum(np.asarray(tokens, float), 1.0)
         logits = np.clip(np.asarray(logits, float), 1.0, tokens)
         pairs, inv = np.unique(np.stack([tokens.ravel(), logits.ravel()], 1), axis=0,
@@ -280,18 +285,23 @@ class StepCost:
         rows, law, elem = self._distinct
         df = _at_tokens(rows, law, elem, np.ceil(pairs[:, 0]), np.ceil(pairs[:, 1]))
         comm = (df["cls"] == "comm").to_numpy()
-        ms = np.zeros(len(df))
+        ms, gemm = np.zeros(len(df)), np.zeros(len(df), bool)
         if (~comm).any():
             vec, tensor = self.predictors
             kf = kernel_frame(df[~comm].drop(columns=["pair", "head"]), self.spec)
             ms[~comm] = predict16.stream_ms_half(vec, kf, self.spec, tensor,
                                                  self.setup.launch_us, self.setup.data)
+            gemm[~comm] = predict16.tensor_masks(kf)[0]
         if comm.any():
             ms[comm] = self.link.allreduce_ms(df.loc[comm, "bytes"].to_numpy(float),
                                               self.setup.tp)
         ms *= np.tile(self._count, len(pairs))   # each distinct kernel as often as it runs
-        per = np.bincount(df["pair"].to_numpy(), weights=ms, minlength=len(pairs))
-        return per[inv.ravel()].reshape(tokens.shape)
+        pair = df["pair"].to_numpy()
+        out = {}
+        for part, mask in (("gemm", gemm), ("vector", ~gemm & ~comm), ("comm", comm)):
+            per = np.bincount(pair[mask], weights=ms[mask], minlength=len(pairs))
+            out[part] = per[inv.ravel()].reshape(tokens.shape)
+        return out
 
     def attention_ms(self, phase, batch, q_len, kv_len) -> np.ndarray:
         """Time (ms) of every layer's attention for groups of ``batch`` requests with ``q_len``
@@ -317,3 +327,25 @@ class StepCost:
         got = key.merge(uniq.assign(ms=ms), how="left", on=list(key.columns))["ms"]
         out.ravel()[np.flatnonzero(live)] = got.to_numpy()
         return out
+
+
+class ScaledCost:
+    """A :class:`StepCost` whose parts are scaled: ``factors`` maps ``gemm``, ``vector``,
+    ``comm`` and ``attention`` to multipliers (1 where absent). The serving schedule run on
+    it with every part at its interval's bound gives the bound of TTFT, TPOT and throughput
+    (they only grow with each part's time), the parts moving together as one GPU's kernels
+    do (:mod:`nslib.predictors.intervals`)."""
+
+    def __init__(self, cost: StepCost, factors: dict):
+        self.cost, self.factors = cost, dict(factors)
+
+    def __getattr__(self, name):
+        return getattr(self.cost, name)
+
+    def tokens_ms(self, tokens, logits) -> np.ndarray:
+        parts = self.cost.token_parts(tokens, logits)
+        return sum(v * self.factors.get(k, 1.0) for k, v in parts.items())
+
+    def attention_ms(self, phase, batch, q_len, kv_len) -> np.ndarray:
+        return self.cost.attention_ms(phase, batch, q_len, kv_len) * \
+            self.factors.get("attention", 1.0)
