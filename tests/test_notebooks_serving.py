@@ -5,7 +5,8 @@ from conftest import run_notebook
 
 
 def test_12_serving(data_dir, mixed_dir, tmp_path):
-    run_notebook("12_serving", tmp_path, quick=True,
+    # the interval calibration (leave-one-GPU-out folds) is tested in test_intervals
+    run_notebook("12_serving", tmp_path, quick=True, intervals=False,
                  forecast_gpus=["H100", "NVIDIA H200", "no such GPU"])
     for name in ("12_serving_scatter", "12_errors_by_concurrency", "12_forecast"):
         assert (tmp_path / f"{name}.png").stat().st_size > 1000
