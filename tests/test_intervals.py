@@ -107,3 +107,26 @@ def test_sweep_interval_matches_predict(data_dir, monkeypatch):
     assert out["e2e_ms"].iloc[0] == pytest.approx(s["e2e_ms"])
     assert [out["interval_lo_ms"].iloc[0], out["interval_hi_ms"].iloc[0]] == \
         pytest.approx(s["interval_ms"])
+
+
+def test_interval16_splits_tensor_and_vector_kernels(monkeypatch):
+    from nslib.model.predict import with_interval16
+    frame = pd.DataFrame({"cls": ["linear", "attention", "elementwise"],
+                          "kernel_class": ["linear", "attention", "elementwise"],
+                          "B": [1.0, 1.0, 1.0], "M": [64.0, 64.0, np.nan],
+                          "N": [64.0, 64.0, np.nan], "K": [64.0, 64.0, np.nan],
+                          "H": [np.nan, 4.0, 4096.0], "op": ["linear", "attention", "add"],
+                          # a 16-bit GEMM: 2 bytes per element
+                          "bytes": [2.0 * 3 * 64 * 64, 1.0, 3 * 4 * 4096.0],
+                          "pred_ms": [3.0, 2.0, 1.0]})
+    summ = {"e2e_ms": 6.0}
+    monkeypatch.setattr("nslib.model.predict.tensor_calibration", lambda *a, **k: None)
+    assert "interval_ms" not in with_interval16(summ, frame, "nslib", "nslib")
+    tensor = Calibration("nslib", 0.8, {"gemm": (-0.1, 0.2), "attention": (0.0, 0.4)})
+    vector = Calibration("nslib", 0.8, {"elementwise": (-0.3, 0.3)})
+    monkeypatch.setattr("nslib.model.predict.tensor_calibration", lambda *a, **k: tensor)
+    monkeypatch.setattr("nslib.model.predict.calibration", lambda *a, **k: vector)
+    got = with_interval16(summ, frame, "nslib", "nslib")["interval_ms"]
+    lo = 3 * np.exp(-0.2) + 2 * np.exp(-0.4) + 1 * np.exp(-0.3)
+    hi = 3 * np.exp(0.1) + 2 * 1.0 + 1 * np.exp(0.3)
+    assert got == pytest.approx([lo, hi])

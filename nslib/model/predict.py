@@ -21,7 +21,7 @@ from nslib.model.parallel import predict_parallel
 from nslib.model.stream import LAUNCH_US, per_class_ms, step_ms
 from nslib.model.trace import model_notes
 from nslib.predictors.gpu_range import warn_out_of_range, warn_out_of_tensor_range
-from nslib.predictors.intervals import calibration
+from nslib.predictors.intervals import calibration, tensor_calibration
 
 
 def summarize(frame: pd.DataFrame) -> dict:
@@ -152,6 +152,31 @@ def _predict_half(spec: GPU, model, batch, seq, mode, predictor, data, quick, mu
               if isinstance(tensor_predictor, str) else tuple(tensor_predictor))
     pred = get_predictor(predictor, data, quick)
     frame["pred_ms"] = predict16.stream_ms_half(pred, frame, spec, tensor, launch_us, data)
-    return frame, {**summarize(frame), "launch_us": launch_us, "dtype": dtype,
-                   "tensor_predictor": tensor_predictor if isinstance(tensor_predictor, str)
-                   else type(tensor[0]).__name__, "warnings": notes}
+    summ = {**summarize(frame), "launch_us": launch_us, "dtype": dtype,
+            "tensor_predictor": tensor_predictor if isinstance(tensor_predictor, str)
+            else type(tensor[0]).__name__, "warnings": notes}
+    return frame, with_interval16(summ, frame, predictor, tensor_predictor, data, quick)
+
+
+def with_interval16(summary: dict, frame: pd.DataFrame, predictor, tensor_predictor,
+                    data=None, quick: bool = False) -> dict:
+    """:func:`with_interval` for a 16-bit step: the tensor-core GEMMs and attention take the
+    16-bit predictors' calibration (:func:`nslib.predictors.intervals.tensor_calibration`),
+    the other kernels the vector predictor's, added comonotonically; unchanged unless both
+    are cached."""
+    if not (isinstance(predictor, str) and isinstance(tensor_predictor, str)):
+        return summary
+    tensor = tensor_calibration(tensor_predictor, quick, build=False)
+    vector = calibration(predictor, data, quick, build=False)
+    total = float(frame["pred_ms"].sum())
+    if tensor is None or vector is None or total <= 0:
+        return summary
+    gemm, attn = predict16.tensor_masks(frame)
+    parts = {"gemm": frame.loc[gemm, "pred_ms"].sum(),
+             "attention": frame.loc[attn, "pred_ms"].sum()}
+    rest = frame[~gemm & ~attn].groupby("kernel_class")["pred_ms"].sum()
+    t_lo, t_hi = tensor.step_interval(parts)
+    v_lo, v_hi = vector.step_interval({k: float(v) for k, v in rest.items()})
+    e2e = summary["e2e_ms"]
+    return {**summary, "interval_ms": [e2e * (t_lo + v_lo) / total, e2e * (t_hi + v_hi) / total],
+            "interval_coverage": tensor.coverage}
