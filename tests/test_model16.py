@@ -247,3 +247,24 @@ def test_predict_model_bf16_prices_each_kind():
     assert add["pred_ms"] == pytest.approx(BATCH * SEQ * HID * 2 * 3 / 2e12 * 1e3)
     assert "attention" not in set(traced(LLAMA, BATCH, SEQ, "inf")["cls"])
     assert sizes.BYTES_PER_ELEM == 4
+
+
+def test_bf16_tensor_parallel_inference(data_dir, mixed_dir):
+    from nslib.model.predict import predict_model
+    frame, s = predict_model("H100", LLAMA, 2, 16, "inf", predictor="roofline", dtype="bf16",
+                             tensor_predictor="roofline", tp=2)
+    comm = frame[frame["cls"] == "comm"]
+    layer = comm[comm["layer"] >= 0]
+    # two all-reduces per block, each of the block's output in 16 bits
+    assert len(layer) == 2 * LAYERS and (layer["bytes"] == BATCH * SEQ * HID * 2).all()
+    gemm = frame[frame["cls"] == "linear"]
+    assert (sizes_elem(gemm) == 2).all()            # sharded GEMMs stay 16-bit
+    assert s["parallel"]["kind"] == "tp" and s["dtype"] == "bf16" and s["comm_ms"] > 0
+    with pytest.raises(ValueError, match="tensor-parallel inference"):
+        predict_model("H100", LLAMA, 2, 16, "train", predictor="roofline", dtype="bf16",
+                      tensor_predictor="roofline", tp=2)
+
+
+def sizes_elem(frame):
+    from nslib.kernels import sizes
+    return np.round(sizes.elem_bytes(frame))

@@ -75,6 +75,17 @@ def predict_model(gpu, model, batch: int, seq: int, mode: str = "inf",
     spec = resolve_gpu(gpu, data)
     # the model's notes lead the summary's warnings (traced() issues them on every call)
     notes = model_notes(load_model_config(model, data), seq)
+    if check_dtype(dtype) != "fp32" and tp > 1 and not (fused or dp > 1 or pp > 1):
+        # tensor-parallel 16-bit inference (predict_parallel refuses the other cases)
+        predict16.datasheet_columns(spec)
+        notes += warn_out_of_tensor_range(spec) + [f"vector kernels: {n}"
+                                                   for n in warn_out_of_range(spec, data)]
+        frame, summ = predict_parallel(gpu, model, batch, seq, mode, predictor, data, quick,
+                                       tp=tp, microbatches=microbatches, link=link,
+                                       launch_us=launch_us, dtype=check_dtype(dtype),
+                                       tensor_predictor=tensor_predictor)
+        summ = {**summ, "dtype": check_dtype(dtype), "warnings": notes}
+        return frame, with_interval16(summ, frame, predictor, tensor_predictor, data, quick)
     if check_dtype(dtype) != "fp32":
         frame, summ = _predict_half(spec, model, batch, seq, mode, predictor, data, quick,
                                     fused or multi, launch_us, imbalance, check_dtype(dtype),
@@ -140,8 +151,9 @@ def _predict_half(spec: GPU, model, batch, seq, mode, predictor, data, quick, mu
                   launch_us, imbalance, dtype, tensor_predictor):
     """:func:`predict_model` in a 16-bit ``dtype`` (single GPU, unfused)."""
     if multi:
-        raise ValueError(f"--dtype {dtype} predicts one GPU without fusion for now: drop "
-                         f"--fused / --dp / --tp / --pp / --microbatches, or use --dtype fp32")
+        raise ValueError(f"--dtype {dtype} predicts one GPU without fusion, or tensor-parallel "
+                         f"inference (--tp), for now: drop --fused / --dp / --pp / "
+                         f"--microbatches, or use --dtype fp32")
     predict16.datasheet_columns(spec)  # a datasheet without Bf16FLOPs fails before the trace
     # tensor-core kernels against the 16-bit data's GPUs; vector kernels (FP32-trained
     # predictors) against the NeuSight training GPUs

@@ -77,13 +77,14 @@ def memory_of(gpu, model, batch: int, seq: int, mode: str = "inf", optimizer: st
     as :func:`nslib.model.inputs.traced` takes it. ``dtype``: ``fp32``, or ``bf16``/``fp16`` for a
     16-bit step traced in that format (weights, gradients, activations and the KV cache at 2
     bytes; training in mixed precision: FP32 optimizer states and an FP32 master copy of the
-    weights, as DeepSpeed's BF16 training keeps them; one GPU only). Raises ValueError for
+    weights, as DeepSpeed's BF16 training keeps them; one GPU, or tensor-parallel inference).
+    Raises ValueError for
     degrees that do not divide the model."""
     check_step(mode, optimizer)
     dtype = check_dtype(dtype)
-    if dtype != "fp32" and not dp == tp == pp == microbatches == 1:
-        raise ValueError(f"memory of a multi-GPU step is FP32 only; {dtype} needs "
-                         "dp = tp = pp = 1")
+    if dtype != "fp32" and not (dp == pp == microbatches == 1 and (tp == 1 or mode == "inf")):
+        raise ValueError(f"memory of a multi-GPU {dtype} step is tensor-parallel inference "
+                         "only for now: dp = pp = 1, and tp > 1 with mode inf")
     spec = resolve_gpu(gpu, data)
     fw, src = framework_bytes(spec, data, spec_path(gpu))
     fixed = {"framework": fw, "capacity": float(spec.mem_gb) * GIB, "context_source": src}
@@ -100,9 +101,9 @@ def memory_of(gpu, model, batch: int, seq: int, mode: str = "inf", optimizer: st
         kv = _kv(model, batch // dp, seq, mode, kv_cache, data)
         return step_memory(tr, mode, optimizer, comm=buckets, kv_cache=kv, **fixed)
     if tp > 1:
-        tr = traced(model, batch, seq, mode, data, imbalance)
+        tr = traced(model, batch, seq, mode, data, imbalance, dtype=dtype)
         act, wsc = tp_scales(tr, tp, info, vocab_parallel, sharded)
-        kv = _kv(model, batch, seq, mode, kv_cache, data) / tp
+        kv = _kv(model, batch, seq, mode, kv_cache, data, bytes_per_elem(dtype)) / tp
         return step_memory(tr, mode, optimizer, scale=act, wscale=wsc, kv_cache=kv, **fixed)
     stages = pipeline_memory(gpu, model, batch, seq, mode, optimizer, pp=pp,
                              microbatches=microbatches, kv_cache=kv_cache, data=data,

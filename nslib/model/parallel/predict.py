@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 
 from nslib.kernels import sizes
+from nslib.model import predict16
 from nslib.model.blocks import block_index
 from nslib.model.config import MEASURED_ARCHITECTURE, build_model, load_model_config
 from nslib.model.fusion import fuse
@@ -116,12 +117,15 @@ def check_degrees(info: dict, batch: int, dp: int = 1, tp: int = 1, pp: int = 1,
 # --------------------------------------------------------------------------------------------
 
 def _predict_rows(frame: pd.DataFrame, spec, pred, link: LinkSpec,
-                  launch_us: float | None = LAUNCH_US, data=None) -> pd.DataFrame:
-    """Kernel rows by the predictor (as a step, :func:`nslib.model.stream.step_ms`),
+                  launch_us: float | None = LAUNCH_US, data=None,
+                  tensor=None) -> pd.DataFrame:
+    """Kernel rows by the predictor (as a step, :func:`nslib.model.stream.step_ms`; a 16-bit
+    trace's with its ``tensor`` (GEMM, attention) predictors, :mod:`nslib.model.predict16`),
     comm rows by the link model; adds ``pred_ms``."""
     is_comm = (frame["cls"] == "comm").to_numpy()
     kf = kernel_frame(frame[~is_comm], spec)
-    kf["pred_ms"] = step_ms(pred, kf, launch_us, data)
+    kf["pred_ms"] = (step_ms(pred, kf, launch_us, data) if tensor is None else
+                     predict16.stream_ms_half(pred, kf, spec, tensor, launch_us, data))
     if not is_comm.any():
         return kf
     cf = frame[is_comm].copy()
@@ -153,16 +157,19 @@ class _Step:
     pred: object
     link: LinkSpec
     launch_us: float | None
+    dtype: str = "fp32"
+    tensor: tuple | None = None   # the 16-bit (GEMM, attention) predictors
 
     def trace(self, batch: int) -> pd.DataFrame:
-        return traced(self.model, batch, self.seq, self.mode, self.data)
+        return traced(self.model, batch, self.seq, self.mode, self.data, dtype=self.dtype)
 
     def prep(self, trace: pd.DataFrame) -> pd.DataFrame:
         """The trace as the step runs it: fused when asked."""
         return fuse(trace, prologues=True) if self.fused else trace
 
     def predict(self, trace: pd.DataFrame) -> pd.DataFrame:
-        return _predict_rows(trace, self.spec, self.pred, self.link, self.launch_us, self.data)
+        return _predict_rows(trace, self.spec, self.pred, self.link, self.launch_us, self.data,
+                             self.tensor)
 
 
 def _dp_step(run: _Step, batch: int, n: int) -> tuple[pd.DataFrame, dict, dict]:
@@ -208,7 +215,8 @@ def predict_parallel(gpu, model, batch: int, seq: int, mode: str = "train",
                      predictor="nslib", data=None, quick: bool = False, *,
                      fused: bool = False, dp: int = 1, tp: int = 1, pp: int = 1,
                      microbatches: int = 1, link=None, vocab_parallel: bool = True,
-                     launch_us: float | None = LAUNCH_US):
+                     launch_us: float | None = LAUNCH_US, dtype: str = "fp32",
+                     tensor_predictor="nslib"):
     """One step on ``dp``/``tp``/``pp`` GPUs: ``(frame, summary)`` as
     :func:`nslib.model.predict.predict_model` (which calls this when a degree is set).
 
@@ -216,7 +224,9 @@ def predict_parallel(gpu, model, batch: int, seq: int, mode: str = "train",
     every stage, with a ``stage`` column), comm rows included; the summary's ``e2e_ms`` is the
     step time of the strategy's schedule, ``fw_ms``/``bw_ms`` its forward and backward
     parts, ``comm_ms`` the communication time, ``parallel`` the strategy, link and schedule.
-    ``launch_us`` as in :func:`nslib.model.predict.predict_model`.
+    ``launch_us`` as in :func:`nslib.model.predict.predict_model`. ``dtype`` ``bf16``/``fp16``
+    (tensor parallel inference only, for now): the 16-bit trace sharded, its tensor-core
+    kernels priced by ``tensor_predictor`` and its all-reduces at 2 bytes per element.
     """
     spec = resolve_gpu(gpu, data)
     spec_path = spec_path_of(gpu)
@@ -224,7 +234,16 @@ def predict_parallel(gpu, model, batch: int, seq: int, mode: str = "train",
     check_degrees(info, batch, dp, tp, pp, microbatches)
     lk = resolve_link(link, spec, data, spec_path)
     pred = get_predictor(predictor, data, quick)
-    run = _Step(model, seq, mode, data, fused, info, spec, pred, lk, launch_us)
+    tensor = None
+    if dtype != "fp32":
+        if mode != "inf" or dp > 1 or pp > 1 or fused:
+            raise ValueError(f"--dtype {dtype} on several GPUs is tensor-parallel inference "
+                             "for now: use --tp with --mode inf (no --dp, --pp, --fused), or "
+                             "--dtype fp32")
+        predict16.datasheet_columns(spec)
+        tensor = (predict16.tensor_predictors(tensor_predictor, quick)
+                  if isinstance(tensor_predictor, str) else tuple(tensor_predictor))
+    run = _Step(model, seq, mode, data, fused, info, spec, pred, lk, launch_us, dtype, tensor)
     if dp > 1 or (tp == 1 and pp == 1):
         frame, sched, kind = _dp_step(run, batch, dp)
     elif tp > 1:
