@@ -66,10 +66,7 @@ def logo_residuals(name: str = "nslib", data=None, quick: bool = False, seed: in
             parts.append(pd.DataFrame({"gpu": g, "cls": sub["cls"].to_numpy(),
                                        "pred_ms": np.asarray(p, float),
                                        "latency_ms": sub["latency_ms"].to_numpy(float)}))
-        out = pd.concat(parts, ignore_index=True)
-        ok = (out["pred_ms"] > 0) & (out["latency_ms"] > 0)
-        return out[ok].assign(r=np.log(out["pred_ms"] / out["latency_ms"])[ok]) \
-            .reset_index(drop=True)
+        return _log_ratios(pd.concat(parts, ignore_index=True))
     return cached("tables", f"residuals-{name}-{_key(name, quick, seed, data)}", build,
                   f"{name} leave-one-GPU-out residuals")
 
@@ -162,13 +159,28 @@ def calibration(name: str = "nslib", data=None, quick: bool = False, seed: int =
     it is already in the cache (a prediction never trains the folds behind the caller's
     back)."""
     key = f"calibration-{name}-{_key(name, quick, seed, data)}-{coverage:g}"
+    return _cached_calibration(key, lambda: logo_residuals(name, data, quick, seed, progress),
+                               coverage, name, build)
+
+
+def _cached_calibration(key: str, residuals, coverage: float, name: str,
+                        build: bool) -> Calibration | None:
+    """The calibration cached under ``key``, fitted on ``residuals()`` when missing (and
+    ``build``)."""
     if not build:
         got = read_cache_entry(cache_dir("tables") / f"{key}.json", JSON.read, "calibration")
         return Calibration.from_dict(got) if got is not None else None
-    made = cached("tables", key, lambda: Calibration.fit(
-        logo_residuals(name, data, quick, seed, progress), coverage, name).to_dict(),
-        f"{name} interval calibration", JSON)
+    made = cached("tables", key, lambda: Calibration.fit(residuals(), coverage, name).to_dict(),
+                  f"{name} interval calibration", JSON)
     return Calibration.from_dict(made)
+
+
+def _log_ratios(frame: pd.DataFrame) -> pd.DataFrame:
+    """``frame`` (``pred_ms``, ``latency_ms``) with ``r = log(pred / measured)``, rows
+    without two positive times left out."""
+    ok = (frame["pred_ms"] > 0) & (frame["latency_ms"] > 0)
+    return frame[ok].assign(r=np.log(frame["pred_ms"] / frame["latency_ms"])[ok]) \
+        .reset_index(drop=True)
 
 
 def _tensor_key(name: str, quick: bool, seed: int, coverage, mixed=None) -> str:
@@ -192,10 +204,7 @@ def tensor_residuals(name: str = "nslib", quick: bool = False, seed: int = 0, mi
             parts.append(pd.DataFrame({"gpu": g, "cls": kind,
                                        "pred_ms": np.asarray(pred.predict(rows), float),
                                        "latency_ms": rows["latency_ms"].to_numpy(float)}))
-    out = pd.concat(parts, ignore_index=True)
-    ok = (out["pred_ms"] > 0) & (out["latency_ms"] > 0)
-    return out[ok].assign(r=np.log(out["pred_ms"] / out["latency_ms"])[ok]) \
-        .reset_index(drop=True)
+    return _log_ratios(pd.concat(parts, ignore_index=True))
 
 
 def tensor_calibration(name: str = "nslib", quick: bool = False, seed: int = 0,
@@ -204,13 +213,8 @@ def tensor_calibration(name: str = "nslib", quick: bool = False, seed: int = 0,
     """The :class:`Calibration` of the 16-bit GEMM and attention predictors ``name`` (classes
     ``gemm``, ``attention``), cached; ``build=False`` as in :func:`calibration`."""
     key = f"calibration16-{name}-{_tensor_key(name, quick, seed, coverage, mixed)}"
-    if not build:
-        got = read_cache_entry(cache_dir("tables") / f"{key}.json", JSON.read, "calibration")
-        return Calibration.from_dict(got) if got is not None else None
-    made = cached("tables", key, lambda: Calibration.fit(
-        tensor_residuals(name, quick, seed, mixed, progress), coverage, name).to_dict(),
-        f"16-bit {name} interval calibration", JSON)
-    return Calibration.from_dict(made)
+    return _cached_calibration(key, lambda: tensor_residuals(name, quick, seed, mixed,
+                                                             progress), coverage, name, build)
 
 
 def nested_coverage(residuals: pd.DataFrame, coverage: float = COVERAGE) -> pd.DataFrame:
