@@ -60,32 +60,22 @@ def predict_model(gpu, model, batch: int, seq: int, mode: str = "inf",
     format with fused attention; tensor-core GEMMs and attention priced by ``tensor_predictor``
     (a name of :func:`nslib.predictors.mixed_training.predictors`, or a ``(gemm, attention)``
     pair of fitted ones), the rest by ``predictor`` at their real bytes
-    (:mod:`nslib.model.predict16`). Needs the datasheet's ``Bf16FLOPs``, one GPU, no fusion.
+    (:mod:`nslib.model.predict16`). Needs ``Bf16FLOPs``; one GPU unfused, or ``tp`` inference.
 
-    The summary's ``warnings``: the model's notes (:func:`nslib.model.trace.model_notes`),
-    then the datasheet figures outside the training GPUs' range (also issued as warnings).
+    The summary's ``warnings``: the model's notes, then the datasheet figures outside the
+    training GPUs' range; ``interval_ms`` where a calibration is cached (:func:`with_interval`).
     """
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    batch, seq = check_int("batch", batch), check_int("seq", seq)
-    dp, tp, pp, microbatches = (check_int(k, v) for k, v in (
-        ("dp", dp), ("tp", tp), ("pp", pp), ("microbatches", microbatches)))
+    batch, seq, dp, tp, pp, microbatches = _checked(mode, batch, seq, dp, tp, pp, microbatches,
+                                                    imbalance)
     multi = dp != 1 or tp != 1 or pp != 1 or microbatches != 1
     launch_us, link = _check_link_and_launch(launch_us, link)
     spec = resolve_gpu(gpu, data)
     # the model's notes lead the summary's warnings (traced() issues them on every call)
     notes = model_notes(load_model_config(model, data), seq)
     if check_dtype(dtype) != "fp32" and tp > 1 and not (fused or dp > 1 or pp > 1):
-        # tensor-parallel 16-bit inference (predict_parallel refuses the other cases)
-        predict16.datasheet_columns(spec)
-        notes += warn_out_of_tensor_range(spec) + [f"vector kernels: {n}"
-                                                   for n in warn_out_of_range(spec, data)]
-        frame, summ = predict_parallel(gpu, model, batch, seq, mode, predictor, data, quick,
-                                       tp=tp, microbatches=microbatches, link=link,
-                                       launch_us=launch_us, dtype=check_dtype(dtype),
-                                       tensor_predictor=tensor_predictor)
-        summ = {**summ, "dtype": check_dtype(dtype), "warnings": notes}
-        return frame, with_interval16(summ, frame, predictor, tensor_predictor, data, quick)
+        return _predict_half_tp(gpu, spec, model, batch, seq, mode, predictor, data, quick,
+                                tp, link, launch_us, check_dtype(dtype), tensor_predictor,
+                                notes)
     if check_dtype(dtype) != "fp32":
         frame, summ = _predict_half(spec, model, batch, seq, mode, predictor, data, quick,
                                     fused or multi, launch_us, imbalance, check_dtype(dtype),
@@ -93,9 +83,6 @@ def predict_model(gpu, model, batch: int, seq: int, mode: str = "inf",
         return frame, {**summ, "warnings": notes + summ["warnings"]}
     notes += warn_out_of_range(spec, data)
     if multi:
-        if imbalance != 1.0:
-            raise ValueError("imbalance applies to single-GPU predictions for now: drop "
-                             "dp/tp/pp or the imbalance")
         frame, summ = predict_parallel(gpu, model, batch, seq, mode, predictor, data, quick,
                                        fused=fused, dp=dp, tp=tp, pp=pp,
                                        microbatches=microbatches, link=link,
@@ -125,6 +112,19 @@ def with_interval(summary: dict, predictor, data=None, quick: bool = False) -> d
             "interval_coverage": cal.coverage}
 
 
+def _checked(mode, batch, seq, dp, tp, pp, microbatches, imbalance=1.0) -> tuple:
+    """The step's sizes as ints (ValueError naming a bad one, the mode, or an imbalance on
+    several GPUs)."""
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    if imbalance != 1.0 and not dp == tp == pp == microbatches == 1:
+        raise ValueError("imbalance applies to single-GPU predictions for now: drop "
+                         "dp/tp/pp or the imbalance")
+    return tuple(check_int(k, v) for k, v in (
+        ("batch", batch), ("seq", seq), ("dp", dp), ("tp", tp), ("pp", pp),
+        ("microbatches", microbatches)))
+
+
 def _check_link_and_launch(launch_us, link):
     """``launch_us`` (us, or None) and ``link`` (a bandwidth in GB/s, or a spec), checked."""
     if launch_us is not None:
@@ -145,6 +145,20 @@ def _predict_one(spec: GPU, model, batch, seq, mode, predictor, data, quick, fus
     frame["pred_ms"] = step_ms(pred, frame, launch_us, data)
     extra = {"fused": True, "n_kernels_unfused": int(len(tr))} if fused else {}
     return frame, {**summarize(frame), **extra, "launch_us": launch_us, "warnings": notes}
+
+
+def _predict_half_tp(gpu, spec: GPU, model, batch, seq, mode, predictor, data, quick, tp,
+                     link, launch_us, dtype, tensor_predictor, notes: list):
+    """:func:`predict_model` of tensor-parallel 16-bit inference (predict_parallel refuses
+    the other 16-bit multi-GPU cases)."""
+    predict16.datasheet_columns(spec)
+    notes = notes + warn_out_of_tensor_range(spec) + [f"vector kernels: {n}"
+                                                      for n in warn_out_of_range(spec, data)]
+    frame, summ = predict_parallel(gpu, model, batch, seq, mode, predictor, data, quick, tp=tp,
+                                   link=link, launch_us=launch_us, dtype=dtype,
+                                   tensor_predictor=tensor_predictor)
+    summ = {**summ, "dtype": dtype, "warnings": notes}
+    return frame, with_interval16(summ, frame, predictor, tensor_predictor, data, quick)
 
 
 def _predict_half(spec: GPU, model, batch, seq, mode, predictor, data, quick, multi: bool,

@@ -146,16 +146,24 @@ def sweep(model, mode: str, scenarios: pd.DataFrame, predictor="nslib", data=Non
             np.bincount(combo_row[mask], host_ms[mask], minlength=len(combos)))
         out[f"{phase}_ms"] = per_combo[combo_of]
     out["e2e_ms"] = out["fw_ms"] + out["bw_ms"]
-    cal = calibration(predictor, data, quick, build=False) if isinstance(predictor, str) \
-        else None
-    if cal is not None:  # as nslib.model.predict.with_interval, per scenario
-        lo, hi = cal.factors(list(big["kernel_class"]))
-        total = np.bincount(combo_row, pred_ms, minlength=len(combos))[combo_of]
-        for col, f in (("interval_lo_ms", lo), ("interval_hi_ms", hi)):
-            part = np.bincount(combo_row, pred_ms * f, minlength=len(combos))[combo_of]
-            out[col] = out["e2e_ms"] * np.where(total > 0, part / np.maximum(total, 1e-300),
-                                                1.0)
+    _add_interval(out, predictor, data, quick, big["kernel_class"], pred_ms,
+                  combo_row, combo_of, len(combos))
     out["warnings"] = [notes[g] for g in out["gpu"]]
     if memory:
         out = sweep_memory(model, mode, out, optimizer, data)
     return out
+
+
+def _add_interval(out: pd.DataFrame, predictor, data, quick, classes, pred_ms, combo_row,
+                  combo_of, n_combos: int) -> None:
+    """``interval_lo_ms``/``interval_hi_ms`` columns of ``out`` when ``predictor`` has a cached
+    calibration: as :func:`nslib.model.predict.with_interval`, per scenario."""
+    cal = calibration(predictor, data, quick, build=False) if isinstance(predictor, str) \
+        else None
+    if cal is None:
+        return
+    lo, hi = cal.factors(list(classes))
+    total = np.bincount(combo_row, pred_ms, minlength=n_combos)[combo_of]
+    for col, f in (("interval_lo_ms", lo), ("interval_hi_ms", hi)):
+        part = np.bincount(combo_row, pred_ms * f, minlength=n_combos)[combo_of]
+        out[col] = out["e2e_ms"] * np.where(total > 0, part / np.maximum(total, 1e-300), 1.0)
