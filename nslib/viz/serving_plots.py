@@ -37,9 +37,12 @@ def error_by(pred: pd.DataFrame, column: str = "batch_size", method: str = "nsli
         ape = 100 * (pred[f"{method}_{what}_ms"] / pred[f"silicon_{what}_ms"] - 1).abs()
         tab = pred.assign(ape=ape).pivot_table(index=column, columns="framework", values="ape",
                                                aggfunc="mean")
-        tab.plot(ax=ax, marker="o")
-        ax.set(xscale="log", xlabel=column, ylabel=f"{what.upper()} MAPE (%)",
-               title=f"{method}: {what.upper()} error by {column}")
+        for fw in tab.columns:   # an engine measured at fewer points keeps one line
+            ax.plot(tab[fw].dropna().index, tab[fw].dropna(), marker="o", label=fw)
+        name = "concurrency" if column == "batch_size" else column
+        ax.set(xscale="log", xlabel=name, ylabel=f"{what.upper()} MAPE (%)",
+               title=f"{method}: {what.upper()} error by {name}")
+        ax.legend(fontsize=7)
         ax.set_xticks(tab.index, [str(int(v)) for v in tab.index])
     fig.tight_layout()
     return fig
