@@ -57,31 +57,39 @@ def test_one_wave_when_the_budget_holds_every_prompt():
 
 
 def test_mixed_by_hand():
-    # 10 requests of 100 + 11 tokens: 10/11 arrive per iteration, 9.09 decode tokens (10
-    # priced); the group of 10 prompts (1,000 tokens) rides one iteration in 11
+    # 10 requests of 100 + 11 tokens: one group (the room holds 81 prompts), so a request
+    # decodes beside no other group's prompts and returns with no iteration running
     out = serve(LinearCost(), 10, 100, 11, Framework("m", 8192, True, 0.9))
-    plain, carry = 1.0 + 0.01 * 10, 1.0 + 0.01 * np.ceil(10 / 11 * 10 + 1000)
-    it = (10 / 11) * plain + (1 / 11) * carry
-    assert out["tpot_ms"] == pytest.approx(it)
-    assert out["ttft_ms"] == pytest.approx(0.5 * it + carry)
-    assert out["latency_ms"] == pytest.approx(out["ttft_ms"] + 10 * it)
+    plain = 1.0 + 0.01 * 10                      # 9.09 decode tokens (10 priced)
+    carry = 1.0 + 0.01 * 1000                    # the group's 1,000 prompt tokens, alone
+    assert out["tpot_ms"] == pytest.approx(plain)
+    assert out["ttft_ms"] == pytest.approx(carry)
+    assert out["latency_ms"] == pytest.approx(carry + 10 * plain)
     assert out["tokens_per_s"] == pytest.approx(10 / out["latency_ms"] * 1000 * 11)
 
 
 def test_mixed_long_prompt_is_chunked():
-    # one request, a 1,000-token prompt, a 400-token budget: the prompt takes k = 1000 / 399.7
-    # = 2.50 iterations of ~400 prompt tokens; 0.286 requests arrive per iteration (one per
-    # 1 + k iterations), so 0.286 * 2.50 = 71% of the iterations carry prompt tokens
+    # one request, a 1,000-token prompt, a 400-token budget: its prompt takes k = 1000 / 399.7
+    # = 2.50 iterations of ~400 tokens; the cycle is 1 + k iterations
     out = serve(LinearCost(), 1, 1000, 2, Framework("m", 400, True, 0.9))
     k = 2.5
     for _ in range(20):
-        lam = 1 / (1 + k)
-        k = 1000 / (400 - lam)
-    carry = 1.0 + 0.01 * np.ceil(lam + 1000 / k)
-    it = (1 - lam * k) * (1.0 + 0.01) + lam * k * carry
+        k = 1000 / (400 - 1 / (1 + k))
     assert k == pytest.approx(2.502, abs=1e-3)
-    assert out["tpot_ms"] == pytest.approx(it, rel=1e-3)
-    assert out["ttft_ms"] == pytest.approx(0.5 * it + k * carry, rel=1e-3)
+    assert out["tpot_ms"] == pytest.approx(1.0 + 0.01)
+    assert out["ttft_ms"] == pytest.approx(k * (1.0 + 0.01 * np.ceil(1000 / k)), rel=1e-3)
+
+
+def test_mixed_prefill_bound_by_hand():
+    # 64 requests of 1,000 + 2 tokens, room for one prompt per iteration: 64 groups, every
+    # iteration carries a prompt (1,000 tokens) beside the other groups' 63/64 decode token
+    out = serve(LinearCost(), 64, 1000, 2, Framework("m", 2000, True, 0.9))
+    carry = 1.0 + 0.01 * np.ceil(63 / 64 + 1000)
+    assert out["tpot_ms"] == pytest.approx(carry)
+    # half an iteration, the 62 iterations of the other groups' prompts, its own
+    assert out["ttft_ms"] == pytest.approx((0.5 + 62 + 1) * carry)
+    # one prompt per iteration: the engine admits ~1 request per carrying iteration
+    assert out["tokens_per_s"] / 2 == pytest.approx(1000 / carry, rel=0.02)
 
 
 def test_kv_cache_bound_queues_by_littles_law():
@@ -267,3 +275,16 @@ def test_part_factors_from_calibrations(monkeypatch):
     assert lo["gemm"] == pytest.approx(np.exp(-0.2)) and hi["gemm"] == pytest.approx(np.exp(0.1))
     assert lo["vector"] == pytest.approx(np.exp(-0.05))
     assert forecast.part_factors("nslib", ("a", "b")) is None   # fitted predictors: none
+
+
+def test_sample_with_bad_sizes_and_nothing_priced(mixed_dir, tmp_path, capsys):
+    from nslib.data.serving_sample import serving_rows
+    rows = serving_rows()
+    priced = rows[rows["reason"] == ""].drop(columns=["gpu", "config", "framework", "reason"])
+    bad = priced.head(2).copy()
+    bad["isl"] = [np.nan, 0]
+    bad.to_csv(tmp_path / "s.csv", index=False)
+    got = serving_rows(tmp_path / "s.csv")
+    assert (got["reason"] == "missing or bad isl / osl / batch_size / tp_size").all()
+    assert main(["eval-serving", "--sample", str(tmp_path / "s.csv")]) == 2
+    assert "no row of the sample can be priced" in capsys.readouterr().err

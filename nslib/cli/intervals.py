@@ -17,11 +17,13 @@ def _calibrate(args) -> int:
     from nslib.predictors.intervals import calibration
     cal = calibration(args.predictor, quick=args.quick, coverage=args.coverage,
                       progress=not args.json)
+    tensor = _tensor(args)
     tab = kernel_table(args.predictor, args.coverage, quick=args.quick)
     e2e = {m: e2e_summary(e2e_table(m, args.predictor, args.coverage, quick=args.quick))
            for m in (args.e2e or [])}
     if args.json:
         print(json.dumps({"calibration": cal.to_dict(),
+                          "calibration16": tensor.to_dict() if tensor else None,
                           "kernels": {c: {k: round(float(v), 2) for k, v in r.items()}
                                       for c, r in tab.iterrows()},
                           "e2e": {m: {g: {k: round(float(v), 2) for k, v in r.items()}
@@ -41,7 +43,23 @@ def _calibrate(args) -> int:
     for m, t in e2e.items():
         print(f"\nEnd to end, {m}, GPUs never trained on:")
         print(t.round(1).to_string())
+    if tensor is not None:
+        print(f"\n16-bit kernels (nslib predict --dtype bf16, nslib serve), held out over "
+              f"{', '.join(tensor.gpus)}:")
+        for c, (lo, hi) in tensor.bounds.items():
+            print(f"  {c:12s} lower {np.exp(-hi):.3f}  upper {np.exp(-lo):.3f}")
     return 0
+
+
+def _tensor(args):
+    """The 16-bit predictors' calibration (``nslib``), or None without the 16-bit data."""
+    from nslib.data.paths import DataNotFoundError
+    from nslib.predictors.intervals import tensor_calibration
+    try:
+        return tensor_calibration("nslib", args.quick, coverage=args.coverage,
+                                  progress=not args.json)
+    except DataNotFoundError:
+        return None
 
 
 def add_calibrate_parser(sub) -> None:

@@ -9,6 +9,8 @@ import json
 import sys
 import warnings
 
+import pandas as pd
+
 
 
 from nslib.data.checks import arg_float, arg_int
@@ -69,6 +71,12 @@ def _eval_serving(args) -> int:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         pred = predict_sample(rows, quick=args.quick, progress=not args.json)
+    if pred.empty:
+        reasons = rows["reason"].value_counts()
+        raise ValueError("no row of the sample can be priced: " + "; ".join(
+            f"{n} x {r}" for r, n in reasons.items() if r) + (
+            "; " + "; ".join(pred.attrs["not_priced"]["reason"].unique())
+            if len(pred.attrs.get("not_priced", [])) else ""))
     tab = error_table(pred)
     if args.json:
         print(json.dumps(summary_json(tab, rows), indent=1))
@@ -83,6 +91,9 @@ def _eval_serving(args) -> int:
     if len(miss):
         print("\nnot priced (rows by reason):")
         print(miss.to_string(index=False))
+    for _, r in pred.attrs.get("not_priced", pd.DataFrame()).iterrows():
+        print(f"not priced: {r['model_path']} on {r['system']} tp {r['tp_size']:g}: "
+              f"{r['reason']}")
     return 0
 
 

@@ -23,18 +23,26 @@ def predict_sample(rows: pd.DataFrame | None = None, methods=("nslib", "roofline
                    quick: bool = False, data=None, sample=None, mixed=None,
                    progress: bool = False) -> pd.DataFrame:
     """The priced rows of the sample with ``<method>_ttft_ms`` and ``<method>_tpot_ms`` for
-    each of ``methods`` (keys of :data:`METHODS`: vector and tensor predictor names)."""
+    each of ``methods`` (keys of :data:`METHODS`: vector and tensor predictor names), and the
+    bounds where calibrations are cached. Rows whose model cannot be set up on their GPU
+    (e.g. a tp that does not divide the heads) are left out and listed, with the reason, in
+    ``attrs["not_priced"]``."""
     rows = serving_rows(sample, mixed) if rows is None else rows
     rows = rows[rows["reason"] == ""].copy()
     groups = list(rows.groupby(["config", "gpu", "tp_size"], sort=True))
+    failed = pd.Series("", index=rows.index, dtype=object)
     for method in methods:
         vec, tensor = METHODS[method]
         bounds = part_factors(vec, tensor, quick, data)
         cols = {f"{method}_{k}": np.full(len(rows), np.nan) for k in (
             "ttft_ms", "tpot_ms", "ttft_lo_ms", "ttft_hi_ms", "tpot_lo_ms", "tpot_hi_ms")}
         for (config, gpu, tp), g in _bar(groups, progress, f"serving ({method})"):
-            cost = StepCost(ServingSetup(config, gpu, tp=int(tp), predictor=vec,
-                                         tensor_predictor=tensor, quick=quick, data=data))
+            try:
+                cost = StepCost(ServingSetup(config, gpu, tp=int(tp), predictor=vec,
+                                             tensor_predictor=tensor, quick=quick, data=data))
+            except ValueError as e:   # e.g. a tp that does not divide the heads: said, kept
+                failed.loc[g.index] = f"{method}: {str(e).splitlines()[0]}"
+                continue
             for fw, h in g.groupby("framework"):
                 sel = rows.index.get_indexer(h.index)
                 runs = {"": cost}
@@ -47,7 +55,10 @@ def predict_sample(rows: pd.DataFrame | None = None, methods=("nslib", "roofline
         for k, v in cols.items():
             if not np.isnan(v).all():
                 rows[k] = v
-    return rows
+    out = rows[failed == ""].copy()
+    out.attrs["not_priced"] = rows.loc[failed != "", ["model_path", "system", "tp_size"]] \
+        .assign(reason=failed[failed != ""])
+    return out
 
 
 def _bar(items, progress: bool, desc: str):

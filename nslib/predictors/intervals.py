@@ -10,10 +10,12 @@ looked up as on a GPU never profiled; a residual is ``r = log(predicted / measur
 levels ``a / 2`` and ``1 - a / 2``, with the finite-sample rank ``ceil((n + 1) q)`` of split
 conformal prediction, every held-out GPU weighing the same (a GPU with many kernels does not
 set the quantiles alone). A kernel predicted at ``p`` then lies in ``[p e^-r_hi, p e^-r_lo]``.
-What is guaranteed: if a new GPU's errors are drawn like the held-out GPUs' (exchangeable with
-them), the interval covers ``1 - a`` of its kernels of that class on average over such GPUs.
-Errors of one GPU are correlated, so one GPU's coverage can be far from it: the nested check
-(:func:`nested_coverage`: each GPU's coverage by the calibration of the others) says how far.
+What this gives: the ranks are those of split conformal prediction over kernels, whose
+coverage guarantee assumes the new kernels exchangeable with the calibration kernels. Kernels
+of one GPU are not independent draws (a GPU's errors share its bias), and the GPUs that are
+the real draws number only a few: a GPU-level guarantee at 80% would need the extreme
+residual of the class, or more GPUs. So the coverage is an empirical claim, checked by
+:func:`nested_coverage` (each GPU against the calibration of the others), not a theorem.
 
 **A step** (:meth:`Calibration.step_interval`): the kernels of one GPU err together (a GPU's
 bandwidth or clock misjudged moves all its kernels), so their errors are not averaged as if

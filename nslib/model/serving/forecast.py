@@ -8,6 +8,7 @@ scenario in one vectorised :func:`nslib.model.serving.serve` call.
 from __future__ import annotations
 
 import json
+import warnings
 
 import numpy as np
 import pandas as pd
@@ -36,8 +37,9 @@ def step_cost(model, gpu, tp: int = 1, predictor: str = "nslib",
     """The :class:`StepCost` of a model on ``tp`` GPUs, built once per process."""
     config = resolve_model(model, data)
     tp = check_int("tp", tp)
-    key = (json.dumps(config, sort_keys=True), str(getattr(gpu, "name", gpu)), tp, predictor,
-           tensor_predictor, quick, str(data), repr(link))
+    sheet = json.dumps(gpu.to_json(), sort_keys=True) if hasattr(gpu, "to_json") else str(gpu)
+    key = (json.dumps(config, sort_keys=True), sheet, tp, predictor, tensor_predictor, quick,
+           str(data), repr(link))
     if key not in _COSTS:
         _COSTS[key] = StepCost(ServingSetup(config, gpu, tp=tp, predictor=predictor,
                                             tensor_predictor=tensor_predictor, link=link,
@@ -56,11 +58,12 @@ def part_factors(predictor, tensor_predictor, quick: bool = False, data=None):
     if tensor is None:
         return None
     vector = calibration(predictor, data, quick, build=False)
+    if vector is None:   # a part without bounds would make the interval narrower than said
+        return None
     lo, hi = {}, {}
     for part, cal, cls in (("gemm", tensor, "gemm"), ("attention", tensor, "attention"),
                            ("vector", vector, "elementwise")):
-        if cal is not None:
-            (lo[part],), (hi[part],) = cal.factors([cls])
+        (lo[part],), (hi[part],) = cal.factors([cls])
     return lo, hi, tensor.coverage
 
 
@@ -79,6 +82,8 @@ def serving_forecast(model, gpu, concurrency, isl: int, osl: int, tp: int = 1,
     isl, osl = check_int("isl", isl), check_int("osl", osl)
     fw = framework(framework_name)
     cost = step_cost(model, gpu, tp, predictor, tensor_predictor, quick, data, link)
+    if cost.setup.tp > 1 and "no Link_Bw" in cost.link.source:
+        warnings.warn(f"{cost.spec.name}: {cost.link.source}", stacklevel=2)
     out = serve(cost, conc.astype(float), isl, osl, fw)
     frame = pd.DataFrame({"concurrency": conc.astype(int), "isl": isl, "osl": osl,
                           "tp": cost.setup.tp, "framework": fw.name, **out})

@@ -7,15 +7,16 @@ Two ways to schedule prompts beside decodes cover the three engines of the silic
 (:data:`FRAMEWORKS`, their documented defaults):
 
 - **mixed** (vLLM V1, TensorRT-LLM in-flight batching): every iteration carries one token of
-  each decoding request and as many prompt tokens as fit in the token budget. In the steady
-  state ``λ = running / (osl - 1 + k)`` requests arrive per iteration, where ``k`` is the
-  iterations one prompt takes (``isl / room``, at least 1; ``room`` = budget - the
-  ``D = λ (osl - 1)`` decode tokens). Requests admitted together come back together (the
-  same lengths, the same finish): they arrive in groups of the prompts the room holds
-  (``g``), and a share ``f = λ k / g`` of the iterations carries a group's prompts beside the
-  decodes. TPOT is the mean iteration (``1 - f`` plain decode iterations, ``f`` carrying
-  prompts); TTFT is half of one (a request arrives while one runs) plus the ``k`` iterations
-  that carry its group.
+  each decoding request and as many prompt tokens as fit in the token budget. Requests
+  admitted together finish together and come back together (every request has the same
+  lengths), so the ``running`` requests move in ``n = running / g`` groups of the ``g``
+  prompts the room holds (``room`` = budget - decode tokens; a longer prompt is one group
+  chunked over ``k = isl / room`` iterations). A group's cycle is its ``k`` prompt iterations
+  and ``osl - 1`` decode iterations, or ``n k`` iterations when the groups' prompts fill every
+  iteration (prefill-bound: a group then waits for its turn). TPOT is a request's decode
+  iterations: plain ones, and the share ``(n - 1) k / (osl - 1)`` that carries another
+  group's prompts. TTFT is half an iteration (a group returns while another's runs; none when
+  it is the only group), the wait for its turn, and its ``k`` prompt iterations.
 - **prefill-first** (SGLang's default: no mixed chunks, prompts before decodes): requests
   that finish together come back together, so the running set moves in waves: its prompts run
   as budget-sized prefill batches back to back, then all decode together. A request's TTFT is
@@ -119,27 +120,31 @@ def serve(cost: StepCost, concurrency, isl, osl, fw="vllm") -> dict:
 
 
 def _mixed(cost: StepCost, fw: Framework, running, isl, osl) -> dict:
-    budget = float(fw.token_budget)
-    k = np.ones_like(running)
-    for _ in range(4):  # k and λ depend on each other; a few rounds settle them
-        lam = running / (osl - 1.0 + k)
-        decode = lam * (osl - 1.0)
+    budget, d = float(fw.token_budget), osl - 1.0      # d: a request's decode iterations
+    cycle = d + 1.0
+    for _ in range(4):  # the decode load, the room and the cycle depend on each other
+        decode = running * d / cycle                    # decode tokens per iteration
         room = np.maximum(budget - decode, 1.0)
-        k = np.maximum(1.0, isl / room)
-    # requests admitted together (as many prompts as the room holds) finish together and
-    # come back together, since every request has the same lengths: a group's prompts ride
-    # ``k`` iterations beside the decodes, and a share ``f`` of the iterations carries one
-    group = np.clip(np.floor(room / isl), 1.0, running)
-    share = np.minimum(1.0, lam * k / group)
+        k = np.maximum(1.0, isl / room)                 # iterations of one group's prompts
+        group = np.clip(np.floor(room / isl), 1.0, running)
+        groups = running / group
+        # a group's cycle: its prompts, its decodes, and, when the groups' prompts fill
+        # every iteration (prefill-bound), its wait for its turn
+        cycle = np.maximum(d + k, groups * k)
+    carrying = np.minimum(1.0, groups * k / cycle)     # iterations carrying some prompts
+    seen = np.minimum(1.0, (groups - 1.0) * k / np.maximum(d, 1.0))   # of one's decodes
+    others = decode * (groups - 1.0) / groups           # decodes beside a group's prompts
     ctx = isl + osl / 2.0
-    dec = np.ceil(decode)
-    dec_attn = cost.attention_ms("decode", dec, 1, ctx)
-    prompt_attn = group * cost.attention_ms("prefill", 1, isl, isl) / k
-    plain = cost.tokens_ms(dec, dec) + dec_attn
-    carry = (cost.tokens_ms(np.ceil(decode + group * isl / k), np.ceil(decode + group)) +
-             dec_attn + prompt_attn)
-    it = (1.0 - share) * plain + share * carry
-    return {"ttft_ms": 0.5 * it + k * carry, "tpot_ms": it}
+    plain = (cost.tokens_ms(np.ceil(decode), np.ceil(decode)) +
+             cost.attention_ms("decode", np.ceil(decode), 1, ctx))
+    carry = (cost.tokens_ms(np.ceil(others + group * isl / k), np.ceil(others + group)) +
+             cost.attention_ms("decode", np.ceil(others), 1, ctx) +
+             cost.attention_ms("prefill", group, isl, isl) / k)
+    mean = (1.0 - carrying) * plain + carrying * carry
+    # a group returns while another's iteration runs (none when it is the only one), then
+    # waits for its prompts' turn when prefill-bound
+    wait = np.where(groups > 1.0, 0.5 * mean, 0.0) + (cycle - d - k) * mean
+    return {"ttft_ms": wait + k * carry, "tpot_ms": (1.0 - seen) * plain + seen * carry}
 
 
 def _waves(cost: StepCost, fw: Framework, running, isl, osl) -> dict:
@@ -147,10 +152,10 @@ def _waves(cost: StepCost, fw: Framework, running, isl, osl) -> dict:
     per = np.maximum(np.floor(budget / isl), 1.0)          # prompts per prefill batch
     n_batches = np.ceil(running / per)
     full = (cost.tokens_ms(np.minimum(per * isl, np.maximum(budget, isl)), per) +
-            per * cost.attention_ms("prefill", 1, isl, isl))
+            cost.attention_ms("prefill", per, isl, isl))
     last_n = running - per * (n_batches - 1)
     last = (cost.tokens_ms(last_n * isl, last_n) +
-            last_n * cost.attention_ms("prefill", 1, isl, isl))
+            cost.attention_ms("prefill", last_n, isl, isl))
     # request i of batch b gets its first token when batch b ends
     ends_full = full * (n_batches - 1) * n_batches / 2.0   # sum of full batches' end times
     ttft = (per * ends_full + last_n * (full * (n_batches - 1) + last)) / running
