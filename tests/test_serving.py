@@ -275,6 +275,8 @@ def test_part_factors_from_calibrations(monkeypatch):
     assert lo["gemm"] == pytest.approx(np.exp(-0.2)) and hi["gemm"] == pytest.approx(np.exp(0.1))
     assert lo["vector"] == pytest.approx(np.exp(-0.05))
     assert forecast.part_factors("nslib", ("a", "b")) is None   # fitted predictors: none
+    monkeypatch.setattr(forecast, "calibration", lambda *a, **k: None)
+    assert forecast.part_factors("nslib", "nslib") is None      # a part without bounds
 
 
 def test_sample_with_bad_sizes_and_nothing_priced(mixed_dir, tmp_path, capsys):
