@@ -186,8 +186,13 @@ def test_sample_rows_say_why(mixed_dir, tmp_path):
 
 def test_system_names_map_to_datasheets(mixed_dir):
     from nslib.data.serving_sample import system_gpus
-    got = system_gpus(["h100_sxm", "a100_sxm", "l40s", "nonesuch"])
+    got = system_gpus(["h100_sxm", "a100_sxm", "l40s", "nonesuch", "h200_sxm", "b200_sxm",
+                       "gb200_nvl72", "h100_sxm5", "rtx_pro_6000_server"])
     assert got["h100_sxm"].startswith("NVIDIA H100") and "nonesuch" not in got
+    # datasheet-only GPUs of the 16-bit data, whatever the mounting words say
+    assert got["h200_sxm"] == "NVIDIA H200" and got["b200_sxm"] == "NVIDIA B200"
+    assert got["gb200_nvl72"] == "NVIDIA GB200" and got["h100_sxm5"] == got["h100_sxm"]
+    assert got["rtx_pro_6000_server"].startswith("NVIDIA RTX PRO 6000")
 
 
 def test_sample_file_errors(tmp_path, capsys):

@@ -25,8 +25,9 @@ from nslib.data.paths import DataNotFoundError, mixed_root
 SAMPLE = AIC_SYSTEMS / "silicon_sample.csv"
 COLUMNS = ("backend", "model_path", "system", "precision", "mode", "isl", "osl",
            "batch_size", "tp_size", "pp_size", "silicon_ttft_ms", "silicon_tpot_ms")
-# words of a system name that say how a GPU is mounted, not which GPU it is
-FORM_WORDS = {"sxm", "pcie", "server", "nvl", "hgx", "dgx"}
+# words of a system name that say how a GPU is mounted, not which GPU it is (with a count or
+# generation: sxm5, nvl72, pcie4)
+FORM_WORD = re.compile(r"^(sxm|pcie|server|nvl|hgx|dgx|node|x)\d*$")
 CONFIG_DIR = Path(__file__).resolve().parent / "model_configs"  # written from public configs
 
 
@@ -60,7 +61,7 @@ def system_gpus(systems, mixed=None) -> dict[str, str]:
     gpus = [g.name for g in load_mixed_gpus(mixed_root(mixed)).values()]
     out = {}
     for s in systems:
-        want = _words(str(s)) - FORM_WORDS
+        want = {w for w in _words(str(s)) if not FORM_WORD.match(w)}
         hits = [g for g in gpus if want and want <= _words(g)]
         if len(hits) == 1:
             out[s] = hits[0]
