@@ -75,11 +75,17 @@ def _distinct(law: dict) -> tuple[dict, np.ndarray]:
     base = law["base"][["phase", "cls", "op"] + cols + ["flops"]]
     key = base[["phase", "cls", "op"]].assign(**{f"{c}{k}": law[c][k] for c in cols
                                                  for k in range(3)})
-    group = key.groupby(list(key.columns), dropna=False, sort=False).ngroup().to_numpy()
-    first = np.unique(group, return_index=True)[1]
+    first, count = identical_rows(key)
     small = {"base": base.iloc[first].reset_index(drop=True),
              **{c: tuple(a[first] for a in law[c]) for c in cols}}
-    return small, np.bincount(group)
+    return small, count
+
+
+def identical_rows(keys: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """(index of the first of each distinct row of ``keys``, in order of appearance; how many
+    rows each stands for): kernels a model repeats (one per layer) are priced once."""
+    group = keys.groupby(list(keys.columns), dropna=False, sort=False).ngroup().to_numpy()
+    return np.unique(group, return_index=True)[1], np.bincount(group)
 
 
 def _pair_kernels(laws: dict, pairs: np.ndarray) -> pd.DataFrame:

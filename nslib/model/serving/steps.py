@@ -49,6 +49,7 @@ from nslib.model.config import load_model_config
 from nslib.model.inputs import get_predictor, kernel_frame, resolve_gpu, traced
 from nslib.model.parallel import default_link, model_info, resolve_link, shard_tensor_parallel
 from nslib.model.stream import LAUNCH_US
+from nslib.model.sweep import identical_rows
 from nslib.model.trace import TRACE_VERSION
 
 DIMS = ("B", "M", "N", "K", "H", "flops", "bytes")
@@ -206,11 +207,10 @@ def _distinct_rows(rows: pd.DataFrame, law: dict, elem: np.ndarray):
     the same kernels, which are priced once per token count."""
     key = rows[["phase", "cls", "op", "head"]].assign(
         elem=elem, **{f"{c}{k}": law[c][k] for c in DIMS for k in range(2)})
-    group = key.groupby(list(key.columns), dropna=False, sort=False).ngroup().to_numpy()
-    first = np.unique(group, return_index=True)[1]
+    first, count = identical_rows(key)
     small = rows.iloc[first].reset_index(drop=True)
     return ((small, {c: tuple(a[first] for a in law[c]) for c in DIMS}, elem[first]),
-            np.bincount(group).astype(float))
+            count.astype(float))
 
 
 class StepCost:
