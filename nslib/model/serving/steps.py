@@ -53,6 +53,8 @@ from nslib.model.sweep import identical_rows
 from nslib.model.trace import TRACE_VERSION
 
 DIMS = ("B", "M", "N", "K", "H", "flops", "bytes")
+# (tokens, logits) pairs a StepCost keeps priced before it starts afresh
+PRICED_KEPT = 100_000
 # two probe token counts of the token law (ratio 1.5, as the scenario sweeps)
 PROBE_TOKENS = (32, 48)
 
@@ -234,6 +236,7 @@ class StepCost:
         self.rows, self.law = token_law(setup)
         self._elem = np.nan_to_num(sizes.elem_bytes(self.rows), nan=sizes.BYTES_PER_ELEM)
         self._distinct, self._count = _distinct_rows(self.rows, self.law, self._elem)
+        self._priced: dict = {}   # (tokens, logits) -> (gemm, vector, comm) ms
         self.link = resolve_link(setup.link, self.spec, setup.data) if setup.link is not None \
             else default_link(self.spec, setup.data)
         attn = engine_table(setup)
@@ -280,10 +283,25 @@ class StepCost:
         kernels, "comm": all-reduces}`` (ms arrays of ``tokens``' shape)."""
         tokens = np.maximum(np.asarray(tokens, float), 1.0)
         logits = np.clip(np.asarray(logits, float), 1.0, tokens)
-        pairs, inv = np.unique(np.stack([tokens.ravel(), logits.ravel()], 1), axis=0,
-                               return_inverse=True)
+        pairs, inv = np.unique(np.ceil(np.stack([tokens.ravel(), logits.ravel()], 1)),
+                               axis=0, return_inverse=True)
+        # the schedule asks again for the token counts it priced (each interval bound reruns
+        # it with the same counts): only new pairs are priced
+        new = np.array([tuple(p) not in self._priced for p in pairs], bool)
+        if new.any():
+            if len(self._priced) > PRICED_KEPT:
+                self._priced.clear()
+            parts = self._price(pairs[new])
+            for i, p in enumerate(pairs[new]):
+                self._priced[tuple(p)] = parts[i]
+        per = np.array([self._priced[tuple(p)] for p in pairs]).reshape(len(pairs), 3)
+        return {part: per[inv.ravel(), j].reshape(tokens.shape)
+                for j, part in enumerate(("gemm", "vector", "comm"))}
+
+    def _price(self, pairs: np.ndarray) -> np.ndarray:
+        """(gemm, vector, comm) ms of each (tokens, logits) row of ``pairs``."""
         rows, law, elem = self._distinct
-        df = _at_tokens(rows, law, elem, np.ceil(pairs[:, 0]), np.ceil(pairs[:, 1]))
+        df = _at_tokens(rows, law, elem, pairs[:, 0], pairs[:, 1])
         comm = (df["cls"] == "comm").to_numpy()
         ms, gemm = np.zeros(len(df)), np.zeros(len(df), bool)
         if (~comm).any():
@@ -297,11 +315,8 @@ class StepCost:
                                               self.setup.tp)
         ms *= np.tile(self._count, len(pairs))   # each distinct kernel as often as it runs
         pair = df["pair"].to_numpy()
-        out = {}
-        for part, mask in (("gemm", gemm), ("vector", ~gemm & ~comm), ("comm", comm)):
-            per = np.bincount(pair[mask], weights=ms[mask], minlength=len(pairs))
-            out[part] = per[inv.ravel()].reshape(tokens.shape)
-        return out
+        return np.stack([np.bincount(pair[m], weights=ms[m], minlength=len(pairs))
+                         for m in (gemm, ~gemm & ~comm, comm)], axis=1)
 
     def attention_ms(self, phase, batch, q_len, kv_len) -> np.ndarray:
         """Time (ms) of every layer's attention for groups of ``batch`` requests with ``q_len``
