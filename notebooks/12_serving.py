@@ -48,7 +48,8 @@ import pandas as pd
 
 from nslib.data.serving_sample import serving_rows
 from nslib.evaluation.serving_eval import error_table, predict_sample, unpriced
-from nslib.model.serving import FRAMEWORKS, serving_forecast
+from nslib.explore.serving import serving_curves
+from nslib.model.serving import FRAMEWORKS
 from nslib.predictors.intervals import calibration, tensor_calibration
 from nslib.viz.figures import save_figure, save_table
 from nslib.viz.scratch import notebook_out
@@ -132,16 +133,10 @@ pred.assign(r=pred["nslib_ttft_ms"] / pred["silicon_ttft_ms"]).pivot_table(
 
 # %%
 conc = np.unique(np.round(np.geomspace(1, 256, 12 if quick else 40)).astype(int))
-curves = []
-for g in forecast_gpus:
-    try:
-        f = serving_forecast(forecast_model, g, conc, forecast_isl, forecast_osl,
-                             tp=forecast_tp, framework_name=forecast_engine, quick=quick)
-    except (KeyError, ValueError) as e:
-        print(f"{g}: not forecast ({e})")
-        continue
-    curves.append(f.assign(gpu=f.attrs["gpu"]))
-curves = pd.concat(curves, ignore_index=True)
+served = serving_curves(forecast_gpus, forecast_model, forecast_tp, forecast_engine,
+                        forecast_isl, forecast_osl, quick=quick, concurrency=conc)
+print("\n".join(served["notes"]))
+curves = served["curves"]
 save_table(curves.set_index(["gpu", "concurrency"]), "12_forecast", out)
 fig = throughput_curves(curves)
 save_figure(fig, "12_forecast", out)

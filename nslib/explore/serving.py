@@ -27,12 +27,14 @@ def concurrencies(most: int) -> np.ndarray:
 
 def serving_curves(gpus, model, tp: int = 1, engine: str = "vllm", isl: int = 1024,
                    osl: int = 128, most: int = 256, quick: bool = False,
-                   data=None) -> dict:
+                   data=None, concurrency=None) -> dict:
     """``{"curves": frame, "notes": [...], "seconds": s}``: the frame has a ``gpu`` column
     and the columns of :func:`nslib.model.serving.serving_forecast`; ``notes`` says which
-    GPUs were left out and why, and where the KV cache makes requests queue."""
+    GPUs were left out and why, and where the KV cache makes requests queue. The curves run
+    over ``concurrency`` (default :func:`concurrencies` up to ``most``)."""
     t0 = time.perf_counter()
-    conc, parts, notes = concurrencies(most), [], []
+    conc = concurrencies(most) if concurrency is None else np.asarray(concurrency)
+    parts, notes = [], []
     for g in gpus:
         name = getattr(g, "name", str(g))
         try:
