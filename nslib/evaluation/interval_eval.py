@@ -48,8 +48,7 @@ def e2e_table(mode: str, name: str = "nslib", coverage: float = COVERAGE, data=N
                                      predictor=name, data=data, quick=quick)
             except (ValueError, NotImplementedError, RuntimeError):
                 continue
-            total = sum(s["per_class_ms"].values())
-            lo, hi = (s["e2e_ms"] * b / total for b in cal.step_interval(s["per_class_ms"]))
+            lo, hi = cal.step_bounds(s["per_class_ms"], s["e2e_ms"]) or (np.nan, np.nan)
             rows.append({"gpu": r["gpu"], "model": r["model"], "batch": r["batch"],
                          "measured_ms": r["e2e_ms"], "pred_ms": s["e2e_ms"], "lo_ms": lo,
                          "hi_ms": hi})

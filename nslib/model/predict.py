@@ -103,13 +103,10 @@ def with_interval(summary: dict, predictor, data=None, quick: bool = False) -> d
     if not isinstance(predictor, str):
         return summary
     cal = calibration(predictor, data, quick, build=False)
-    total = sum(summary["per_class_ms"].values())
-    if cal is None or total <= 0:
+    bounds = cal.step_bounds(summary["per_class_ms"], summary["e2e_ms"]) if cal else None
+    if bounds is None:
         return summary
-    lo, hi = cal.step_interval(summary["per_class_ms"])
-    e2e = summary["e2e_ms"]
-    return {**summary, "interval_ms": [e2e * lo / total, e2e * hi / total],
-            "interval_coverage": cal.coverage}
+    return {**summary, "interval_ms": list(bounds), "interval_coverage": cal.coverage}
 
 
 def _checked(mode, batch, seq, dp, tp, pp, microbatches, imbalance=1.0) -> tuple:
@@ -203,6 +200,6 @@ def with_interval16(summary: dict, frame: pd.DataFrame, predictor, tensor_predic
     rest = frame[~gemm & ~attn].groupby("kernel_class")["pred_ms"].sum()
     t_lo, t_hi = tensor.step_interval(parts)
     v_lo, v_hi = vector.step_interval({k: float(v) for k, v in rest.items()})
-    e2e = summary["e2e_ms"]
-    return {**summary, "interval_ms": [e2e * (t_lo + v_lo) / total, e2e * (t_hi + v_hi) / total],
+    scale = summary["e2e_ms"] / total
+    return {**summary, "interval_ms": [(t_lo + v_lo) * scale, (t_hi + v_hi) * scale],
             "interval_coverage": tensor.coverage}

@@ -142,6 +142,16 @@ class Calibration:
         lo, hi = self.factors(names)
         return float((t * lo).sum()), float((t * hi).sum())
 
+    def step_bounds(self, per_class_ms: dict, step_ms: float) -> tuple[float, float] | None:
+        """Bounds (ms) of a step of ``step_ms``: the comonotone class bounds' ratio to the
+        classes' plain sum, applied to the step (so a schedule's overlap or a host-bound
+        floor scales with it); None when the classes sum to nothing."""
+        total = sum(per_class_ms.values())
+        if total <= 0:
+            return None
+        lo, hi = self.step_interval(per_class_ms)
+        return step_ms * lo / total, step_ms * hi / total
+
     def to_dict(self) -> dict:
         return {"predictor": self.predictor, "coverage": self.coverage,
                 "bounds": {c: list(b) for c, b in self.bounds.items()}, "n": self.n,
