@@ -186,10 +186,12 @@ def build_parser() -> argparse.ArgumentParser:
     from nslib.cli.predict import add_predict_parser
     from nslib.cli.intervals import add_calibrate_parser
     from nslib.cli.serving import add_serving_parsers
+    from nslib.cli.collect import add_collect_parser
     add_predict_parser(sub)
     add_eval_models_parser(sub)
     add_serving_parsers(sub)
     add_calibrate_parser(sub)
+    add_collect_parser(sub)
     _global_options_anywhere(p, sub)
     return p
 
