@@ -46,6 +46,36 @@ def _collect(args) -> int:
     return 0
 
 
+def _eval_measured(args) -> int:
+    from nslib.evaluation import measured_gpu as mg
+
+    folders = mg.collections(args.folder)
+    if not folders:
+        raise ValueError(f"no `nslib collect` output at or under {args.folder}: pass the folder "
+                         "that `nslib collect --out` wrote (or the folder holding several)")
+    pick = lambda s: [x for x in s.split(",") if x] if s is not None else None  # noqa: E731
+    kw = {k: v for k, v in (("fp32", pick(args.fp32)), ("tensor", pick(args.tensor)),
+                            ("steps", pick(args.steps))) if v is not None}
+    reports = [mg.report(f, quick=args.quick, seed=args.seed, **kw) for f in folders]
+    if args.json:
+        print(json.dumps([mg.report_json(r) for r in reports], indent=1))
+        return 0
+    for rep in reports:
+        print(f"{rep['gpu']}: forecasts from its datasheet alone against its measurements")
+        for check, what in (("fp32", "FP32 kernels, MAPE % by class"),
+                            ("tensor", "16-bit kernels, MAPE % by kind"),
+                            ("steps", "model steps, MAPE % by format")):
+            if check in rep:
+                tab = rep[check]["errors"]
+                keep = [c for c in tab.columns if not c.startswith("ratio_")]
+                print(f"\n{what}\n{tab[keep].round(1).to_string()}")
+        rows = rep.get("steps", {}).get("rows")
+        if rows is not None:
+            cols = ["tag", "latency_ms"] + [c for c in rows.columns if c.startswith("pred_")]
+            print(f"\nmodel steps, ms\n{rows[cols].round(1).to_string(index=False)}")
+    return 0
+
+
 def add_collect_parser(sub) -> None:
     s = sub.add_parser("collect", help="measure this machine's GPU (FP32 kernels, 16-bit GEMMs "
                        "and attention, model steps) into the layouts nslib reads")
@@ -69,3 +99,15 @@ def add_collect_parser(sub) -> None:
                    "of the data (a folder holding neusight/ and mixed/)")
     s.add_argument("--json", action="store_true", help="print the provenance record as JSON")
     s.set_defaults(func=_collect)
+
+    e = sub.add_parser("eval-measured", help="forecasts from the datasheet alone against a GPU "
+                       "measured with `nslib collect` (kernel classes, 16-bit kernels, steps)")
+    e.add_argument("folder", help="a `nslib collect --out` folder, or a folder of them "
+                   "(e.g. datasets/measured)")
+    e.add_argument("--fp32", default=None, help="FP32 predictors, comma-separated ('' skips)")
+    e.add_argument("--tensor", default=None, help="16-bit predictors, comma-separated")
+    e.add_argument("--steps", default=None, help="model-step predictors, comma-separated")
+    e.add_argument("--quick", action="store_true", help="quick predictor profile")
+    e.add_argument("--seed", type=arg_int(minimum=0), default=0)
+    e.add_argument("--json", action="store_true")
+    e.set_defaults(func=_eval_measured)

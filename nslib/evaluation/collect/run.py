@@ -95,6 +95,8 @@ def collect(out, device: str = "cuda", minutes: float = 10.0, parts=PARTS, seed:
     record = {"device": sheet["Device"], "datasheet": origin, "versions": v, "rates": rates,
               "protocol": {"clock": "CUDA events" if clock.cuda else "wall clock",
                            "kernel_latency": "median of 3-25 timed calls after 2 warm-ups",
+                           "tensor_kernels": "CUDA graph of 1-20 calls, replayed 3-25 times, "
+                                             "median per call (GPU only)",
                            "flush_l2": flush_l2, "tf32": False,
                            "label": "mean of the 5 fastest of up to 10 steps after 2 warm-ups"},
                 "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),

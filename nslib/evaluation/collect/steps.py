@@ -57,14 +57,19 @@ def parse_step(spec: str) -> Step:
                          "e.g. gpt2_large:inf:1024:4") from None
 
 
+def config_source(model: str) -> str:
+    """What :func:`nslib.model.config.load_model_config` should read for ``model``: the config
+    that ships with nslib when it names one (by HuggingFace id or file stem), else ``model``."""
+    known = {k: p for p in model_configs().values() for k in (p.stem, str(p))}
+    known.update(model_configs())
+    return str(known.get(model, model))
+
+
 def _build(step: Step, device: str, data):
     """(model on ``device`` with random weights, its inputs, layer count)."""
     import torch
 
-    # the serving models' configs ship with nslib: by HuggingFace id or file stem
-    known = {k: p for p in model_configs().values() for k in (p.stem, str(p))}
-    known.update(model_configs())
-    config = load_model_config(str(known.get(step.model, step.model)), data)
+    config = load_model_config(config_source(step.model), data)
     arch = MEASURED_ARCHITECTURE.get((config.get("model_type"), step.mode))
     hf, meta = build_model(config, arch, step.dtype)  # the class the tracer runs
     dtype = next(p.dtype for p in meta.parameters())

@@ -69,6 +69,35 @@ def time_calls(fn, clock: Clock, reps: int) -> list[float]:
     return [s.elapsed_time(e) for s, e in pairs]
 
 
+def time_graph(fn, clock: Clock, reps: int, inner: int) -> list[float]:
+    """``reps`` timings (ms per call) of ``fn()`` captured ``inner`` times in one CUDA graph and
+    replayed: the GPU's time for the kernels alone, without the host's launch between calls
+    (how aiconfigurator's 16-bit tables were timed). CUDA only."""
+    import torch
+
+    side = torch.cuda.Stream(clock.device)
+    side.wait_stream(torch.cuda.current_stream(clock.device))
+    with torch.cuda.stream(side):  # warm-up off the capture, as graph capture requires
+        for _ in range(clock.warmup):
+            fn()
+    torch.cuda.current_stream(clock.device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(inner):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize(clock.device)
+    pairs = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        pairs.append((start, end))
+    torch.cuda.synchronize(clock.device)
+    return [s.elapsed_time(e) / inner for s, e in pairs]
+
+
 def fastest_mean(times: list[float], keep: int) -> float:
     """Mean (ms) of the ``keep`` fastest of ``times`` (all of them when fewer)."""
     best = sorted(times)[:max(1, keep)]

@@ -1,0 +1,192 @@
+"""Forecasts made from a datasheet alone, against a GPU this project measured itself
+(``nslib collect``, :mod:`nslib.evaluation.collect`).
+
+The collected folder's GPU is never trained on: the FP32 predictors are those trained on the
+data's training GPUs, the 16-bit ones those trained on every GPU of the 16-bit data, and each
+predicts the collected GPU from its datasheet (tiles looked up, as for any unprofiled GPU).
+Three checks, each a frame with the measured ``latency_ms`` and a ``pred_<name>`` column per
+predictor: FP32 kernels by class (:func:`fp32_kernels`), BF16 GEMMs and attention
+(:func:`tensor_kernels`), and whole model steps (:func:`model_steps`); :func:`error_table` turns
+any of them into MAPE, median predicted/measured and row counts per group.
+"""
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from nslib.data import mixed_data
+from nslib.data.gpus import load_gpus
+from nslib.data.labels import load_labels
+from nslib.data.paths import DataNotFoundError
+from nslib.evaluation.collect.layout import MIXED, NEUSIGHT, asplos
+from nslib.evaluation.collect.steps import config_source
+from nslib.evaluation.kernel_level import predict_rows
+from nslib.evaluation.metrics import ape
+from nslib.kernels import measured, sizes
+from nslib.model.predict import predict_model
+from nslib.predictors.mixed_training import trained_tensor
+from nslib.predictors.training import trained
+
+FP32_PREDICTORS = ("nslib", "neusight", "roofline", "habitat", "li")
+TENSOR_PREDICTORS = ("nslib", "roofline", "roofline_eff", "xgboost")
+STEP_PREDICTORS = ("nslib", "neusight", "roofline")
+
+
+def roots(folder) -> tuple[Path, Path]:
+    """(NeuSight data root, 16-bit data root) of a collection; a clear error when it is not one."""
+    folder = Path(folder)
+    if not (asplos(folder) / "data" / "device_configs").is_dir():
+        raise DataNotFoundError(f"{folder} is not an `nslib collect` output (no {NEUSIGHT}/"
+                                "scripts/asplos/data/device_configs): pass the folder "
+                                "`nslib collect --out` wrote")
+    return asplos(folder), folder / MIXED
+
+
+def datasheet(folder):
+    """The collected GPU's datasheet (:class:`nslib.data.gpus.GPU`); the folder holds one."""
+    gpus = list(load_gpus(roots(folder)[0]).values())
+    if len(gpus) != 1:
+        raise ValueError(f"{folder} holds {len(gpus)} datasheets; a collection measures one GPU")
+    return gpus[0]
+
+
+def fp32_kernels(folder, predictors=FP32_PREDICTORS, data=None, quick: bool = False,
+                 seed: int = 0) -> pd.DataFrame:
+    """The collected FP32 kernels of every class with a ``pred_<name>`` column (ms) per
+    predictor, each trained on the data's training GPUs."""
+    root = roots(folder)[0]
+    parts = []
+    for cls in sizes.CLASSES:
+        try:
+            parts.append(measured.build_table(cls, "test", root))
+        except DataNotFoundError:
+            continue  # a collection without this class
+    frame = pd.concat(parts, ignore_index=True)
+    unseen = np.ones(len(frame), bool)  # never profiled: tiles are looked up
+    for name in predictors:
+        pred = trained(name, data=data, quick=quick, seed=seed, progress=False)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # range notes: the check reports the errors
+            frame[f"pred_{name}"] = predict_rows(pred, frame, unseen)
+    return frame
+
+
+def tensor_kernels(folder, predictors=TENSOR_PREDICTORS, mixed=None, quick: bool = False,
+                   seed: int = 0) -> pd.DataFrame:
+    """The collected BF16 GEMMs (``kind`` gemm) and attention kernels (``kind`` attention,
+    ``phase`` prefill/decode) with ``pred_<name>`` columns, each predictor trained on every GPU
+    of the 16-bit data."""
+    root = roots(folder)[1]
+    tables = {"gemm": mixed_data.gemm_table(root), "attention": mixed_data.attention_table(root)}
+    parts = []
+    for kind, table in tables.items():
+        table = table.assign(kind=kind)
+        for name in predictors:
+            model = trained_tensor(kind, name, seed, quick, (), mixed, False)
+            table[f"pred_{name}"] = model.predict(table.reset_index(drop=True))
+        parts.append(table)
+    frame = pd.concat(parts, ignore_index=True)
+    frame["phase"] = frame["phase"].fillna("gemm")
+    return frame
+
+
+def _step_prediction(gpu_file, row, name: str, data, quick: bool) -> float:
+    dtype = row["variant"] if row["variant"] in ("bf16", "fp16") else "fp32"
+    kw = {"dtype": dtype}
+    if dtype != "fp32":
+        if name == "neusight":
+            return np.nan  # the paper's method is FP32 only
+        kw["tensor_predictor"] = name if name == "roofline" else "nslib"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # range notes: the check reports errors, not notes
+        _, summary = predict_model(str(gpu_file), config_source(row["model"]), row["batch"],
+                                   row["seq"], row["mode"], predictor=name, data=data,
+                                   quick=quick, **kw)
+    return float(summary["e2e_ms"])
+
+
+def model_steps(folder, predictors=STEP_PREDICTORS, data=None, quick: bool = False) -> pd.DataFrame:
+    """The collected model steps (labels): ``tag, model, mode, seq, batch, dtype,
+    latency_ms`` and a ``pred_<name>`` column per predictor (NaN where it cannot price the
+    step, e.g. the paper's FP32 method on a 16-bit step)."""
+    root = roots(folder)[0]
+    gpu = datasheet(folder)
+    gpu_file = root / "data" / "device_configs" / f"{gpu.key}.json"
+    labels = load_labels(root)
+    labels = labels[labels["variant"].isin(["", "bf16", "fp16"])].reset_index(drop=True)
+    out = labels[["tag", "model", "mode", "seq", "batch"]].assign(
+        dtype=labels["variant"].replace("", "fp32"), latency_ms=labels["e2e_ms"])
+    for name in predictors:
+        out[f"pred_{name}"] = [_step_prediction(gpu_file, r, name, data, quick)
+                               for _, r in labels.iterrows()]
+    return out
+
+
+def error_table(frame: pd.DataFrame, by) -> pd.DataFrame:
+    """Per group of ``by``: MAPE (%) of each predictor, the median predicted/measured ratio of
+    each (``ratio_<name>``) and the number of rows ``n``."""
+    names = [c.removeprefix("pred_") for c in frame.columns if c.startswith("pred_")]
+    cols = {}
+    for n in names:
+        cols[n] = ape(frame[f"pred_{n}"], frame["latency_ms"])
+        cols[f"ratio_{n}"] = frame[f"pred_{n}"].to_numpy(float) / frame["latency_ms"].to_numpy()
+    err = pd.DataFrame(cols, index=frame.index)
+    keys = [frame[b] for b in ([by] if isinstance(by, str) else by)]
+    agg = {n: "mean" for n in names} | {f"ratio_{n}": "median" for n in names}
+    tab = err.groupby(keys, sort=False).agg(agg)
+    tab["n"] = frame.groupby(keys, sort=False).size()
+    return tab
+
+
+def collections(root) -> list[Path]:
+    """Every ``nslib collect`` output under ``root`` (sorted; ``root`` itself when it is one)."""
+    root = Path(root)
+    found = [root] if (asplos(root) / "data" / "device_configs").is_dir() else []
+    found += [p for p in sorted(root.iterdir()) if p.is_dir()
+              and (asplos(p) / "data" / "device_configs").is_dir()] if root.is_dir() else []
+    return found
+
+
+def report(folder, fp32=FP32_PREDICTORS, tensor=TENSOR_PREDICTORS, steps=STEP_PREDICTORS,
+           data=None, mixed=None, quick: bool = False, seed: int = 0) -> dict:
+    """The three checks of one collection: ``{"gpu", "fp32", "tensor", "steps"}``, each check
+    ``{"rows": frame, "errors": error_table}`` (FP32 by class, 16-bit by kind and phase, steps
+    by dtype; the steps' rows carry each step's APE per predictor too)."""
+    out = {"gpu": datasheet(folder).name}
+    if fp32:
+        rows = fp32_kernels(folder, fp32, data, quick, seed)
+        out["fp32"] = {"rows": rows, "errors": error_table(rows, "cls")}
+    if tensor:
+        rows = tensor_kernels(folder, tensor, mixed, quick, seed)
+        out["tensor"] = {"rows": rows, "errors": error_table(rows, ["kind", "phase"])}
+    if steps:
+        rows = model_steps(folder, steps, data, quick)
+        for n in steps:
+            rows[f"err_{n}"] = ape(rows[f"pred_{n}"], rows["latency_ms"])
+        out["steps"] = {"rows": rows, "errors": error_table(rows, "dtype")}
+    return out
+
+
+def report_json(rep: dict) -> dict:
+    """A :func:`report` as JSON-ready numbers: per check, ``{group: {predictor: MAPE}}`` plus
+    ``n`` (groups joined by ``/``), and each step's measured and predicted ms."""
+    out = {"gpu": rep["gpu"]}
+    for check in ("fp32", "tensor", "steps"):
+        if check not in rep:
+            continue
+        tab = rep[check]["errors"]
+        names = [c for c in tab.columns if not c.startswith("ratio_") and c != "n"]
+        out[check] = {("/".join(map(str, k)) if isinstance(k, tuple) else str(k)):
+                      {**{n: (round(float(r[n]), 2) if pd.notna(r[n]) else None)
+                          for n in names}, "n": int(r["n"])} for k, r in tab.iterrows()}
+    if "steps" in rep:
+        rows = rep["steps"]["rows"]
+        preds = [c for c in rows.columns if c.startswith("pred_")]
+        out["step_rows"] = {r["tag"]: {"measured_ms": round(float(r["latency_ms"]), 3),
+                                       **{c.removeprefix("pred_"): (round(float(r[c]), 3)
+                                          if pd.notna(r[c]) else None) for c in preds}}
+                            for _, r in rows.iterrows()}
+    return out
