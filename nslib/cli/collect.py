@@ -10,9 +10,8 @@ from nslib.data.checks import arg_float, arg_int
 
 
 def _collect(args) -> int:
-    from nslib.evaluation.collect import collect
     from nslib.evaluation.collect.layout import merge_into
-    from nslib.evaluation.collect.run import PARTS
+    from nslib.evaluation.collect.run import PARTS, collect
     from nslib.evaluation.collect.steps import DEFAULT_STEPS, parse_step
 
     if args.merge_into:

@@ -30,6 +30,7 @@ from nslib.model.predict import predict_model
 from nslib.predictors.mixed_training import trained_tensor
 from nslib.predictors.training import trained
 
+DEFAULT_ROOT = Path(__file__).resolve().parents[2] / "datasets" / "measured"
 FP32_PREDICTORS = ("nslib", "neusight", "roofline", "habitat", "li")
 TENSOR_PREDICTORS = ("nslib", "roofline", "roofline_eff", "xgboost")
 STEP_PREDICTORS = ("nslib", "neusight", "roofline")
@@ -93,25 +94,29 @@ def tensor_kernels(folder, predictors=TENSOR_PREDICTORS, mixed=None, quick: bool
     return frame
 
 
-def _step_prediction(gpu_file, row, name: str, data, quick: bool) -> float:
+def _step_prediction(gpu_file, row, name: str, data, quick: bool) -> tuple[float, float, float]:
+    """(forecast, interval low, interval high) in ms of one labelled step; the interval is
+    NaN where the predictor has no cached calibration (``nslib calibrate``)."""
     dtype = row["variant"] if row["variant"] in ("bf16", "fp16") else "fp32"
     kw = {"dtype": dtype}
     if dtype != "fp32":
         if name == "neusight":
-            return np.nan  # the paper's method is FP32 only
+            return np.nan, np.nan, np.nan  # the paper's method is FP32 only
         kw["tensor_predictor"] = name if name == "roofline" else "nslib"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # range notes: the check reports errors, not notes
         _, summary = predict_model(str(gpu_file), config_source(row["model"]), row["batch"],
                                    row["seq"], row["mode"], predictor=name, data=data,
                                    quick=quick, **kw)
-    return float(summary["e2e_ms"])
+    lo, hi = summary.get("interval_ms", (np.nan, np.nan))
+    return float(summary["e2e_ms"]), float(lo), float(hi)
 
 
 def model_steps(folder, predictors=STEP_PREDICTORS, data=None, quick: bool = False) -> pd.DataFrame:
     """The collected model steps (labels): ``tag, model, mode, seq, batch, dtype,
     latency_ms`` and a ``pred_<name>`` column per predictor (NaN where it cannot price the
-    step, e.g. the paper's FP32 method on a 16-bit step)."""
+    step, e.g. the paper's FP32 method on a 16-bit step), with ``lo_<name>``/``hi_<name>``
+    (the step's calibrated interval, ms) for predictors with a cached calibration."""
     root = roots(folder)[0]
     gpu = datasheet(folder)
     gpu_file = root / "data" / "device_configs" / f"{gpu.key}.json"
@@ -120,8 +125,11 @@ def model_steps(folder, predictors=STEP_PREDICTORS, data=None, quick: bool = Fal
     out = labels[["tag", "model", "mode", "seq", "batch"]].assign(
         dtype=labels["variant"].replace("", "fp32"), latency_ms=labels["e2e_ms"])
     for name in predictors:
-        out[f"pred_{name}"] = [_step_prediction(gpu_file, r, name, data, quick)
-                               for _, r in labels.iterrows()]
+        got = np.array([_step_prediction(gpu_file, r, name, data, quick)
+                        for _, r in labels.iterrows()], float).reshape(-1, 3)
+        out[f"pred_{name}"] = got[:, 0]
+        if np.isfinite(got[:, 1:]).any():  # a calibrated interval (lo/hi_<name>, ms)
+            out[f"lo_{name}"], out[f"hi_{name}"] = got[:, 1], got[:, 2]
     return out
 
 
@@ -190,3 +198,72 @@ def report_json(rep: dict) -> dict:
                                           if pd.notna(r[c]) else None) for c in preds}}
                             for _, r in rows.iterrows()}
     return out
+
+
+def provenance_table(folder) -> tuple[pd.DataFrame, dict]:
+    """(rows, seconds and skipped items per part and run, the latest run's record) of a
+    collection's ``provenance.json``; a model step skipped counts once, whatever its reason."""
+    import json
+
+    rec = json.loads((Path(folder) / "provenance.json").read_text())
+    runs = rec.get("earlier_runs", []) + [rec]
+    rows = {f"{part} (run {i + 1})": {
+        "rows": r["rows"], "seconds": r["seconds"],
+        "skipped": sum(v if isinstance(v, int) else 1 for v in r["skipped"].values()),
+        "stopped by": r.get("error", "")}
+        for i, run in enumerate(runs) for part, r in run["parts"].items()}
+    return pd.DataFrame(rows).T, rec
+
+
+def kernels_run(folder, top: int = 2) -> pd.DataFrame:
+    """Which kernels the collected rows ran: per table, the ``top`` most frequent kernel names
+    (cut to 60 characters) and their share of the table's rows (%)."""
+    root = Path(folder)
+    rows = []
+    for path in sorted(root.rglob("*.parquet")) + sorted(root.rglob("test/*.csv")):
+        frame = pd.read_parquet(path) if path.suffix == ".parquet" else pd.read_csv(path)
+        col = "kernel_name" if "kernel_name" in frame else "Kernel Name"
+        if col not in frame:
+            continue
+        counts = frame[col].astype(str).str[:60].value_counts(normalize=True).head(top)
+        rows += [{"table": path.stem, "kernel": k, "share %": round(100 * v, 1)}
+                 for k, v in counts.items()]
+    return pd.DataFrame(rows)
+
+
+def stem_of(rep: dict) -> str:
+    """A file-name stem for a report's GPU (its Device name, lower case, words joined)."""
+    return "_".join("".join(c if c.isalnum() else " " for c in rep["gpu"].lower()).split())
+
+
+def _best(tab: pd.DataFrame) -> dict:
+    names = [c for c in tab.columns if not c.startswith("ratio_") and c != "n"]
+    return {(" / ".join(map(str, k)) if isinstance(k, tuple) else str(k)):
+            tab.loc[k, names].astype(float).idxmin() for k in tab.index}
+
+
+def reading(rep: dict, check: str, ours: str = "nslib") -> str:
+    """A few sentences on one check of a :func:`report`, every number computed from it: the
+    mean error of ``ours`` and of the others, the direction of its errors (median ratio), the
+    best predictor per group, and for steps the interval coverage where there is one."""
+    tab, rows = rep[check]["errors"], rep[check]["rows"]
+    names = [c for c in tab.columns if not c.startswith("ratio_") and c != "n"]
+    if ours not in names:
+        return f"{rep['gpu']}: {check} has no {ours} forecasts"
+    err = {n: float(np.nanmean(ape(rows[f"pred_{n}"], rows["latency_ms"]))) for n in names}
+    others = ", ".join(f"{n} {v:.1f}%" for n, v in err.items() if n != ours and np.isfinite(v))
+    ratio = tab[f"ratio_{ours}"]
+    worst = ratio.sub(1).abs().idxmax()
+    text = [f"{rep['gpu']}, {check}: {ours} is {err[ours]:.1f}% off on average over "
+            f"{len(rows)} rows ({others}).",
+            f"By group, {ours}'s median predicted/measured runs from {ratio.min():.2f} to "
+            f"{ratio.max():.2f}; furthest from 1 in {worst} ({ratio[worst]:.2f}: "
+            f"{'too slow' if ratio[worst] > 1 else 'too fast'}).",
+            "Best per group: " + ", ".join(f"{g} {n}" for g, n in _best(tab).items()) + "."]
+    if check == "steps" and f"lo_{ours}" in rows:
+        ok = rows[f"lo_{ours}"].notna()
+        inside = ((rows["latency_ms"] >= rows[f"lo_{ours}"]) &
+                  (rows["latency_ms"] <= rows[f"hi_{ours}"]))[ok]
+        text.append(f"{ours}'s calibrated interval holds {int(inside.sum())} of {int(ok.sum())}"
+                    f" measured steps ({100 * inside.mean():.0f}%).")
+    return " ".join(text)

@@ -8,7 +8,5 @@ Parts, each within its share of the time budget (:func:`collect`):
 
 plus the GPU's datasheet (:mod:`.sheet`) and ``provenance.json``. :mod:`.layout` says where each
 file goes; :mod:`.sweep` is the budgeted loop, :mod:`.timing` the clock and profiler.
+:func:`nslib.evaluation.collect.run.collect` runs a collection.
 """
-from nslib.evaluation.collect.run import collect
-
-__all__ = ["collect"]

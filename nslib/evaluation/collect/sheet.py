@@ -10,7 +10,7 @@ What the driver cannot report must come from the vendor's datasheet (``vendor``,
 JSON): the dense tensor-core peak ``Bf16FLOPs``, the GPU-to-GPU ``Link_Bw``, and the FP32 peak
 and board power where the vendor's differ from the clock arithmetic. Vendor figures win; the
 record says where each figure came from. On the CPU (the tests), cores play the SMs, and the
-FP32 peak and bandwidth are the probe's measured rates, marked as such.
+FP32 and BF16 peaks and the bandwidth are the probe's measured rates, marked as such.
 """
 from __future__ import annotations
 
@@ -90,8 +90,9 @@ def _cpu_sheet(probe: dict) -> tuple[dict, dict]:
     sheet = {"Device": f"CPU {platform.machine()} {cores}-core", "Dev_Mem": round(mem, 1),
              "Mem_Bw": round(probe["bytes_per_s"] / 1e9, 1), "Num_Sm": cores,
              "Core_Per_SM": 1, "Freq": round(mhz or 1000.0),
-             "SingleFLOPs": round(probe["flops_per_s"] / 1e9, 1), "L2Cache": round(l2, 2)}
-    facts = {"measured_not_datasheet": ["Mem_Bw", "SingleFLOPs"],
+             "SingleFLOPs": round(probe["flops_per_s"] / 1e9, 1), "L2Cache": round(l2, 2),
+             "Bf16FLOPs": round(probe["bf16_flops_per_s"] / 1e9, 1)}
+    facts = {"measured_not_datasheet": ["Mem_Bw", "SingleFLOPs", "Bf16FLOPs"],
              "clock_unknown": not mhz}
     return sheet, facts
 

@@ -20,8 +20,9 @@ CHUNK_S = 20.0  # write what was measured at least this often (seconds)
 
 
 def probe(clock: Clock) -> dict:
-    """The device's sustained FP32 matrix rate (FLOP/s) and copy rate (bytes/s, read + write),
-    measured on one product and one copy: the scale of the rough times, not a datasheet."""
+    """The device's sustained FP32 and BF16 matrix rates (FLOP/s) and copy rate (bytes/s, read
+    + write), each measured on one product or copy: the scale of the rough times, not a
+    datasheet."""
     import torch
 
     n, elems = (2048, 1 << 26) if clock.cuda else (384, 1 << 22)
@@ -30,7 +31,10 @@ def probe(clock: Clock) -> dict:
     dst = torch.empty_like(src)
     t_mm = min(time_calls(lambda: a @ a, clock, 3)) / 1e3
     t_cp = min(time_calls(lambda: dst.copy_(src), clock, 3)) / 1e3
-    return {"flops_per_s": 2 * n ** 3 / t_mm, "bytes_per_s": 8 * elems / t_cp}
+    h = a.to(torch.bfloat16)
+    t_16 = min(time_calls(lambda: h @ h, clock, 3)) / 1e3
+    return {"flops_per_s": 2 * n ** 3 / t_mm, "bytes_per_s": 8 * elems / t_cp,
+            "bf16_flops_per_s": 2 * n ** 3 / t_16}
 
 
 def rough_s(flops: float, nbytes: float, rates: dict) -> float:
