@@ -21,7 +21,7 @@ STEPS = "bert:inf:32:1,bert:train:32:1"
 @pytest.fixture(scope="module")
 def collected(data_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("collect") / "cpu"
-    assert main(["collect", "--device", "cpu", "--minutes", "0.6", "--out", str(out),
+    assert main(["collect", "--device", "cpu", "--minutes", "1", "--out", str(out),
                  "--models", STEPS, "--json"]) == 0
     return out
 
@@ -66,7 +66,7 @@ def test_rerun_resumes_without_repeating(collected):
     assert len(rec["earlier_runs"]) == 1 and list(rec["parts"]) == ["fp32"]
 
 
-def test_drops_into_a_copy_of_the_data(collected, data_dir, tmp_path):
+def test_drops_into_a_copy_of_the_data(collected, data_dir, tmp_path, capsys, monkeypatch):
     """A copy whose test CSVs are real files (the rest linked): merged, the collected GPU is
     one more new GPU of the kernel check and its labels are read beside the others."""
     copy = tmp_path / "copy"
@@ -88,6 +88,17 @@ def test_drops_into_a_copy_of_the_data(collected, data_dir, tmp_path):
     elem = pd.read_csv(dst / "data" / "dataset" / "test" / "elem.csv")
     assert device in set(elem["Device"]) and elem["Device"].nunique() > 1
     assert "bert-inf-32-1" in set(labels.load_labels(dst)["tag"])
+    # the commands a user runs next: the GPU is a new GPU of the kernel check, and its
+    # labels are priced and scored beside the others
+    monkeypatch.setenv("NSLIB_DATA", str(dst))
+    capsys.readouterr()
+    assert main(["eval-kernels", "--predictor", "roofline", "--json"]) == 0
+    kern = json.loads(capsys.readouterr().out)
+    assert kern["elementwise"]["new_gpus"] is not None
+    assert main(["eval-models", "--predictor", "roofline", "--gpus", layout.stem(device),
+                 "--json"]) == 0
+    models = json.loads(capsys.readouterr().out)
+    assert models["roofline"][device] > 0
 
 
 def test_flows_through_the_measured_gpu_check(collected):
