@@ -19,6 +19,7 @@ from nslib.evaluation.collect.timing import Clock
 PARTS = ("fp32", "tensor", "models")
 SHARES = {"fp32": 0.4, "tensor": 0.3, "models": 0.3}  # of the budget; unused time carries over
 CAP_S = 0.5  # no single kernel call longer than this (seconds) is measured
+MIN_SHAPES = 50  # nor one longer than a part's time over this: a short budget covers many shapes
 
 
 def versions(clock: Clock) -> dict:
@@ -48,17 +49,20 @@ def _memory_cap(clock: Clock) -> float:
 
 
 def _run_part(part, clock, out, device, deadline, rates, v, args) -> dict:
+    import time
+
+    cap = min(CAP_S, max(deadline - time.monotonic(), 0.0) / MIN_SHAPES)
     if part == "fp32":
         items = fp32.pending(fp32.plan(args["data"], args["seed"]), out)
         measure = fp32.measurer(clock, rates, _columns(v, device), _memory_cap(clock))
-        tally = run_plan(items, measure, fp32.writer(out), deadline, CAP_S, "FP32 kernels",
+        tally = run_plan(items, measure, fp32.writer(out), deadline, cap, "FP32 kernels",
                          args["progress"])
     elif part == "tensor":
         tv = v["torch"].split("+")[0]
         items = tensor16.pending(tensor16.plan(args["seed"]), out, device, tv)
         common = {"framework": "torch", "version": tv, "device": device}
         measure = tensor16.measurer(clock, rates, common, _memory_cap(clock))
-        tally = run_plan(items, measure, tensor16.writer(out, device, tv), deadline, CAP_S,
+        tally = run_plan(items, measure, tensor16.writer(out, device, tv), deadline, cap,
                          "16-bit kernels", args["progress"])
     else:
         return steps.measure_steps([steps.parse_step(s) for s in args["models"]], clock, out,
