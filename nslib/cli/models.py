@@ -13,7 +13,33 @@ import pandas as pd
 from nslib.data.checks import arg_int
 
 
+def _eval_kernelbench_models(args) -> int:
+    from nslib.evaluation import kernelbench_models as km
+    if args.logo or args.gpus or args.models or args.mode != "inf":
+        raise ValueError("--kernelbench scores KernelBench's level-2/3 problems (inference, as "
+                         "its harness ran them) on their own GPUs: drop --logo, --gpus, "
+                         "--models and --mode")
+    names = list(dict.fromkeys(args.predictor + ["roofline"]))
+    steps = km.evaluate(names, root=args.kernelbench or None, level=args.level,
+                        progress=not args.json, quick=args.quick, seed=args.seed)
+    if args.json:
+        print(json.dumps(km.summary_json(steps, args.predictor[0]), indent=1))
+        return 0
+    print(f"KernelBench level {args.level}: median error (%) of the priced problems per GPU, "
+          "then per family (each problem traced from its file, priced on its GPU's datasheet)")
+    print(km.summary(steps).round(1).to_string())
+    print(km.summary(steps, by=("family",)).round(1).to_string())
+    skipped = steps[steps["reason"] != ""].drop_duplicates("problem")
+    for _, r in skipped.iterrows():
+        what = f" ({r['unpriced']}; {100 * r['unpriced_share']:.0f}% of the calls)" \
+            if r["unpriced"] else ""
+        print(f"not priced: {r['problem']}: {r['reason']}{what}")
+    return 0
+
+
 def _eval_models(args) -> int:
+    if args.kernelbench is not None:
+        return _eval_kernelbench_models(args)
     from nslib.evaluation.model_level import evaluate_models, logo_table, training_gpu_keys
     from nslib.predictors import available
     unknown = [p for p in args.predictor if p not in available()]
@@ -65,6 +91,12 @@ def add_eval_models_parser(sub) -> None:
     s.add_argument("--logo", action="store_true",
                    help="also price each training GPU's labels with the predictor trained "
                         "without it (JSON: {'<predictor> (<protocol>)': {GPU: error}})")
+    s.add_argument("--kernelbench", nargs="?", const="", metavar="DIR",
+                   help="score KernelBench's level-2/3 problems (any PyTorch module) against "
+                        "their measured times instead (DIR, default: $NSLIB_KERNELBENCH or "
+                        "datasets/kernelbench; JSON: {GPU: {median_error, n_priced, n_total}})")
+    s.add_argument("--level", type=int, choices=(2, 3), default=3,
+                   help="with --kernelbench: 2 (fused chains) or 3 (whole models; default)")
     s.add_argument("--seed", type=arg_int(minimum=0), default=0)
     s.add_argument("--quick", action="store_true", help="the quick profile (tests)")
     s.add_argument("--json", action="store_true",

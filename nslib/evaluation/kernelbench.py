@@ -41,7 +41,7 @@ MEAN = "mean over GPUs"
 _TRACES: dict[str, object] = {}
 
 
-def _trace(path: str):
+def trace_of(path: str):
     """The trace of a problem file (memoised on its text: campaigns share most files), or the
     :class:`ProblemError` it raised."""
     key = hashlib.sha256(Path(path).read_bytes()).hexdigest()
@@ -64,6 +64,8 @@ def _one_kernel(trace) -> tuple[dict | None, str]:
     row = trace.iloc[0]
     if "convolution" in row["aten"]:
         return None, "convolution"
+    if "norm" in row["aten"] and row["cls"] != "layernorm":
+        return None, "batch norm (an elementwise pass in models, not a measured class)"
     if row["cls"] not in sizes.CLASSES:
         return None, f"class {row['cls']}"
     return {c: row[c] for c in ("cls", "op") + sizes.DIM_COLS}, ""
@@ -99,7 +101,7 @@ def problem_rows(root=None, level: int = 1, progress: bool = True) -> tuple[pd.D
         if not isinstance(t.path, str):
             skipped.append({**base, "reason": "problem file missing"})
             continue
-        row, why = _one_kernel(_trace(t.path))
+        row, why = _one_kernel(trace_of(t.path))
         if row is None:
             skipped.append({**base, "reason": why})
             continue

@@ -56,6 +56,7 @@ __all__ = ["NO_KERNEL", "GEMM", "EW_PAIR", "EW_FIXED", "CONV", "SOFTMAX", "LAYER
 NO_KERNEL = {
     "view", "_unsafe_view", "reshape", "_reshape_alias", "view_as", "permute", "transpose",
     "t", "expand", "expand_as", "squeeze", "unsqueeze", "slice", "select", "split",
+    "unsafe_split", "unsafe_split_with_sizes", "unsafe_chunk",
     "split_with_sizes", "unbind", "chunk", "narrow", "diagonal", "as_strided", "unfold",
     "detach", "alias", "lift_fresh", "lift", "_conj", "conj", "resolve_conj", "resolve_neg",
     "view_as_real", "view_as_complex", "_neg_view", "movedim", "numpy_T", "flatten",
@@ -104,7 +105,12 @@ EW_FIXED = {
 # convolutions (Whisper's audio stem, ViT's patch embedding): implicit GEMMs
 CONV = {"convolution", "convolution_backward"}
 SOFTMAX = {"_softmax", "_log_softmax", "_softmax_backward_data", "_log_softmax_backward_data",
-            "softmax", "log_softmax"}
+            "softmax", "log_softmax", "_safe_softmax"}
+# batch and group norm (CNNs): a batch norm streams its input (twice when it computes the
+# batch's statistics, in training mode) as an elementwise kernel; a group norm normalizes
+# rows of (channels / groups) x positions, a layer norm's kernel
+NORM = {"native_batch_norm", "_native_batch_norm_legit", "_native_batch_norm_legit_functional",
+        "_native_batch_norm_legit_no_training", "cudnn_batch_norm", "native_group_norm"}
 LAYERNORM = {"native_layer_norm", "native_layer_norm_backward", "_fused_rms_norm",
               "_fused_rms_norm_backward"}
 # memory ops: (read spec) -- "all" reads every tensor input fully, "gather" reads the index
@@ -123,7 +129,12 @@ MEMORY = {
         "tril_indices", "triu_indices", "_masked_softmax", "one_hot",
         "index_fill", "bucketize", "searchsorted", "unfold_backward", "expand_copy",
         "permute_copy", "transpose_copy", "view_copy", "t_copy", "_unsafe_index",
-        "alias_copy", "detach_copy", "_reshape_copy", "repeat_interleave")},
+        "alias_copy", "detach_copy", "_reshape_copy", "repeat_interleave",
+        # pooling: each window's elements read once, the pooled output (and indices) written
+        "max_pool2d_with_indices", "max_pool3d_with_indices", "max_pool1d", "max_pool2d",
+        "max_pool3d", "avg_pool1d", "avg_pool2d", "avg_pool3d", "_adaptive_avg_pool2d",
+        "_adaptive_avg_pool3d", "adaptive_max_pool2d", "adaptive_max_pool3d",
+        "upsample_nearest2d", "upsample_bilinear2d", "pixel_shuffle", "channel_shuffle")},
     **{k: "gather" for k in (
         "embedding", "index_select", "index", "gather", "take", "take_along_dim")},
     **{k: "scatter" for k in (

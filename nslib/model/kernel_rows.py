@@ -12,14 +12,15 @@ import math
 from collections import Counter
 
 from nslib.kernels import sizes
-from nslib.model.aten import (CONV, EW_FIXED, EW_PAIR, GEMM, LAYERNORM, MEMORY, NO_KERNEL, SOFTMAX,
-                              rows_of, split_name, tensor_bytes, tensors_in)
+from nslib.model.aten import (CONV, EW_FIXED, EW_PAIR, GEMM, LAYERNORM, MEMORY, NO_KERNEL, NORM,
+                              SOFTMAX, rows_of, split_name, tensor_bytes, tensors_in)
 
 __all__ = ["KernelRows"]
 
 # (aten base names, handler kind), first match wins
 _KIND_OF = ((NO_KERNEL, "none"), (GEMM, "gemm"), (CONV, "conv"), (EW_FIXED, "ew"),
-            (EW_PAIR, "ew"), (SOFTMAX, "softmax"), (LAYERNORM, "ln"), (MEMORY, "mem"))
+            (EW_PAIR, "ew"), (SOFTMAX, "softmax"), (LAYERNORM, "ln"), (NORM, "norm"),
+            (MEMORY, "mem"))
 
 
 class KernelRows:
@@ -40,7 +41,11 @@ class KernelRows:
         return info
 
     def record(self, func, args, kwargs, out):
-        """Add the rows of one aten call and start the lifetimes of the storages it touches."""
+        """Add the rows of one aten call and start the lifetimes of the storages it touches
+        (none while ``muted``: a module whose kernels are written as a whole, a recurrent
+        layer, runs)."""
+        if getattr(self, "muted", 0):
+            return
         n0 = self.n
         self._record(func, args, kwargs, out)
         if self.n > n0:
@@ -91,6 +96,9 @@ class KernelRows:
         if kind == "ln":
             self._layernorm(base, aten, args, ins, outs)
             return
+        if kind == "norm":
+            self._norm(base, aten, args, ins, outs)
+            return
         if kind == "mem":
             self._memory(MEMORY[base], base, inplace, aten, args, ins, outs)
             return
@@ -132,7 +140,8 @@ class KernelRows:
 
     def _conv(self, base, aten, args, ins, outs):
         """A convolution as the implicit GEMM cuDNN runs: ``(batch * output positions) x
-        (in channels * kernel size) @ (... x out channels)``; the backward as the two GEMMs of
+        (in channels * kernel size) @ (... x out channels)`` (transposed: ``(batch * input
+        positions) x in channels @ (... x out channels * kernel size)``); the backward as the two GEMMs of
         the input and weight gradients plus a reduction for the bias gradient."""
         fw = base == "convolution"
         x, w = (args[0], args[1]) if fw else (args[1], args[2])
@@ -141,6 +150,10 @@ class KernelRows:
         M = int(y.shape[0]) * math.prod(int(v) for v in y.shape[2:])
         N = int(w.shape[1]) * math.prod(int(v) for v in w.shape[2:])
         K = int(w.shape[0]) // max(groups, 1)
+        if fw and bool(args[6]):  # transposed: the data-gradient GEMM of the forward conv
+            M = int(x.shape[0]) * math.prod(int(v) for v in x.shape[2:])
+            N = int(w.shape[0]) // max(groups, 1)
+            K = int(w.shape[1]) * math.prod(int(v) for v in w.shape[2:])
         mask = (True, False, False) if fw else tuple(bool(m) for m in args[10])
         gemms = [(M, N, K)] if fw else [g for g, m in zip(((M, K, N), (K, M, N)), mask) if m]
         cls = "bmm" if groups > 1 else "linear"
@@ -158,6 +171,20 @@ class KernelRows:
                                      float(tensor_bytes(y) + written * y.element_size()), inputs))
         if kids:
             self.set_writer(outs, tuple(kids))
+
+    def _norm(self, base, aten, args, ins, outs):
+        """A batch norm as one elementwise row over its output (``add``, two streams read, when
+        it computes batch statistics; ``addu`` with running ones); a group norm as an ``ln``
+        row of ``N x groups`` rows of ``C / groups x positions`` elements."""
+        x = args[0]
+        if base == "native_group_norm":  # (input, weight, bias, N, C, HxW, group, eps)
+            n, c, hw, g = (int(args[i]) for i in (3, 4, 5, 6))
+            self._vector(aten, "layernorm", "ln", n * g, c // max(g, 1) * hw, ins, outs[:1])
+            return
+        training = base == "_native_batch_norm_legit_functional" or (
+            base != "_native_batch_norm_legit_no_training" and bool(args[5]))
+        B, H = rows_of(x.shape)
+        self._vector(aten, "elementwise", "add" if training else "addu", B, H, ins, outs[:1])
 
     def _layernorm(self, base, aten, args, ins, outs):
         """An ``ln`` row forward; backward the input-gradient row and the weight/bias one."""

@@ -16,29 +16,34 @@ import pandas as pd
 from nslib.model.blocks import install_hooks
 from nslib.model.recorder import Tracer, make_modes
 
-__all__ = ["trace_module", "load_problem", "problem_trace", "ProblemError"]
+__all__ = ["trace_module", "load_problem", "problem_trace", "ProblemError", "rnn_rows"]
+
+# gate GEMM widths per hidden unit of PyTorch's recurrent layers (nn.RNNBase.mode)
+GATES = {"LSTM": 4, "GRU": 3, "RNN_TANH": 1, "RNN_RELU": 1}
 
 
 class ProblemError(ValueError):
     """A problem file or module that cannot be built or traced on the meta device."""
 
 
-def trace_module(model, inputs, mode: str = "inf") -> pd.DataFrame:
+def trace_module(model, inputs, mode: str = "inf", eval_mode: bool = True) -> pd.DataFrame:
     """The kernel rows (:data:`nslib.model.recorder.TRACE_COLUMNS` plus the memory columns) of
     one forward of ``model`` on ``inputs`` (a list of meta tensors or other arguments), FP32,
-    in eval mode under ``no_grad`` (``mode="inf"``). Unknown aten ops give no row and one
-    warning listing them, as in :func:`nslib.model.trace.trace`."""
+    under ``no_grad`` (``mode="inf"``), in eval mode unless ``eval_mode=False`` (the module's
+    own flag then decides: batch norms computing batch statistics, dropout on). Unknown aten
+    ops give no row; they are listed in ``frame.attrs["unknown_ops"]`` (op -> calls)."""
     import torch
 
     if mode != "inf":
         raise ValueError(f"trace_module traces inference (mode='inf') only, got {mode!r}")
-    model.train(False)
+    if eval_mode:
+        model.train(False)
     tracer = Tracer(model, block_of={})
     recorder, calls = make_modes(tracer, redirect_dropout=False)
     tracer.mark([p for p in model.parameters()], "param")
     tracer.mark(list(model.buffers()), "param")
     tracer.mark([t for t in inputs if isinstance(t, torch.Tensor)], "held")
-    handles = install_hooks(model, tracer)
+    handles = install_hooks(model, tracer) + _rnn_hooks(model, tracer)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -53,6 +58,60 @@ def trace_module(model, inputs, mode: str = "inf") -> pd.DataFrame:
     frame = tracer.frame()
     frame.attrs["unknown_ops"] = dict(tracer.unknown)
     return frame
+
+
+def rnn_rows(tracer, rnn, x) -> None:
+    """The kernels cuDNN's standard algorithm launches for recurrent layer ``rnn`` on input
+    ``x``, appended to ``tracer``: per layer and direction one GEMM projecting every step's
+    input onto the gates (``T*B x in @ in x gates*H``), then per step the recurrent GEMM
+    (``B x H @ H x gates*H``) and one fused pointwise kernel over the gates (two streams in,
+    one out), the steps in sequence. PyTorch's own decomposition (a dozen kernels a step) is
+    what a CPU runs, not what the GPU launches."""
+    if x.dim() != 3:
+        raise ProblemError(f"{type(rnn).__name__}: only batched (3-D) inputs are traced")
+    T, B = (x.shape[1], x.shape[0]) if rnn.batch_first else (x.shape[0], x.shape[1])
+    H, G = rnn.hidden_size, GATES[rnn.mode]
+    dirs = 2 if rnn.bidirectional else 1
+    aten = f"cudnn_rnn.{rnn.mode}"
+    last = ()
+    # one operator call launches them all (the host dispatches it once)
+    saved, tracer.call = tracer.call, tracer.n_calls
+    tracer.n_calls += 1
+    for layer in range(rnn.num_layers):
+        width = rnn.input_size if layer == 0 else H * dirs
+        for _ in range(dirs):
+            m, n, k = int(T * B), int(width), int(G * H)
+            kid = tracer.add_row(aten, "linear", "linear", (1, m, n, k, None), 2.0 * m * n * k,
+                                 4.0 * (m * n + n * k + m * k), last)
+            step = (kid,)
+            for _ in range(int(T)):
+                g = tracer.add_row(aten, "linear", "linear", (1, B, H, G * H, None),
+                                   2.0 * B * H * G * H, 4.0 * (B * H + H * G * H + B * G * H),
+                                   step)
+                step = (tracer.add_row(aten, "elementwise", "add", (int(B), None, None, None,
+                                       int(G * H)), float(B * G * H), 12.0 * B * G * H, (g,)),)
+            last = step
+    tracer.call = saved
+
+
+def _rnn_hooks(model, tracer) -> list:
+    """Hooks pricing each recurrent layer of ``model`` as :func:`rnn_rows` (its own aten calls
+    muted while it runs)."""
+    import torch
+
+    def pre(mod, args):
+        tracer.muted = getattr(tracer, "muted", 0) + 1
+
+    def post(mod, args, out):
+        tracer.muted -= 1
+        if not tracer.muted:
+            rnn_rows(tracer, mod, args[0])
+
+    handles = []
+    for mod in model.modules():
+        if isinstance(mod, torch.nn.RNNBase) and mod.mode in GATES:
+            handles += [mod.register_forward_pre_hook(pre), mod.register_forward_hook(post)]
+    return handles
 
 
 def load_problem(path: str | Path) -> dict:
@@ -80,7 +139,8 @@ def load_problem(path: str | Path) -> dict:
 
 def problem_trace(path: str | Path) -> pd.DataFrame:
     """:func:`trace_module` of a problem file's ``Model(*get_init_inputs())`` on
-    ``get_inputs()``, all built under ``torch.device("meta")``. :class:`ProblemError` when the
+    ``get_inputs()``, all built under ``torch.device("meta")``, the module left in the mode it
+    is built in (training, as KernelBench's harness calls it). :class:`ProblemError` when the
     problem needs real data (a data-dependent shape, a CPU-only op) or fails to build."""
     import torch
 
@@ -93,7 +153,7 @@ def problem_trace(path: str | Path) -> pd.DataFrame:
             inputs = [t.to("meta") if isinstance(t, torch.Tensor) else t
                       for t in ns["get_inputs"]()]
             # tensors the forward makes without a device stay on meta too
-            return trace_module(model, inputs)
+            return trace_module(model, inputs, eval_mode=False)
     except ProblemError:
         raise
     except Exception as e:  # the module's own code raises anything on meta tensors

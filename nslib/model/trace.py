@@ -54,7 +54,7 @@ __all__ = ["trace", "summarize", "logits_loss", "model_notes", "warn_model_notes
            "ATTENTION_COLUMNS"]
 
 # Bump when the rows trace() produces change, so caches of traces can key on it.
-TRACE_VERSION = 7
+TRACE_VERSION = 8
 
 
 def _check_args(batch, seq, mode):

@@ -1,0 +1,135 @@
+"""KernelBench's level-2 (short fused chains) and level-3 (whole small models) problems as
+whole-step checks: any PyTorch module, traced and priced, against its measured eager time.
+
+Each problem file is traced on the meta device as KernelBench's harness runs it (the module as
+built, in training mode, under ``no_grad``; :func:`nslib.model.module_trace.problem_trace`),
+its kernels priced on the datasheet of the GPU it ran on like any model step
+(:func:`nslib.model.inputs.kernel_frame`, :func:`nslib.model.stream.step_ms`: the kernel stream
+no faster than the host issues it, each operator call dispatched once), plus the campaign's fixed per-call cost bounded on its
+level-1 problems (:func:`nslib.evaluation.kernelbench.harness_ms`). A problem that does not
+trace, or whose trace has aten ops without a kernel mapping, is listed with the reason and its
+unpriced share of the launches; only fully priced problems are scored.
+
+Families come from the problem's name (what the model is), never from the GPU.
+"""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pandas as pd
+from tqdm.auto import tqdm
+
+from nslib.data import kernelbench as kb
+from nslib.evaluation import kernelbench as level1
+from nslib.evaluation.metrics import ape
+from nslib.model.inputs import kernel_frame
+from nslib.model.module_trace import ProblemError
+from nslib.model.stream import LAUNCH_US, step_ms
+
+# (family, words of the problem name), first match wins; level 2 by its first operator
+FAMILIES = {
+    3: (("recurrent", ("rnn", "lstm", "ltsm", "gru")),
+        ("attention", ("attention", "gpt", "transformer", "vit", "swin")),
+        ("mlp", ("mlp",)),
+        ("cnn", ("cnn", "net", "vgg", "conv", "block", "layer", "module", "unit", "inception"))),
+    2: (("convolution", ("conv",)),
+        ("gemm", ("gemm", "matmul", "linear", "bmm"))),
+}
+
+
+def family(problem: str, level: int) -> str:
+    """The family of a problem from the words of its name (``other`` when none matches)."""
+    name = re.sub(r"^\d+_", "", problem.removesuffix(".py")).lower()
+    for fam, words in FAMILIES.get(level, ()):
+        if any(w in name for w in words):
+            return fam
+    return "other"
+
+
+def problem_steps(root=None, level: int = 3, progress: bool = True) -> pd.DataFrame:
+    """One row per (campaign, problem): ``campaign, problem, hardware, family, latency_ms``,
+    ``n_kernels``, ``unpriced`` (aten ops without a mapping, ``op xN``; "" when none),
+    ``unpriced_share`` (their share of the traced calls), ``reason`` ("" when priced)."""
+    times = kb.timings(root, level)
+    sheets = kb.datasheets(root)
+    rows = []
+    for t in tqdm(times.itertuples(index=False), total=len(times), disable=not progress,
+                  desc=f"KernelBench level {level}"):
+        row = {"campaign": t.campaign, "problem": t.problem, "hardware": t.hardware,
+               "family": family(t.problem, level), "latency_ms": t.latency_ms,
+               "n_kernels": 0, "unpriced": "", "unpriced_share": 0.0, "reason": "",
+               "path": t.path}
+        if t.hardware not in sheets:
+            row["reason"] = f"no datasheet with Device {t.hardware!r}"
+        elif not isinstance(t.path, str):
+            row["reason"] = "problem file missing"
+        else:
+            trace = level1.trace_of(t.path)
+            if isinstance(trace, ProblemError):
+                row["reason"] = f"cannot trace: {str(trace).split(': ', 1)[-1][:120]}"
+            else:
+                unknown = trace.attrs.get("unknown_ops", {})
+                n_unknown = sum(unknown.values())
+                row.update(n_kernels=len(trace), unpriced=", ".join(
+                    f"{k.split('.')[1]} x{v}" for k, v in sorted(unknown.items())),
+                    unpriced_share=n_unknown / max(n_unknown + len(trace), 1))
+                if unknown:
+                    row["reason"] = "aten ops without a kernel mapping"
+                elif not len(trace):
+                    row["reason"] = "no kernel"
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def price(pred, steps: pd.DataFrame, root=None, data=None,
+          launch_us: float = LAUNCH_US) -> np.ndarray:
+    """Predicted time (ms) of each priced problem of ``steps`` (NaN for the others): the step
+    of its traced kernels on its GPU's datasheet plus the campaign's per-call cost."""
+    sheets = kb.datasheets(root)
+    harness = level1.harness_ms(level1.problem_rows(root, 1, progress=False)[0])
+    out = np.full(len(steps), np.nan)
+    for i, r in enumerate(steps.itertuples(index=False)):
+        if r.reason:
+            continue
+        frame = kernel_frame(level1.trace_of(r.path), sheets[r.hardware])
+        gpu_ms = step_ms(pred, frame, launch_us, data, per_call=True).sum()
+        out[i] = gpu_ms + float(harness.get(r.campaign, 0.0))
+    return out
+
+
+def evaluate(predictors=("nslib", "roofline"), root=None, level: int = 3, data=None,
+             progress: bool = True, **train_kw) -> pd.DataFrame:
+    """:func:`problem_steps` with ``pred_<name>`` (ms) and ``err_<name>`` (APE, %) per
+    predictor (registered names, trained on the NeuSight training GPUs)."""
+    from nslib.predictors.training import trained
+
+    if level not in (2, 3):
+        raise ValueError(f"level must be 2 (fused chains) or 3 (whole models), not {level}")
+    steps = problem_steps(root, level, progress)
+    for name in [predictors] if isinstance(predictors, str) else predictors:
+        pred = trained(name, data=data, progress=progress, **train_kw)
+        steps[f"pred_{name}"] = price(pred, steps, root, data)
+        steps[f"err_{name}"] = ape(steps[f"pred_{name}"], steps["latency_ms"])
+    return steps
+
+
+def summary(steps: pd.DataFrame, by=("hardware",)) -> pd.DataFrame:
+    """Per group: median APE (%) of each predictor over the priced problems, ``n_priced`` and
+    ``n_total``."""
+    names = [c.removeprefix("err_") for c in steps.columns if c.startswith("err_")]
+    keys = [steps[b] for b in by]
+    tab = steps.groupby(keys, sort=True)[[f"err_{n}" for n in names]].median()
+    tab.columns = names
+    tab["n_priced"] = (steps["reason"] == "").groupby(keys, sort=True).sum()
+    tab["n_total"] = steps.groupby(keys, sort=True).size()
+    return tab
+
+
+def summary_json(steps: pd.DataFrame, predictor: str = "nslib") -> dict:
+    """``{GPU: {median_error, n_priced, n_total}}`` of one predictor (the issue's JSON)."""
+    tab = summary(steps)
+    return {g: {"median_error": (round(float(r[predictor]), 2) if pd.notna(r[predictor])
+                                 else None),
+                "n_priced": int(r["n_priced"]), "n_total": int(r["n_total"])}
+            for g, r in tab.iterrows()}

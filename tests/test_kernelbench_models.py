@@ -1,0 +1,170 @@
+"""Any PyTorch module as a step (issue: forecast any PyTorch model): the kernels a CNN, a
+recurrent layer and a custom attention block launch, by hand; a data-dependent shape's clear
+error; the per-call dispatch of a library call; KernelBench level-2/3 problems scored on a fake
+campaign (and the shared one when there is one)."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+import torch.nn as nn
+
+from nslib.cli import main
+from nslib.data import kernelbench as kb
+from nslib.evaluation import kernelbench_models as km
+from nslib.model.module_trace import ProblemError, problem_trace, trace_module
+from nslib.model.stream import host_bound
+
+SHEET = {"Device": "Fake GPU 9", "Dev_Mem": 16, "Mem_Bw": 1000, "Num_Sm": 10,
+         "Core_Per_SM": 128, "Freq": 1500, "SingleFLOPs": 20000, "L2Cache": 8, "TDP": 150}
+
+
+def _cnn():
+    return nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2),
+                         nn.Flatten(), nn.Linear(8 * 15 * 15, 10))
+
+
+def test_tiny_cnn_kernels_by_hand():
+    with torch.device("meta"):
+        model, x = _cnn(), torch.randn(2, 3, 32, 32)
+    tr = trace_module(model, [x])  # eval mode: the batch norm applies its running statistics
+    assert tr["op"].tolist() == ["linear", "addu", "relu", "mem", "linear"]
+    conv = tr.iloc[0]  # implicit GEMM: (2 x 30 x 30 positions) x (3 x 3 x 3) @ (.. x 8)
+    assert (conv["M"], conv["N"], conv["K"]) == (2 * 30 * 30, 27, 8)
+    assert tr.iloc[1]["B"] * tr.iloc[1]["H"] == 2 * 8 * 30 * 30
+    pool = tr.iloc[3]  # reads the 2x8x30x30 input, writes values and int64 indices (2x8x15x15)
+    assert pool["bytes"] == 4 * 14400 + 4 * 3600 + 8 * 3600
+    fc = tr.iloc[4]
+    assert (fc["M"], fc["N"], fc["K"]) == (2, 1800, 10)
+    model.train(True)  # as KernelBench runs a module: batch statistics, two streams read
+    train = trace_module(model, [x], eval_mode=False)
+    assert "add" in train.loc[train["aten"].str.contains("batch_norm"), "op"].tolist()
+
+
+def test_lstm_as_cudnn_runs_it():
+    with torch.device("meta"):
+        lstm, x = nn.LSTM(16, 32, num_layers=2, batch_first=True), torch.randn(4, 10, 16)
+    tr = trace_module(lstm, [x])
+    # per layer: one input-projection GEMM over the 10 steps, then per step the recurrent GEMM
+    # and one pointwise kernel over the 4 gates
+    assert len(tr) == 2 * (1 + 2 * 10)
+    assert tr.iloc[0][["M", "N", "K"]].tolist() == [40, 16, 128]
+    assert tr.iloc[21][["M", "N", "K"]].tolist() == [40, 32, 128]
+    steps = tr.iloc[1:21]
+    assert steps["op"].tolist() == ["linear", "add"] * 10
+    assert steps.iloc[0][["M", "N", "K"]].tolist() == [4, 32, 128]
+    assert tr["call"].nunique() == 1  # one operator call launches them all
+    with torch.device("meta"):
+        gru = nn.GRU(8, 16, bidirectional=True)
+        gx = torch.randn(5, 3, 8)  # (steps, batch, features)
+    g = trace_module(gru, [gx])
+    assert len(g) == 2 * (1 + 2 * 5) and g.iloc[0][["M", "N", "K"]].tolist() == [15, 8, 48]
+
+
+class _Attention(nn.Module):
+    def __init__(self, d=64, heads=4):
+        super().__init__()
+        self.h = heads
+        self.qkv = nn.Linear(d, 3 * d)
+        self.out = nn.Linear(d, d)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(x).split(d, dim=2)
+        q, k, v = (z.view(b, t, self.h, d // self.h).transpose(1, 2) for z in (q, k, v))
+        att = torch.softmax(q @ k.transpose(-2, -1) / (d // self.h) ** 0.5, dim=-1)
+        return self.out((att @ v).transpose(1, 2).reshape(b, t, d))
+
+
+def test_custom_attention_block_by_hand():
+    with torch.device("meta"):
+        block, x = _Attention(), torch.randn(2, 8, 64)
+    tr = trace_module(block, [x])
+    assert tr["cls"].tolist() == ["linear", "memory", "memory", "bmm", "elementwise",
+                                  "softmax", "memory", "bmm", "memory", "linear"]
+    scores = tr[tr["cls"] == "bmm"].iloc[0]  # 2 x 4 heads of (8 x 16) @ (16 x 8)
+    assert scores[["B", "M", "N", "K"]].tolist() == [8, 8, 16, 8]
+    sm = tr[tr["cls"] == "softmax"].iloc[0]
+    assert (sm["B"], sm["H"]) == (2 * 4 * 8, 8)
+
+
+def test_data_dependent_shape_is_a_clear_error(tmp_path):
+    path = tmp_path / "1_Dynamic.py"
+    path.write_text("import torch\nimport torch.nn as nn\nclass Model(nn.Module):\n"
+                    "    def forward(self, x):\n        return x[: int(x.sum().item())]\n"
+                    "def get_inputs():\n    return [torch.randn(8, 8)]\n"
+                    "def get_init_inputs():\n    return []\n")
+    with pytest.raises(ProblemError, match="data-dependent shapes"):
+        problem_trace(path)
+
+
+def test_one_dispatch_per_operator_call():
+    frame = pd.DataFrame({"phase": ["fw"] * 4, "call": [0, 1, 1, 1]})
+    gpu = np.full(4, 0.001)
+    floor = np.full(4, 0.02)
+    # per kernel: the host needs 4 floors, the phase takes 80 us
+    assert host_bound(frame, gpu, floor).sum() == pytest.approx(0.08)
+    again = frame["call"].duplicated().to_numpy()  # what step_ms(per_call=True) charges
+    per_call = np.where(again, 0.003, floor)
+    assert host_bound(frame, gpu, per_call).sum() == pytest.approx(0.046)
+
+
+def _problem(body: str, inputs: str, init: str = "[]", ctor: str = "") -> str:
+    init_fn = f"    def __init__(self):\n        super().__init__()\n        {ctor}\n"
+    return (f"import torch\nimport torch.nn as nn\n\nclass Model(nn.Module):\n{init_fn}"
+            f"    def forward(self, x):\n        return {body}\n\n"
+            f"def get_inputs():\n    return {inputs}\n\n"
+            f"def get_init_inputs():\n    return {init}\n")
+
+
+LEVEL3 = {
+    "1_TinyCNN.py": _problem("self.net(x)", "[torch.randn(2, 3, 32, 32)]",
+                             ctor="self.net = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU())"),
+    "2_LSTM.py": _problem("self.rnn(x)[0]", "[torch.randn(4, 10, 16)]",
+                          ctor="self.rnn = nn.LSTM(16, 32, batch_first=True)"),
+    "3_Bessel.py": _problem("torch.special.i0(x)", "[torch.randn(64, 64)]",
+                            ctor="pass"),
+}
+
+
+@pytest.fixture
+def campaign(tmp_path):
+    root = tmp_path / "kernelbench"
+    (root / "device_configs").mkdir(parents=True)
+    (root / "device_configs" / "Fake_GPU_9.json").write_text(json.dumps(SHEET))
+    camp = root / "Fake_campaign"
+    entries = {}
+    for level, files in ((1, {"1_ReLU.py": _problem("torch.relu(x)", "[torch.randn(16, 4096)]",
+                                                    ctor="pass")}), (3, LEVEL3)):
+        (camp / f"level{level}").mkdir(parents=True)
+        for name, text in files.items():
+            (camp / f"level{level}" / name).write_text(text)
+        entries[f"level{level}"] = {k: {"mean": 0.2, "hardware": "Fake GPU 9"} for k in files}
+    (camp / kb.TIMING_FILE).write_text(json.dumps(entries))
+    return root
+
+
+def test_level3_scored_with_unpriced_listed(campaign, data_dir):
+    steps = km.evaluate(["roofline"], root=campaign, level=3, progress=False)
+    by = steps.set_index("problem")
+    assert by.loc["2_LSTM.py", "n_kernels"] == 1 + 2 * 10
+    assert by.loc["3_Bessel.py", "reason"] == "aten ops without a kernel mapping"
+    assert by.loc["3_Bessel.py", "unpriced"] == "i0 x1"
+    assert by.loc["3_Bessel.py", "unpriced_share"] == 1.0
+    assert np.isnan(by.loc["3_Bessel.py", "pred_roofline"])
+    assert (by.loc[["1_TinyCNN.py", "2_LSTM.py"], "pred_roofline"] > 0).all()
+    assert [km.family(p, 3) for p in by.index] == ["cnn", "recurrent", "other"]
+    js = km.summary_json(steps, "roofline")
+    assert js["Fake GPU 9"]["n_priced"] == 2 and js["Fake GPU 9"]["n_total"] == 3
+
+
+def test_cli_eval_models_kernelbench(campaign, data_dir, capsys):
+    assert main(["eval-models", "--kernelbench", str(campaign), "--level", "3",
+                 "--predictor", "roofline", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out["Fake GPU 9"]) == {"median_error", "n_priced", "n_total"}
+    assert main(["eval-models", "--kernelbench", str(campaign), "--logo"]) == 2
+    assert "drop --logo" in capsys.readouterr().err
