@@ -31,6 +31,8 @@ models = None      # model names; None: every labelled model
 logo_predictors = ["nslib", "roofline", "habitat", "li"]  # also priced leave-one-GPU-out (1 fit per GPU)
 seed = 0
 quick = False      # quick profile: quick-trained predictors, a subset of configurations
+kernelbench = None  # KernelBench timings folder; None: $NSLIB_KERNELBENCH or datasets/kernelbench
+kernelbench_levels = [3, 2]  # its whole models (3) and fused chains (2); [] skips the section
 
 # %%
 from nslib.viz.figures import save_figure, save_table
@@ -172,3 +174,47 @@ breakdown
 by_batch = results.pivot_table(index=["model", "batch"], columns="predictor", values="err")
 save_table(by_batch, f"{prefix}_{mode}_error_by_batch", out)
 by_batch
+
+# %% [markdown]
+# ## Any PyTorch module: KernelBench's whole models and fused chains
+# Not a HuggingFace config: each KernelBench level-3 problem (LeNet to ResNet-101, VGG,
+# DenseNet, MobileNet, EfficientNet, ViT, RNN/LSTM/GRU, MinGPT blocks, U-Net) and level-2 chain
+# (a convolution or GEMM followed by activations, norms, pooling) is traced from its own file on
+# the meta device, as its harness ran it (the module as built, in training mode), and priced on
+# the datasheet of the GPU it ran on like any step: convolutions as implicit GEMMs, batch norms
+# and pooling as streams, recurrent layers as cuDNN's standard algorithm launches them
+# (`nslib.evaluation.kernelbench_models`; `nslib eval-models --kernelbench --level 3`).
+# Predictors are trained on the NeuSight training GPUs; problems that do not trace, or hold ops
+# without a kernel mapping, are listed with the reason, not scored.
+
+# %%
+from nslib.data.paths import DataNotFoundError
+from nslib.evaluation import kernelbench_models as kbm
+from nslib.viz.measured_plots import error_bars, predicted_vs_measured
+
+kb_steps = {}
+for level in kernelbench_levels:
+    try:
+        kb_steps[level] = kbm.evaluate(["nslib", "roofline"], root=kernelbench, level=level,
+                                       quick=quick, seed=seed)
+    except DataNotFoundError as e:
+        print(f"KernelBench timings not found; this section is skipped. {e}")
+        break
+for level, st in kb_steps.items():
+    per_gpu, per_family = kbm.summary(st), kbm.summary(st, by=("family",))
+    save_table(per_gpu, f"04_kernelbench_level{level}", out)
+    save_table(per_family, f"04_kernelbench_level{level}_families", out)
+    skipped = st[st["reason"] != ""].drop_duplicates("problem")
+    save_table(skipped.set_index("problem")[["reason", "unpriced", "unpriced_share"]],
+               f"04_kernelbench_level{level}_unpriced", out)
+    bars = per_gpu.rename(columns={"n_priced": "n"}).drop(columns="n_total")
+    fig = error_bars(bars, f"KernelBench level {level}: median error of the priced problems")
+    fig.axes[0].set_ylabel("median APE (%)")
+    save_figure(fig, f"04_kernelbench_level{level}", out)
+    priced = st[st["reason"] == ""]
+    save_figure(predicted_vs_measured(priced, ["nslib", "roofline"], "family",
+                                      f"KernelBench level {level}, every priced problem run"),
+                f"04_kernelbench_level{level}_scatter", out)
+    print(f"level {level}: {len(priced)} of {len(st)} problem runs priced;",
+          "median error per family:", per_family["nslib"].round(1).to_dict())
+    display(per_gpu.round(1))

@@ -47,7 +47,8 @@ def test_03_baselines(data_dir, tmp_path):
 
 @pytest.mark.parametrize("name,mode", [("04_inference", "inf"), ("05_training", "train")])
 def test_04_05_model_tables(data_dir, tmp_path, name, mode):
-    run_notebook(name, tmp_path, quick=True, predictors=["nslib", "roofline"])
+    extra = {"kernelbench_levels": []} if name == "04_inference" else {}  # tested next
+    run_notebook(name, tmp_path, quick=True, predictors=["nslib", "roofline"], **extra)
     prefix = name[:2]
     res = pd.read_csv(tmp_path / f"{prefix}_{mode}_results.csv")
     assert set(res["predictor"]) == {"nslib", "roofline"}
@@ -101,3 +102,17 @@ def test_09_mixed_precision(data_dir, mixed_dir, tmp_path):
     fast = fc.set_index("gpu")["ms"].reindex(sheets.index).dropna()
     top = sheets.loc[fast.index, "bf16_gflops"].idxmax()
     assert fast[top] == fast.min()
+
+
+def test_04_kernelbench_section(data_dir, kernelbench_dir, tmp_path):
+    """The any-module section of notebook 04 on KernelBench's level-3 problems: per GPU and
+    family tables, the unpriced list, both figures."""
+    run_notebook("04_inference", tmp_path, quick=True, predictors=["roofline"],
+                 kernelbench_levels=[3])
+    per_gpu = pd.read_csv(tmp_path / "04_kernelbench_level3.csv", index_col=0)
+    assert (per_gpu["n_priced"] <= per_gpu["n_total"]).all() and per_gpu["n_priced"].sum() > 0
+    assert (per_gpu[["nslib", "roofline"]] >= 0).all().all()
+    fam = pd.read_csv(tmp_path / "04_kernelbench_level3_families.csv", index_col=0)
+    assert {"cnn", "recurrent"} <= set(fam.index)
+    for name in ("04_kernelbench_level3", "04_kernelbench_level3_scatter"):
+        assert (tmp_path / f"{name}.png").stat().st_size > 1000
