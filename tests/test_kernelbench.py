@@ -10,6 +10,7 @@ import sys
 import numpy as np
 import pandas as pd
 import pytest
+from kernelbench_fixture import fake_root
 
 from nslib.data import kernelbench as kb
 from nslib.data.paths import DataNotFoundError
@@ -17,8 +18,6 @@ from nslib.evaluation import kernelbench as ev
 from nslib.kernels import sizes
 from nslib.model.module_trace import ProblemError, problem_trace
 
-SHEET = {"Device": "Fake GPU 9", "Dev_Mem": 16, "Mem_Bw": 1000, "Num_Sm": 10,
-         "Core_Per_SM": 128, "Freq": 1500, "SingleFLOPs": 20000, "L2Cache": 8, "TDP": 150}
 
 def _problem(forward: str, inputs: str, init: str = "[]", ctor: str = "") -> str:
     """A KernelBench-style problem file: ``Model`` with ``forward`` (its body, one line),
@@ -56,10 +55,7 @@ def _roof(cls, op, dims) -> float:
 
 @pytest.fixture
 def fake(tmp_path):
-    root = tmp_path / "kernelbench"
-    (root / "device_configs").mkdir(parents=True)
-    (root / "device_configs" / "Fake_GPU_9.json").write_text(json.dumps(SHEET))
-    camp = root / "Fake_campaign"
+    root, camp = fake_root(tmp_path)
     (camp / "level1").mkdir(parents=True)
     for name, text in PROBLEMS.items():
         (camp / "level1" / name).write_text(text)

@@ -9,6 +9,7 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
+from kernelbench_fixture import fake_root
 import torch
 import torch.nn as nn
 
@@ -18,8 +19,6 @@ from nslib.evaluation import kernelbench_models as km
 from nslib.model.module_trace import ProblemError, problem_trace, trace_module
 from nslib.model.stream import host_bound
 
-SHEET = {"Device": "Fake GPU 9", "Dev_Mem": 16, "Mem_Bw": 1000, "Num_Sm": 10,
-         "Core_Per_SM": 128, "Freq": 1500, "SingleFLOPs": 20000, "L2Cache": 8, "TDP": 150}
 
 
 def _cnn():
@@ -132,10 +131,7 @@ LEVEL3 = {
 
 @pytest.fixture
 def campaign(tmp_path):
-    root = tmp_path / "kernelbench"
-    (root / "device_configs").mkdir(parents=True)
-    (root / "device_configs" / "Fake_GPU_9.json").write_text(json.dumps(SHEET))
-    camp = root / "Fake_campaign"
+    root, camp = fake_root(tmp_path)
     entries = {}
     for level, files in ((1, {"1_ReLU.py": _problem("torch.relu(x)", "[torch.randn(16, 4096)]",
                                                     ctor="pass")}), (3, LEVEL3)):
