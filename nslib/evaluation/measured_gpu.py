@@ -112,7 +112,8 @@ def _step_prediction(gpu_file, row, name: str, data, quick: bool) -> tuple[float
     return float(summary["e2e_ms"]), float(lo), float(hi)
 
 
-def model_steps(folder, predictors=STEP_PREDICTORS, data=None, quick: bool = False) -> pd.DataFrame:
+def model_steps(folder, predictors=STEP_PREDICTORS, data=None,
+                quick: bool = False) -> pd.DataFrame:
     """The collected model steps (labels): ``tag, model, mode, seq, batch, dtype,
     latency_ms`` and a ``pred_<name>`` column per predictor (NaN where it cannot price the
     step, e.g. the paper's FP32 method on a 16-bit step), with ``lo_<name>``/``hi_<name>``
@@ -178,6 +179,12 @@ def report(folder, fp32=FP32_PREDICTORS, tensor=TENSOR_PREDICTORS, steps=STEP_PR
     return out
 
 
+def _label(key) -> str:
+    """A group key as text: a tuple's distinct parts joined by ``/`` (``gemm``, not
+    ``gemm/gemm``)."""
+    return "/".join(dict.fromkeys(map(str, key))) if isinstance(key, tuple) else str(key)
+
+
 def report_json(rep: dict) -> dict:
     """A :func:`report` as JSON-ready numbers: per check, ``{group: {predictor: MAPE}}`` plus
     ``n`` (groups joined by ``/``), and each step's measured and predicted ms."""
@@ -187,9 +194,9 @@ def report_json(rep: dict) -> dict:
             continue
         tab = rep[check]["errors"]
         names = [c for c in tab.columns if not c.startswith("ratio_") and c != "n"]
-        out[check] = {("/".join(map(str, k)) if isinstance(k, tuple) else str(k)):
-                      {**{n: (round(float(r[n]), 2) if pd.notna(r[n]) else None)
-                          for n in names}, "n": int(r["n"])} for k, r in tab.iterrows()}
+        out[check] = {_label(k): {**{n: (round(float(r[n]), 2) if pd.notna(r[n]) else None)
+                                     for n in names}, "n": int(r["n"])}
+                      for k, r in tab.iterrows()}
     if "steps" in rep:
         rows = rep["steps"]["rows"]
         preds = [c for c in rows.columns if c.startswith("pred_")]
@@ -238,8 +245,7 @@ def stem_of(rep: dict) -> str:
 
 def _best(tab: pd.DataFrame) -> dict:
     names = [c for c in tab.columns if not c.startswith("ratio_") and c != "n"]
-    return {(" / ".join(map(str, k)) if isinstance(k, tuple) else str(k)):
-            tab.loc[k, names].astype(float).idxmin() for k in tab.index}
+    return {_label(k): tab.loc[k, names].astype(float).idxmin() for k in tab.index}
 
 
 def reading(rep: dict, check: str, ours: str = "nslib") -> str:
@@ -254,10 +260,11 @@ def reading(rep: dict, check: str, ours: str = "nslib") -> str:
     others = ", ".join(f"{n} {v:.1f}%" for n, v in err.items() if n != ours and np.isfinite(v))
     ratio = tab[f"ratio_{ours}"]
     worst = ratio.sub(1).abs().idxmax()
+    worst_name = _label(worst)
     text = [f"{rep['gpu']}, {check}: {ours} is {err[ours]:.1f}% off on average over "
             f"{len(rows)} rows ({others}).",
             f"By group, {ours}'s median predicted/measured runs from {ratio.min():.2f} to "
-            f"{ratio.max():.2f}; furthest from 1 in {worst} ({ratio[worst]:.2f}: "
+            f"{ratio.max():.2f}; furthest from 1 in {worst_name} ({ratio[worst]:.2f}: "
             f"{'too slow' if ratio[worst] > 1 else 'too fast'}).",
             "Best per group: " + ", ".join(f"{g} {n}" for g, n in _best(tab).items()) + "."]
     if check == "steps" and f"lo_{ours}" in rows:
