@@ -137,6 +137,16 @@ def test_harness_parts_against_hand_values():
     assert origin["origin"]["Bf16FLOPs"] == "vendor datasheet" and sheet["Mem_Bw"] == 20.0
 
 
+def test_a_folder_of_another_gpu_is_refused(collected, tmp_path, capsys):
+    other = tmp_path / "other"
+    shutil.copytree(collected, other)
+    rec = json.loads((other / "provenance.json").read_text())
+    (other / "provenance.json").write_text(json.dumps({**rec, "device": "Some Other GPU"}))
+    assert main(["collect", "--device", "cpu", "--minutes", "0.05", "--out", str(other),
+                 "--parts", "fp32"]) == 2
+    assert "holds measurements of 'Some Other GPU'" in capsys.readouterr().err
+
+
 def test_cli_errors_are_clear(tmp_path, capsys):
     assert main(["collect", "--device", "cpu", "--out", str(tmp_path), "--parts", "x"]) == 2
     assert "unknown part" in capsys.readouterr().err

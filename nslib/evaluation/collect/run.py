@@ -88,27 +88,48 @@ def collect(out, device: str = "cuda", minutes: float = 10.0, parts=PARTS, seed:
                          "--device cpu to try the harness")
     start = time.monotonic()
     clock = Clock(device, flush_l2=flush_l2)
+    tf32 = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = False  # FP32 products as the NeuSight data ran them
-    torch.manual_seed(seed)
-    rates = probe(clock)
-    sheet, origin = datasheet(device, rates, vendor_sheet)
-    out = Path(out)
-    for path in layout.datasheet_paths(out, sheet["Device"]):
-        atomic_write_text(path, json.dumps(sheet, indent=4))
-    v = versions(clock)
+    try:
+        torch.manual_seed(seed)
+        rates = probe(clock)
+        sheet, origin = datasheet(device, rates, vendor_sheet)
+        out = Path(out)
+        record = _record(out, sheet, origin, versions(clock), rates, clock, minutes, seed)
+        for path in layout.datasheet_paths(out, sheet["Device"]):
+            atomic_write_text(path, json.dumps(sheet, indent=4))
+        return _run_parts(record, parts, clock, out, start, minutes, rates,
+                          {"data": data, "seed": seed, "progress": progress, "models": models})
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+
+
+def _record(out: Path, sheet: dict, origin: dict, v: dict, rates: dict, clock: Clock,
+            minutes: float, seed: int) -> dict:
+    """The provenance record of a run, with the records of earlier runs into ``out``; a
+    ValueError when ``out`` holds another GPU's measurements."""
     record = {"device": sheet["Device"], "datasheet": origin, "versions": v, "rates": rates,
               "protocol": {"clock": "CUDA events" if clock.cuda else "wall clock",
                            "kernel_latency": "median of 3-25 timed calls after 2 warm-ups",
                            "tensor_kernels": "CUDA graph of 1-20 calls, replayed 3-25 times, "
                                              "median per call (GPU only)",
-                           "flush_l2": flush_l2, "tf32": False,
+                           "flush_l2": clock.flush_l2, "tf32": False,
                            "label": "mean of the 5 fastest of up to 10 steps after 2 warm-ups"},
                 "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                 "minutes": minutes, "seed": seed, "parts": {}}
     earlier = out / "provenance.json"
     if earlier.is_file():  # a resumed collection keeps the record of every run into it
         old = json.loads(earlier.read_text())
+        if old.get("device") != sheet["Device"]:
+            raise ValueError(f"{out} holds measurements of {old.get('device')!r}, not of "
+                             f"{sheet['Device']!r}: collect into another --out folder")
         record["earlier_runs"] = old.pop("earlier_runs", []) + [old]
+    return record
+
+
+def _run_parts(record: dict, parts, clock, out: Path, start: float, minutes: float,
+               rates: dict, args: dict) -> dict:
+    """Run the chosen parts in order, each within its share of the time left."""
     chosen = [p for p in PARTS if p in parts]
     budget = minutes * 60 - (time.monotonic() - start)
     share_left = sum(SHARES[p] for p in chosen)
@@ -116,9 +137,8 @@ def collect(out, device: str = "cuda", minutes: float = 10.0, parts=PARTS, seed:
         left = minutes * 60 - (time.monotonic() - start)
         deadline = time.monotonic() + max(0.0, left * SHARES[part] / share_left)
         share_left -= SHARES[part]
-        args = {"data": data, "seed": seed, "progress": progress, "models": models}
-        record["parts"][part] = _run_part(part, clock, out, sheet["Device"], deadline, rates,
-                                          v, args)
+        record["parts"][part] = _run_part(part, clock, out, record["device"], deadline, rates,
+                                          record["versions"], args)
         atomic_write_text(out / "provenance.json", json.dumps(record, indent=2, default=str))
     record["budget_s"] = round(budget, 1)
     record["finished"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
