@@ -40,7 +40,7 @@ def _collect(args) -> int:
               + (f"; stopped by {r['error']}" if r.get("error") else ""))
     missing = record["datasheet"]["vendor_figures_missing"]
     if missing:
-        print(f"  the datasheet lacks {', '.join(missing)} (the driver does not report them): "
+        print(f"  the datasheet lacks {', '.join(missing)} (no driver reports such figures): "
               "add the vendor's figures with --datasheet FILE", file=sys.stderr)
     return 0
 

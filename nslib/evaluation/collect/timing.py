@@ -11,8 +11,10 @@ grid and block, as the NeuSight kernel CSVs record them.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -123,7 +125,7 @@ def launches(fn, clock: Clock) -> list[Launch]:
 
     fn()  # the first call may pick algorithms; profile a settled one
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if clock.cuda else [])
-    with profile(activities=activities) as prof:
+    with _quiet_stderr(), profile(activities=activities) as prof:
         fn()
         if clock.cuda:
             import torch
@@ -137,6 +139,22 @@ def launches(fn, clock: Clock) -> list[Launch]:
     finally:
         os.unlink(path)
     return _parse_events(events, clock.cuda)
+
+
+@contextlib.contextmanager
+def _quiet_stderr():
+    """The process's standard error (file descriptor 2) sent to /dev/null for a moment: the
+    profiler's C++ side logs two lines per session there (``profiler_start``/``_stop``), which
+    over thousands of shapes would bury the collector's own output. Python errors still raise."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
 
 
 def _parse_events(events: list, cuda: bool) -> list[Launch]:
