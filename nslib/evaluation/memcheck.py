@@ -4,12 +4,9 @@ with ``profile_memory=True``, whose running total is the allocator's), independe
 trace's bookkeeping. Used by the tests and notebook 10."""
 from __future__ import annotations
 
-import contextlib
-import os
-import sys
-
 import pandas as pd
 
+from nslib.evaluation.collect.timing import native_stderr_silenced
 from nslib.model.config import MEASURED_ARCHITECTURE, build_model, hf_config
 from nslib.model.memory import step_memory
 from nslib.model.recorder import make_modes
@@ -35,31 +32,16 @@ SMALL_CONFIGS = {
 }
 
 
-@contextlib.contextmanager
-def _native_stderr_silenced():
-    """File descriptor 2 sent to /dev/null: the profiler's C++ side writes a line at every
-    start and stop (``USDT ... profiler_start``) that no Python setting turns off."""
-    sys.stderr.flush()
-    saved = os.dup(2)
-    try:
-        with open(os.devnull, "w") as null:
-            os.dup2(null.fileno(), 2)
-            yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-
-
 def _max_allocated(fn) -> float:
     """Largest net bytes allocated while ``fn`` runs (the allocator's running total)."""
     from torch.profiler import ProfilerActivity, profile
     prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
-    with _native_stderr_silenced():   # only around start and stop: fn's warnings still show
+    with native_stderr_silenced():   # only around start and stop: fn's warnings still show
         prof.__enter__()
     try:
         fn()
     finally:
-        with _native_stderr_silenced():
+        with native_stderr_silenced():
             prof.__exit__(None, None, None)
     peak = [0]
 

@@ -125,7 +125,7 @@ def launches(fn, clock: Clock) -> list[Launch]:
 
     fn()  # the first call may pick algorithms; profile a settled one
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if clock.cuda else [])
-    with _quiet_stderr(), profile(activities=activities) as prof:
+    with native_stderr_silenced(), profile(activities=activities) as prof:
         fn()
         if clock.cuda:
             import torch
@@ -142,10 +142,11 @@ def launches(fn, clock: Clock) -> list[Launch]:
 
 
 @contextlib.contextmanager
-def _quiet_stderr():
-    """The process's standard error (file descriptor 2) sent to /dev/null for a moment: the
-    profiler's C++ side logs two lines per session there (``profiler_start``/``_stop``), which
-    over thousands of shapes would bury the collector's own output. Python errors still raise."""
+def native_stderr_silenced():
+    """File descriptor 2 sent to /dev/null for a moment: the profiler's C++ side writes a line
+    at every start and stop (``USDT ... profiler_start``) that no Python setting turns off;
+    over thousands of shapes they would bury the collector's own output. Python errors still
+    raise."""
     sys.stderr.flush()
     saved = os.dup(2)
     try:
