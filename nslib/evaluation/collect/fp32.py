@@ -17,7 +17,7 @@ import pandas as pd
 
 from nslib.data.paths import data_root, require
 from nslib.evaluation.collect import layout
-from nslib.evaluation.collect.sweep import reps_for, rough_s
+from nslib.evaluation.collect.sweep import reps_for, rough_s, unmeasured
 from nslib.evaluation.collect.timing import launches, main_launch, time_calls
 from nslib.kernels import sizes
 
@@ -47,9 +47,9 @@ def plan(data=None, seed: int = 0, classes=tuple(DIMS)) -> list[dict]:
         test, train, cols = DIMS[cls]
         items = []
         for name, large in ((test, True), (train, False)):
-            frame = _dims(data, name, cols)
-            for i in rng.permutation(len(frame)):
-                items.append({"cls": cls, **frame.iloc[i].to_dict(), "large": large})
+            records = _dims(data, name, cols).to_dict("records")
+            for i in rng.permutation(len(records)):
+                items.append({"cls": cls, **records[i], "large": large})
         if cls == "elementwise":
             for item, op in zip(items, itertools.cycle(ELEMENTWISE)):
                 item["op"] = op
@@ -128,12 +128,9 @@ def measurer(clock, rates: dict, versions: dict, mem_cap: float):
 
 def writer(out):
     """``write(rows)``: each row to its class's test CSV (NeuSight's columns, in order)."""
-    def write(rows):
-        for cls in DIMS:
-            mine = [{k: v for k, v in r.items() if k != "cls"} for r in rows if r["cls"] == cls]
-            cols = layout.GEMM_COLUMNS if cls in sizes.GEMM_CLASSES else layout.VEC_COLUMNS
-            layout.append_rows(layout.kernel_csv(out, cls), mine, cols)
-    return write
+    targets = {cls: (layout.kernel_csv(out, cls), layout.GEMM_COLUMNS
+                     if cls in sizes.GEMM_CLASSES else layout.VEC_COLUMNS) for cls in DIMS}
+    return lambda rows: layout.append_split(rows, "cls", targets)
 
 
 def key_of(item: dict) -> tuple:
@@ -148,10 +145,4 @@ def pending(items: list[dict], out) -> list[dict]:
     for cls in DIMS:
         dims = ["B", "M", "N", "K"] if cls in sizes.GEMM_CLASSES else ["B", "H"]
         done |= layout.done_keys(layout.kernel_csv(out, cls), ["OPName", *dims])
-    out = []
-    for x in items:  # test and training dims can repeat a shape: measure it once
-        k = key_of(x)
-        if k not in done:
-            done.add(k)
-            out.append(x)
-    return out
+    return unmeasured(items, key_of, done)

@@ -102,6 +102,14 @@ def append_rows(path: Path, rows: list[dict], columns: list[str] | None = None) 
         atomic_write_text(path, frame.to_csv(index=False))
 
 
+def append_split(rows: list[dict], field: str, targets: dict) -> None:
+    """Append each row, ``field`` dropped, to the table of its ``field`` value: ``targets`` maps
+    a value to ``(path, columns or None)``."""
+    for value, (path, columns) in targets.items():
+        mine = [{k: v for k, v in r.items() if k != field} for r in rows if r[field] == value]
+        append_rows(path, mine, columns)
+
+
 def merge_into(collected: Path, copy: Path) -> list[Path]:
     """Drop a collection into a copy of the data (``copy`` holds ``neusight/`` and ``mixed/``
     roots, or is passed as one of them with the other beside it). Test-split CSVs are joined

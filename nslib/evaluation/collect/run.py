@@ -49,8 +49,6 @@ def _memory_cap(clock: Clock) -> float:
 
 
 def _run_part(part, clock, out, device, deadline, rates, v, args) -> dict:
-    import time
-
     cap = min(CAP_S, max(deadline - time.monotonic(), 0.0) / MIN_SHAPES)
     if part == "fp32":
         items = fp32.pending(fp32.plan(args["data"], args["seed"]), out)

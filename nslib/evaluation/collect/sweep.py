@@ -49,6 +49,18 @@ def reps_for(rough: float, target_s: float = 0.05, lo: int = 3, hi: int = 25) ->
     return int(min(hi, max(lo, round(target_s / max(rough, 1e-7)))))
 
 
+def unmeasured(items: list[dict], key_of, done: set) -> list[dict]:
+    """The items whose ``key_of(item)`` is not in ``done`` (the keys of rows already written:
+    a rerun resumes), each key once (a plan can repeat a shape)."""
+    seen, out = set(done), []
+    for x in items:
+        k = key_of(x)
+        if k not in seen:
+            seen.add(k)
+            out.append(x)
+    return out
+
+
 @dataclass
 class Tally:
     """What a part did: rows measured, items skipped by reason, and an error that stopped it."""

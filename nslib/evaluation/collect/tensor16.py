@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from nslib.evaluation.collect import layout
-from nslib.evaluation.collect.sweep import reps_for, rough_s
+from nslib.evaluation.collect.sweep import reps_for, rough_s, unmeasured
 from nslib.evaluation.collect.timing import launches, main_launch, time_calls, time_graph
 
 M_GRID = [2 ** i for i in range(15)]
@@ -122,20 +122,16 @@ def _time(fn, clock, rough: float) -> tuple[float, str]:
         "cuda_events" if clock.cuda else "wall_clock")
 
 
+_ATTENTION_KEY = ["batch_size", "isl", "num_heads", "num_key_value_heads", "head_dim", "step"]
+KEY_COLUMNS = {"gemm_perf": ["m", "n", "k"], "context_attention_perf": _ATTENTION_KEY,
+               "generation_attention_perf": _ATTENTION_KEY}
+
+
 def key_of(item: dict) -> tuple:
-    if item["table"] == "gemm_perf":
-        return ("gemm_perf", str(item["m"]), str(item["n"]), str(item["k"]))
-    prefill = item["table"] == "context_attention_perf"
-    return (item["table"], str(item["batch"]), str(item["seq"] if prefill else 1),
-            str(item["heads"]), str(item["kv_heads"]), str(item["head_dim"]),
-            str(0 if prefill else item["seq"] - 1))
-
-
-KEY_COLUMNS = {"gemm_perf": ["m", "n", "k"],
-               "context_attention_perf": ["batch_size", "isl", "num_heads",
-                                          "num_key_value_heads", "head_dim", "step"],
-               "generation_attention_perf": ["batch_size", "isl", "num_heads",
-                                             "num_key_value_heads", "head_dim", "step"]}
+    """The identity of an item in its written table: the table and its key columns' values
+    (as strings), read off the row the item is written as."""
+    row = _row(item, 0.0, "", {})
+    return (item["table"], *(str(row[c]) for c in KEY_COLUMNS[item["table"]]))
 
 
 def pending(items: list[dict], out, device: str, torch_version: str) -> list[dict]:
@@ -144,18 +140,10 @@ def pending(items: list[dict], out, device: str, torch_version: str) -> list[dic
     for t in TABLES:
         path = layout.tensor_table(out, device, t, torch_version)
         done |= {(t, *k) for k in layout.done_keys(path, KEY_COLUMNS[t])}
-    seen, out_items = set(done), []
-    for x in items:
-        k = key_of(x)
-        if k not in seen:
-            seen.add(k)
-            out_items.append(x)
-    return out_items
+    return unmeasured(items, key_of, done)
 
 
 def writer(out, device: str, torch_version: str):
-    def write(rows):
-        for t in TABLES:
-            mine = [{k: v for k, v in r.items() if k != "table"} for r in rows if r["table"] == t]
-            layout.append_rows(layout.tensor_table(out, device, t, torch_version), mine)
-    return write
+    """``write(rows)``: each row to its table's parquet file."""
+    targets = {t: (layout.tensor_table(out, device, t, torch_version), None) for t in TABLES}
+    return lambda rows: layout.append_split(rows, "table", targets)
