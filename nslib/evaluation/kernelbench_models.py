@@ -82,12 +82,12 @@ def problem_steps(root=None, level: int = 3, progress: bool = True) -> pd.DataFr
     return pd.DataFrame(rows)
 
 
-def price(pred, steps: pd.DataFrame, root=None, data=None,
+def price(pred, steps: pd.DataFrame, harness: pd.Series, root=None, data=None,
           launch_us: float = LAUNCH_US) -> np.ndarray:
     """Predicted time (ms) of each priced problem of ``steps`` (NaN for the others): the step
-    of its traced kernels on its GPU's datasheet plus the campaign's per-call cost."""
+    of its traced kernels on its GPU's datasheet plus the campaign's per-call cost
+    (``harness``, ms per campaign: :func:`nslib.evaluation.kernelbench.harness_ms`)."""
     sheets = kb.datasheets(root)
-    harness = level1.harness_ms(level1.problem_rows(root, 1, progress=False)[0])
     out = np.full(len(steps), np.nan)
     for i, r in enumerate(steps.itertuples(index=False)):
         if r.reason:
@@ -107,9 +107,11 @@ def evaluate(predictors=("nslib", "roofline"), root=None, level: int = 3, data=N
     if level not in (2, 3):
         raise ValueError(f"level must be 2 (fused chains) or 3 (whole models), not {level}")
     steps = problem_steps(root, level, progress)
+    # each campaign's per-call cost, bounded on its level-1 problems (once for every predictor)
+    harness = level1.harness_ms(level1.problem_rows(root, 1, progress=False)[0])
     for name in [predictors] if isinstance(predictors, str) else predictors:
         pred = trained(name, data=data, progress=progress, **train_kw)
-        steps[f"pred_{name}"] = price(pred, steps, root, data)
+        steps[f"pred_{name}"] = price(pred, steps, harness, root, data)
         steps[f"err_{name}"] = ape(steps[f"pred_{name}"], steps["latency_ms"])
     return steps
 
