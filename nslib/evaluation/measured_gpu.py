@@ -36,10 +36,14 @@ TENSOR_PREDICTORS = ("nslib", "roofline", "roofline_eff", "xgboost")
 STEP_PREDICTORS = ("nslib", "neusight", "roofline")
 
 
+def _is_collection(path: Path) -> bool:
+    return (asplos(path) / "data" / "device_configs").is_dir()
+
+
 def roots(folder) -> tuple[Path, Path]:
     """(NeuSight data root, 16-bit data root) of a collection; a clear error when it is not one."""
     folder = Path(folder)
-    if not (asplos(folder) / "data" / "device_configs").is_dir():
+    if not _is_collection(folder):
         raise DataNotFoundError(f"{folder} is not an `nslib collect` output (no {NEUSIGHT}/"
                                 "scripts/asplos/data/device_configs): pass the folder "
                                 "`nslib collect --out` wrote")
@@ -153,9 +157,9 @@ def error_table(frame: pd.DataFrame, by) -> pd.DataFrame:
 def collections(root) -> list[Path]:
     """Every ``nslib collect`` output under ``root`` (sorted; ``root`` itself when it is one)."""
     root = Path(root)
-    found = [root] if (asplos(root) / "data" / "device_configs").is_dir() else []
-    found += [p for p in sorted(root.iterdir()) if p.is_dir()
-              and (asplos(p) / "data" / "device_configs").is_dir()] if root.is_dir() else []
+    found = [root] if _is_collection(root) else []
+    found += [p for p in sorted(root.iterdir()) if p.is_dir() and _is_collection(p)] \
+        if root.is_dir() else []
     return found
 
 
