@@ -30,6 +30,7 @@ from nslib.data import kernelbench as kb
 from nslib.evaluation.kernel_level import predict_rows
 from nslib.evaluation.metrics import ape, gpu_table, order_classes
 from nslib.kernels import sizes
+from nslib.model.aten import NORM
 from nslib.model.module_trace import ProblemError, problem_trace
 from nslib.model.stream import stream_terms
 
@@ -64,8 +65,9 @@ def _one_kernel(trace) -> tuple[dict | None, str]:
     row = trace.iloc[0]
     if "convolution" in row["aten"]:
         return None, "convolution"
-    if "norm" in row["aten"] and row["cls"] != "layernorm":
-        return None, "batch norm (an elementwise pass in models, not a measured class)"
+    if row["aten"].split(".")[1] in NORM:
+        return None, ("batch or group norm (an elementwise or layer-norm pass in models, not a "
+                      "measured class)")
     if row["cls"] not in sizes.CLASSES:
         return None, f"class {row['cls']}"
     return {c: row[c] for c in ("cls", "op") + sizes.DIM_COLS}, ""
