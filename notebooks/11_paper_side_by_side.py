@@ -47,7 +47,6 @@ from nslib.data.gpus import load_gpus
 from nslib.evaluation import reported as rep
 from nslib.evaluation.model_level import evaluate_models, evaluate_variant
 from nslib.evaluation.per_class import per_class_results, per_class_table
-from nslib.model.predict import predict_model
 from nslib.predictors import available
 from nslib.viz.figures import save_figure, save_table
 from nslib.viz.scratch import notebook_out
@@ -137,31 +136,6 @@ if len(cells):
 cells
 
 # %% [markdown]
-# ## Where the cells further off differ: class by class
-# The summary also splits each configuration's prediction by kernel class. The reproduced
-# NeuSight is split the same way (memory and host operators as `other`); the class that carries
-# most of the gap, and how each reproduction's prediction of it compares with the label's
-# time for that class, is the measured reading of each cell.
-
-# %%
-readings = []
-if "neusight" in names and len(cells):
-    off = cells[~cells["agrees"]].index
-    configs = single[(single["method"] == "neusight") & single["reproduced_ms"].notna() &
-                     single["reported_ms"].notna()]
-    configs = configs[pd.MultiIndex.from_frame(configs[["gpu_key", "mode"]]).isin(off)]
-    per_class = [predict_model(r["gpu_key"], r["model"], r["batch"], r["seq"], r["mode"],
-                               predictor="neusight", data=data, quick=quick)[1]["per_class_ms"]
-                 for _, r in configs.iterrows()]
-    gaps = rep.class_gaps(paper_results.reported_class_ms(data), rep.class_frame(configs, per_class))
-    shares = rep.gap_shares(gaps)
-    save_table(shares, f"{prefix}_class_gaps", out, digits=2)
-    readings = rep.readings(cells, shares, gpu_names)
-    display(shares.round(2))
-for line in readings:
-    print("-", line)
-
-# %% [markdown]
 # ## Per kernel class, in and out of distribution
 # The paper's `perop.csv` beside the same classes reproduced: each model's operators priced
 # against the label CSVs' per-operator times (`nslib.evaluation.per_class`), inference and
@@ -169,11 +143,12 @@ for line in readings:
 
 # %%
 single_results = results[results["variant"].fillna("") == ""]
-rows = []
+rows, node_frames = [], {}
 for name in names:
     pc = pd.concat([per_class_results(single_results[single_results["mode"] == m], name,
                                       data=data, quick=quick, seed=seed)
                     for m in ("inf", "train") if (single_results["mode"] == m).any()])
+    node_frames[name] = pc
     tab = per_class_table(pc)
     for dist in tab.columns:
         for cls, v in tab[dist].items():
@@ -188,6 +163,41 @@ save_table(per_class, f"{prefix}_per_class", out)
 for line in rep.per_class_readings(per_class):
     print("-", line)
 per_class.round(1)
+
+# %% [markdown]
+# The same operators GPU by GPU: the reproduced NeuSight's prediction over the label CSVs'
+# time, summed per GPU, mode and class (the node-by-node reading the cells below use).
+
+# %%
+nodes = rep.node_ratios(node_frames["neusight"]) if "neusight" in node_frames else None
+if nodes is not None:
+    save_table(nodes, f"{prefix}_node_ratios", out, digits=2)
+    display(nodes["ratio"].unstack("cls").round(2))
+
+# %% [markdown]
+# ## Where the cells further off differ: class by class
+# The summary also splits each configuration's prediction by class, filing each node's
+# forward and backward time under the node's operator. The reproduced NeuSight is split the
+# same way (each kernel under the operator that launched it, memory and host operators as
+# `other`); the class that carries most of the gap, how each reproduction's prediction of it
+# compares with the label's time for that class, and how the reproduction prices that class
+# node by node on the same GPU (table above) are the measured reading of each cell.
+
+# %%
+readings = []
+if "neusight" in names and len(cells):
+    off = cells[~cells["agrees"]].index
+    configs = single[(single["method"] == "neusight") & single["reproduced_ms"].notna() &
+                     single["reported_ms"].notna()]
+    configs = configs[pd.MultiIndex.from_frame(configs[["gpu_key", "mode"]]).isin(off)]
+    split = rep.operator_split(configs, "neusight", data=data, quick=quick)
+    gaps = rep.class_gaps(paper_results.reported_class_ms(data), rep.class_frame(configs, split))
+    shares = rep.gap_shares(gaps)
+    save_table(shares, f"{prefix}_class_gaps", out, digits=2)
+    readings = rep.readings(cells, shares, gpu_names, nodes)
+    display(shares.round(2))
+for line in readings:
+    print("-", line)
 
 # %% [markdown]
 # ## Fusion and 4-GPU DP / TP / PP

@@ -107,3 +107,22 @@ def test_stream_terms_reuse_a_prediction(data_dir):
     given = stream_terms(pred, df, raw=pred.predict(df))
     for a, b in zip(fresh, given):
         assert a == pytest.approx(b)
+
+
+def test_a_method_as_published_prices_memory_operators_at_bytes_over_bandwidth():
+    # method.md section 2: memory ops (copies, gathers, masks) cost bytes / bandwidth in
+    # NeuSight as published (a plain_sum predictor); nslib's design prices them as copies
+    class Published(Floor):
+        plain_sum = True
+
+    trace = pd.DataFrame([
+        {"cls": "memory", "op": "copy", "B": 1, "H": 1e6, "bytes": 8e6},
+        {"cls": "elementwise", "op": "add", "B": 1, "H": 1e6, "bytes": 1.2e7}])
+    trace[["M", "N", "K"]] = np.nan
+    frame = kernel_frame(trace, GPU0)
+    copy = Floor().predict(frame)
+    raw, gpu_ms, dispatch = stream_terms(Published(), frame, launch_us=3.0)
+    assert raw[0] == pytest.approx(8e6 / (1000 * 1e9) * 1e3)    # 8 MB at 1000 GB/s: 8 us
+    assert raw[1] == pytest.approx(copy[1]) and gpu_ms == pytest.approx(raw)
+    assert (dispatch == 0).all()
+    assert stream_terms(Floor(), frame, launch_us=None)[0] == pytest.approx(copy)

@@ -134,6 +134,35 @@ def test_side_by_side_means_and_readings_by_hand():
     spread = shares.assign(share=[0.4, 0.4])
     assert "Not explained by one kernel class" in rep.readings(cells, spread)[0]
 
+    # node by node: GPU one's linear operators at 1.5x their label-CSV times, the training
+    # GPUs' (in-distribution labels) at 0.9x and 1.1x; an out-of-distribution-only GPU is no
+    # reference
+    per_class = pd.DataFrame([
+        {"gpu": "GPU one", "tag": "m-inf-512-1", "cls": "linear", "measured_ms": 40.0,
+         "pred_ms": 60.0, "ood": True},
+        {"gpu": "T1", "tag": "m-inf-512-1", "cls": "linear", "measured_ms": 10.0,
+         "pred_ms": 9.0, "ood": False},
+        {"gpu": "T2", "tag": "m-inf-512-1", "cls": "linear", "measured_ms": 10.0,
+         "pred_ms": 11.0, "ood": False},
+        {"gpu": "T2", "tag": "m-train-512-1", "cls": "linear", "measured_ms": 10.0,
+         "pred_ms": 30.0, "ood": True},
+        {"gpu": "N", "tag": "m-inf-512-1", "cls": "linear", "measured_ms": 10.0,
+         "pred_ms": 50.0, "ood": True}])
+    nodes = rep.node_ratios(per_class)
+    assert nodes.loc[("GPU one", "inf", "linear"), "ratio"] == pytest.approx(1.5)
+    assert nodes.loc[("T2", "train", "linear"), "ratio"] == pytest.approx(3.0)
+    assert nodes["training"].to_dict() == {("GPU one", "inf", "linear"): False,
+                                           ("N", "inf", "linear"): False,
+                                           ("T1", "inf", "linear"): True,
+                                           ("T2", "inf", "linear"): True,
+                                           ("T2", "train", "linear"): True}
+    text = rep.readings(cells, shares, {"G1": "GPU one"}, nodes)[0]
+    assert text.endswith("prices this GPU's operators (inf): linear 1.50x (training GPUs "
+                         "0.90-1.10x).")
+    spread_text = rep.readings(cells, spread, {"G1": "GPU one"}, nodes)[0]
+    assert "Not explained by one kernel class" in spread_text
+    assert spread_text.endswith("linear 1.50x (training GPUs 0.90-1.10x).")
+
 
 def test_variant_readings_by_hand():
     plain, fused, dp = _cfg("G", "m", 8), _cfg("G", "m", 8, variant="fusion"), \

@@ -17,6 +17,8 @@ import pandas as pd
 from nslib.data.paper_results import KEYS
 from nslib.evaluation.metrics import ape
 from nslib.kernels import sizes
+from nslib.model.operators import per_operator_class_ms
+from nslib.model.predict import predict_model
 
 # nslib's per-class keys -> the paper's summary classes (the rest is "other")
 CLASS_OF = {c: c for c in sizes.CLASSES}
@@ -108,6 +110,52 @@ def class_frame(configs: pd.DataFrame, per_class: list[dict]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=KEYS + ["cls", "reproduced_ms"])
 
 
+def operator_split(configs: pd.DataFrame, predictor="neusight", data=None,
+                   quick: bool = False) -> list[dict]:
+    """Per configuration of ``configs`` (rows with :data:`KEYS`, single GPU), the predicted ms
+    per *operator* class (:func:`nslib.model.operators.per_operator_class_ms`), one dict each
+    for :func:`class_frame`.
+
+    The summary's per-class columns file a node's forward and backward time under the node's
+    operator (a layer norm's backward under ``VECln``, GELU's backward under its ``VEC``
+    ops), as the label CSVs time them; a split by kernel class would put every backward
+    vector kernel under elementwise and compare two different partitions."""
+    out = []
+    for _, r in configs.iterrows():
+        frame, _ = predict_model(r["gpu_key"], r["model"], int(r["batch"]), int(r["seq"]),
+                                 r["mode"], predictor=predictor, data=data, quick=quick)
+        out.append(per_operator_class_ms(frame))
+    return out
+
+
+def node_ratios(per_class: pd.DataFrame) -> pd.DataFrame:
+    """Predicted over measured ms per (``gpu``, ``mode``, ``cls``), summed over the labels of
+    :func:`nslib.evaluation.per_class.per_class_results` (each operator against the label
+    CSV's time for its node); ``training`` is True for a GPU with in-distribution labels."""
+    pc = per_class.assign(mode=np.where(per_class["tag"].str.contains("-train-"), "train", "inf"))
+    g = pc.groupby(["gpu", "mode", "cls"])[["measured_ms", "pred_ms"]].sum()
+    trained_on = set(pc.loc[~pc["ood"].astype(bool), "gpu"])
+    return pd.DataFrame({"ratio": g["pred_ms"] / g["measured_ms"],
+                         "training": [k[0] in trained_on for k in g.index]}, index=g.index)
+
+
+def _node_sentence(ratios: pd.DataFrame | None, gpu: str, mode: str, classes) -> str:
+    """How the reproduction prices each of ``classes`` node by node on ``gpu`` and on the
+    training GPUs, in ``mode`` (:func:`node_ratios`); empty when it has no such rows."""
+    parts = []
+    for cls in classes:
+        if ratios is None or (gpu, mode, cls) not in ratios.index:
+            continue
+        ref = ratios.xs((mode, cls), level=("mode", "cls"))
+        ref = ref.loc[ref["training"] & (ref.index != gpu), "ratio"]
+        seen = f" (training GPUs {ref.min():.2f}-{ref.max():.2f}x)" if len(ref) else ""
+        parts.append(f"{cls} {ratios.loc[(gpu, mode, cls), 'ratio']:.2f}x{seen}")
+    if not parts:
+        return ""
+    return (" Node by node (each operator against its label-CSV time), the reproduction "
+            f"prices this GPU's operators ({mode}): {', '.join(parts)}.")
+
+
 def gap_shares(gaps: pd.DataFrame) -> pd.DataFrame:
     """Per (``gpu_key``, ``mode``) and class: the summed ``gap_ms`` and its share of the
     summed absolute class gaps (``share``, 0-1), and how the class's prediction compares with
@@ -122,11 +170,15 @@ def gap_shares(gaps: pd.DataFrame) -> pd.DataFrame:
     return out.replace([np.inf, -np.inf], np.nan)
 
 
-def readings(cells: pd.DataFrame, shares: pd.DataFrame, gpu_names: dict | None = None
-             ) -> list[str]:
-    """One sentence per cell of :func:`agreement` that does not agree with the report: the gap, and the kernel class that carries most of it (:func:`gap_shares`), with
-    how each reproduction's prediction of that class compares with the label; "not
-    explained" when no class carries at least half of the class gaps."""
+def readings(cells: pd.DataFrame, shares: pd.DataFrame, gpu_names: dict | None = None,
+             nodes: pd.DataFrame | None = None) -> list[str]:
+    """One sentence per cell of :func:`agreement` that does not agree with the report: the
+    gap, and the class that carries most of it (:func:`gap_shares`), with how each
+    reproduction's prediction of that class compares with the label and, given ``nodes``
+    (:func:`node_ratios`, keyed by GPU name), how the reproduction prices that class node by
+    node on the same GPU and on the training GPUs; "not explained" by one class when none
+    carries at least half of the class gaps (then the node-by-node prices of the classes
+    carrying 20% or more)."""
     out = []
     names = gpu_names or {}
     for (gpu, mode), c in cells[~cells["agrees"]].iterrows():
@@ -139,11 +191,14 @@ def readings(cells: pd.DataFrame, shares: pd.DataFrame, gpu_names: dict | None =
         top, row = sub.index[0], sub.iloc[0]
         if row["share"] < 0.5:
             out.append(head + "Not explained by one kernel class: the class gaps are spread "
-                       f"({', '.join(f'{k} {v:.0%}' for k, v in sub['share'].items())}).")
+                       f"({', '.join(f'{k} {v:.0%}' for k, v in sub['share'].items())})."
+                       + _node_sentence(nodes, names.get(gpu, gpu), mode,
+                                        sub.index[sub["share"] >= 0.2]))
             continue
         out.append(head + f"{row['share']:.0%} of the class gaps is {top}: the paper's "
                    f"NeuSight predicted {row['reported / label']:.2f}x the label's {top} time, "
-                   f"the reproduction {row['reproduced / label']:.2f}x.")
+                   f"the reproduction {row['reproduced / label']:.2f}x."
+                   + _node_sentence(nodes, names.get(gpu, gpu), mode, [top]))
     return out
 
 
@@ -198,6 +253,6 @@ def per_class_readings(per_class: pd.DataFrame, method: str = "neusight",
         if abs(b - a) > tolerance:
             out.append(f"{cls}, {dist}: reported {a:.1f}%, reproduced {b:.1f}% "
                        f"({b - a:+.1f} points). Not explained on its own: the paper does not "
-                       "say which labels it averages; the class gaps per GPU above show where "
+                       "say which labels it averages; the class gaps per GPU below show where "
                        "the reproduction prices this class differently.")
     return out

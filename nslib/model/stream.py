@@ -128,7 +128,8 @@ def stream_terms(pred, frame: pd.DataFrame, launch_us: float | None = LAUNCH_US,
     ``pred``'s latencies of ``frame`` when already predicted (ms)."""
     if not len(frame):
         return np.zeros(0), np.zeros(0), np.zeros(0)
-    raw = np.asarray(pred.predict(frame) if raw is None else raw, float)
+    raw = published_memory(pred, frame, pred.predict(frame)) if raw is None else raw
+    raw = np.asarray(raw, float)
     if plain_sum is None:
         plain_sum = bool(getattr(pred, "plain_sum", False))
     if launch_us is None or plain_sum:
@@ -138,6 +139,23 @@ def stream_terms(pred, frame: pd.DataFrame, launch_us: float | None = LAUNCH_US,
     floor = floors(pred, frame, data)
     gpu_ms = np.maximum(np.maximum(raw - floor, sizes.roofline_ms(frame)), launch_us / 1000.0)
     return raw, gpu_ms, np.minimum(floor, raw)
+
+
+def published_memory(pred, frame: pd.DataFrame, raw) -> np.ndarray:
+    """``raw`` (the predictor's latencies of ``frame``, ms) with the memory operators (rows
+    whose ``kernel_class`` is ``memory``: copies, gathers, concatenations, masks) at their
+    bytes over the memory bandwidth when ``pred`` is a method as published (``plain_sum``:
+    NeuSight's original tool), as method.md section 2 prices them. nslib's own design prices
+    them as one-input elementwise kernels (:func:`nslib.model.inputs.kernel_frame`), which
+    carries their launch floor and achieved bandwidth."""
+    out = np.array(raw, float)
+    if not getattr(pred, "plain_sum", False) or "kernel_class" not in frame.columns:
+        return out
+    mem = (frame["kernel_class"] == "memory").to_numpy()
+    rows = frame.loc[mem]
+    # bytes / (GB/s * 1e9) s = bytes / (GB/s * 1e6) ms
+    out[mem] = rows["bytes"].to_numpy(float) / (rows["mem_bw"].to_numpy(float) * 1e6)
+    return out
 
 
 def step_ms(pred, frame: pd.DataFrame, launch_us: float | None = LAUNCH_US,
