@@ -64,6 +64,34 @@ def test_nested_and_baseline_coverage():
     assert set(band.index) == {"a", "b"} and (band["half_width"] > 0).all()
 
 
+def test_ensemble_members_price_alone(monkeypatch):
+    from nslib.evaluation import interval_eval
+
+    class Ens:
+        """Prices a kernel at the mean of its class's members (numbers stand for MLPs)."""
+        def __init__(self, models):
+            self.models = models
+
+        def predict(self, frame, lookup=False):
+            return np.array([np.mean(self.models[c]) for c in frame["cls"]], float)
+
+    pred = Ens({"bmm": [1.0, 3.0], "linear": [2.0]})
+    parts = interval_eval.members(pred)
+    assert list(parts) == ["bmm"]                        # single-model classes have no spread
+    assert [m.models["bmm"] for m in parts["bmm"]] == [[1.0], [3.0]]
+    assert pred.models["bmm"] == [1.0, 3.0]              # the predictor itself is untouched
+
+    frame = pd.DataFrame({"gpu": ["g"] * 3, "cls": ["bmm"] * 3, "latency_ms": [2.0, 3.0, 5.0]})
+    monkeypatch.setattr(interval_eval, "kernel_eval_frame", lambda data=None: frame)
+    monkeypatch.setattr(interval_eval.measured, "gpu_splits",
+                        lambda data=None: {"train_gpus": ["g"]})
+    monkeypatch.setattr(interval_eval, "trained", lambda *a, **k: pred)
+    out = interval_eval.ensemble_spread_coverage().iloc[0]
+    # members price 1 and 3 ms: 2 and 3 inside, 5 outside; half the range over the mean 2
+    assert out["covered"] == pytest.approx(200 / 3) and out["half_width"] == pytest.approx(50.0)
+    assert out["members"] == 2
+
+
 def test_bad_coverage():
     with pytest.raises(ValueError, match="strictly between 0 and 1"):
         Calibration.fit(_residuals(), 1.0)

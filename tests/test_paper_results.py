@@ -159,6 +159,13 @@ def test_side_by_side_means_and_readings_by_hand():
     text = rep.readings(cells, shares, {"G1": "GPU one"}, nodes)[0]
     assert text.endswith("prices this GPU's operators (inf): linear 1.50x (training GPUs "
                          "0.90-1.10x).")
+    # the mask's time moves between elementwise (the trace's add) and other (the code's where)
+    split2 = pd.DataFrame([{**a, "cls": "elementwise", "label_ms": 30.0, "pred_ms": 30.0},
+                           {**a, "cls": "other", "label_ms": 10.0, "pred_ms": 6.0}])
+    ours2 = rep.class_frame(pd.DataFrame([a]), [{"elementwise": 50.0, "memory": 2.0}])
+    text2 = rep.readings(cells, rep.gap_shares(rep.class_gaps(split2, ours2)))[0]
+    assert "is elementwise" in text2 and text2.endswith(
+        "the paper's NeuSight 0.90x, the reproduction 1.30x.")
     spread_text = rep.readings(cells, spread, {"G1": "GPU one"}, nodes)[0]
     assert "Not explained by one kernel class" in spread_text
     assert spread_text.endswith("linear 1.50x (training GPUs 0.90-1.10x).")

@@ -1,20 +1,24 @@
 """How well the calibrated intervals hold: per kernel class on the leave-one-GPU-out folds
-(nested: each GPU against the calibration of the others), with the plain ``+- MAPE`` band
-beside as the baseline, and end to end on the measured labels of the GPUs the predictor never
-trained on (:mod:`nslib.predictors.intervals`)."""
+(nested: each GPU against the calibration of the others), with two baselines beside (the plain
+``+- MAPE`` band and the plain spread of the predictor's ensemble members), and end to end on
+the measured labels of the GPUs the predictor never trained on
+(:mod:`nslib.predictors.intervals`)."""
 from __future__ import annotations
 
+import copy
 import warnings
 
 import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
+from nslib.evaluation.kernel_level import predict_rows
 from nslib.evaluation.model_level import label_configs
 from nslib.kernels import measured
 from nslib.model.predict import predict_model
 from nslib.predictors.intervals import (COVERAGE, calibration, logo_residuals,
                                         mape_band_coverage, nested_coverage)
+from nslib.predictors.training import kernel_eval_frame, trained
 
 
 def kernel_table(name: str = "nslib", coverage: float = COVERAGE, data=None,
@@ -28,7 +32,53 @@ def kernel_table(name: str = "nslib", coverage: float = COVERAGE, data=None,
                                  half_width=("half_width", "mean"), kernels=("n", "sum"))
     base = band.groupby("cls").agg(mape_band_covered=("covered", "mean"),
                                    mape_band_half_width=("half_width", "mean"))
+    spread = ensemble_spread_coverage(name, data, quick, seed)
+    if len(spread):
+        base = base.join(spread.groupby("cls").agg(
+            ensemble_covered=("covered", "mean"), ensemble_half_width=("half_width", "mean"),
+            ensemble_members=("members", "first")))
     return out.join(base)
+
+
+def members(pred) -> dict[str, list]:
+    """``{class: [predictor of one ensemble member, ...]}`` for the classes ``pred`` trains
+    an ensemble of more than one MLP for (each member a shallow copy pricing that class with
+    its own MLP alone; a predictor without ensembles gives ``{}``)."""
+    out = {}
+    for cls, nets in getattr(pred, "models", {}).items():
+        if len(nets) > 1:
+            out[cls] = []
+            for net in nets:
+                one = copy.copy(pred)
+                one.models = {**pred.models, cls: [net]}
+                out[cls].append(one)
+    return out
+
+
+def ensemble_spread_coverage(name: str = "nslib", data=None, quick: bool = False,
+                             seed: int = 0) -> pd.DataFrame:
+    """The plain spread of an ensemble as an interval, on the same held-out kernels as
+    :func:`nested_coverage`: each training GPU's test kernels priced by every member of the
+    fold that never saw the GPU, the interval from the lowest member's price to the highest.
+    Per class (those trained as ensembles) and GPU: ``covered`` (%), ``half_width`` (half the
+    range, % of the members' mean) and ``members``."""
+    frame = kernel_eval_frame(data)
+    rows = []
+    for g in measured.gpu_splits(data)["train_gpus"]:
+        pred = trained(name, data=data, quick=quick, seed=seed, exclude_gpus=[g],
+                       progress=False)
+        for cls, preds in members(pred).items():
+            sub = frame[(frame["gpu"] == g) & (frame["cls"] == cls)]
+            if not len(sub):
+                continue
+            unseen = np.ones(len(sub), bool)
+            p = np.stack([predict_rows(m, sub, unseen) for m in preds])
+            y = sub["latency_ms"].to_numpy(float)
+            inside = (y >= p.min(axis=0)) & (y <= p.max(axis=0))
+            rows.append({"gpu": g, "cls": cls, "n": len(sub), "members": len(preds),
+                         "covered": 100 * inside.mean(),
+                         "half_width": float(np.mean(50 * np.ptp(p, axis=0) / p.mean(axis=0)))})
+    return pd.DataFrame(rows)
 
 
 def e2e_table(mode: str, name: str = "nslib", coverage: float = COVERAGE, data=None,
@@ -67,4 +117,4 @@ def e2e_summary(frame: pd.DataFrame) -> pd.DataFrame:
         median_half_width=("hw", "median"))
 
 
-__all__ = ["e2e_summary", "e2e_table", "kernel_table"]
+__all__ = ["e2e_summary", "e2e_table", "ensemble_spread_coverage", "kernel_table", "members"]
