@@ -37,11 +37,13 @@ kernelbench_levels = [3, 2]  # its whole models (3) and fused chains (2); [] ski
 # %%
 from nslib.viz.figures import save_figure, save_table
 from nslib.viz.scratch import notebook_out
+from nslib.data.settings import Settings
 from nslib.evaluation.model_level import report, time_breakdown
 from nslib.viz.plots import logo_heatmap, pred_vs_measured_bars, share_bars
 from nslib.predictors import available
 
 out = notebook_out(out)   # run by hand: figures/interactive/, never the tracked figures/
+settings = Settings(data=data, quick=quick, seed=seed)  # made once, passed down
 
 mode = "inf"
 prefix = "04_inference"[:2]
@@ -50,8 +52,8 @@ if quick and models is None:
     models = ["bert_large", "gpt2_large"]
 
 # %%
-tables = report(mode, names, prefix, data=data, gpus=gpus, models=models, quick=quick, out=out,
-                logo_predictors=logo_predictors, seed=seed)
+tables = report(mode, names, prefix, gpus=gpus, models=models, out=out,
+                logo_predictors=logo_predictors, settings=settings)
 results = tables["results"]
 results.loc[results["note"] != "", ["gpu", "tag", "predictor", "note"]]
 
@@ -159,7 +161,7 @@ save_figure(pred_vs_measured_bars(results), f"{prefix}_{mode}_pred_vs_measured",
 
 # %%
 first = results["gpu_key"].iloc[0]
-breakdown = time_breakdown(results, first, names[0], data=data, quick=quick, seed=seed)
+breakdown = time_breakdown(results, first, names[0], settings=settings)
 save_table(breakdown, f"{prefix}_{mode}_breakdown", out, digits=2)
 save_figure(share_bars(breakdown, f"share of predicted time on {first} (%)"),
             f"{prefix}_{mode}_breakdown", out)

@@ -46,6 +46,7 @@ from nslib.viz.figures import save_figure, save_table
 from nslib.viz.scratch import notebook_out
 from nslib.evaluation.fusion_eval import (fused_group_counts, fusion_example, fusion_speedups,
                                           fusion_summary, fusion_table)
+from nslib.data.settings import Settings
 from nslib.evaluation.model_level import evaluate_variant, paper_table, variant_logo
 from nslib.model.fusion import fuse
 from nslib.model.inputs import traced
@@ -53,6 +54,7 @@ from nslib.predictors import available
 from nslib.viz.variant_plots import fusion_bars
 
 out = notebook_out(out)   # run by hand: figures/interactive/, never the tracked figures/
+settings = Settings(data=data, quick=quick, seed=seed)  # made once, passed down
 
 prefix = "06"
 names = [p for p in predictors if p in available()]
@@ -61,8 +63,8 @@ if quick and models is None:
     models = ["bert_large"]
 
 # %%
-results = evaluate_variant("fusion", names, data=data, gpus=gpus, models=models, quick=quick,
-                           with_base=True, seed=seed)
+results = evaluate_variant("fusion", names, gpus=gpus, models=models, with_base=True,
+                           settings=settings)
 table = fusion_table(results)
 save_table(table, f"{prefix}_fusion_results", out, digits=2)
 results.loc[results["note"] != "", ["gpu", "tag", "predictor", "note"]]
@@ -96,7 +98,7 @@ summary
 
 # %%
 fusion_logo = variant_logo("fusion", results[results["predictor"].isin(logo_names)], logo_names,
-                           data=data, models=models, quick=quick, seed=seed)
+                           models=models, settings=settings)
 if fusion_logo is not None:
     save_table(fusion_logo, f"{prefix}_fusion_logo", out)
 fusion_logo

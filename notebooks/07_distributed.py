@@ -54,6 +54,7 @@ quick = False      # quick profile: quick-trained predictors, A100-SXM4 only, sm
 # %%
 from nslib.viz.figures import save_figure, save_table
 from nslib.viz.scratch import notebook_out
+from nslib.data.settings import Settings
 from nslib.evaluation.model_level import evaluate_variant
 from nslib.evaluation.parallel_eval import (parallel_error_table, parallel_summary,
                                             parallel_table, scaling_table, with_strategy)
@@ -64,6 +65,7 @@ from nslib.predictors import available
 from nslib.viz.variant_plots import parallel_bars, whatif_lines
 
 out = notebook_out(out)   # run by hand: figures/interactive/, never the tracked figures/
+settings = Settings(data=data, quick=quick, seed=seed)  # made once, passed down
 
 prefix = "07"
 names = [p for p in predictors if p in available()]
@@ -75,8 +77,8 @@ if quick:
     link_bws = link_bws[1::2]
 
 # %%
-results = with_strategy(evaluate_variant("distributed", names, data=data, gpus=gpus,
-                                         models=models, quick=quick, with_base=True))
+results = with_strategy(evaluate_variant("distributed", names, gpus=gpus, models=models,
+                                         with_base=True, settings=settings))
 table = parallel_table(results)
 save_table(table, f"{prefix}_distributed_results", out, digits=2)
 results.loc[results["note"] != "", ["gpu", "tag", "predictor", "note"]]

@@ -45,6 +45,7 @@ import pandas as pd
 from nslib.data import paper_results
 from nslib.data.gpus import load_gpus
 from nslib.evaluation import reported as rep
+from nslib.data.settings import Settings
 from nslib.evaluation.model_level import evaluate_models, evaluate_variant
 from nslib.evaluation.per_class import per_class_results, per_class_table
 from nslib.predictors import available
@@ -53,6 +54,7 @@ from nslib.viz.scratch import notebook_out
 from nslib.viz.reported_plots import reported_bars
 
 out = notebook_out(out)   # run by hand: figures/interactive/, never the tracked figures/
+settings = Settings(data=data, quick=quick, seed=seed)  # made once, passed down
 
 prefix = "11"
 names = [p for p in predictors if p in available()]
@@ -79,9 +81,9 @@ reported.pivot_table(index=["mode", "variant"], columns="gpu_key", values="measu
 # 4-GPU DP/TP/PP labels, each priced by every predictor.
 
 # %%
-parts = [evaluate_models(mode, names, data=data, models=models, quick=quick, seed=seed)
+parts = [evaluate_models(mode, names, models=models, settings=settings)
          for mode in ("inf", "train")]
-parts += [evaluate_variant(kind, names, data=data, models=models, quick=quick, seed=seed)
+parts += [evaluate_variant(kind, names, models=models, settings=settings)
           for kind in ("fusion", "distributed")]
 results = pd.concat([p for p in parts if len(p)], ignore_index=True)
 side = rep.side_by_side(reported, results)
@@ -146,7 +148,7 @@ single_results = results[results["variant"].fillna("") == ""]
 rows, node_frames = [], {}
 for name in names:
     pc = pd.concat([per_class_results(single_results[single_results["mode"] == m], name,
-                                      data=data, quick=quick, seed=seed)
+                                      settings=settings)
                     for m in ("inf", "train") if (single_results["mode"] == m).any()])
     node_frames[name] = pc
     tab = per_class_table(pc)

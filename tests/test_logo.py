@@ -7,6 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from nslib.data.settings import Settings
 from nslib.evaluation.kernel_level import LOGO_MEAN, logo_json, logo_table, predict_logo
 from nslib.kernels import measured
 from nslib.predictors import training
@@ -133,7 +134,8 @@ def test_model_level_folds_price_each_training_gpu_without_it(data_dir, monkeypa
 
     monkeypatch.setattr(stream, "probe_kernels", spy_probes)
     splits = measured.gpu_splits()
-    res = evaluate_models("inf", ["linreg"], models=["bert_large"], progress=False, logo=True)
+    res = evaluate_models("inf", ["linreg"], models=["bert_large"], logo=True,
+                          settings=Settings(progress=False))
     held = res[res["held_out"]]
     # the floors of each held-out GPU's labels were built without that GPU, the others' not
     per_label = res.drop_duplicates(["gpu_key", "tag"])

@@ -5,6 +5,7 @@ import sys
 import numpy as np
 import pandas as pd
 
+from nslib.data.settings import Settings
 from nslib.cli.commands import main
 from nslib.evaluation import metrics
 
@@ -51,7 +52,8 @@ def test_eval_models_json_and_logo_with_the_roofline(data_dir, capsys):
     args = ["eval-models", "--predictor", "roofline", "--models", "bert_large", "--json"]
     assert main(args) == 0
     got = json.loads(capsys.readouterr().out)["roofline"]
-    res = evaluate_models("inf", ["roofline"], models=["bert_large"], progress=False)
+    res = evaluate_models("inf", ["roofline"], models=["bert_large"],
+                          settings=Settings(progress=False))
     by_gpu = res.groupby("gpu")["err"].mean()
     assert got["Tesla T4"] == round(by_gpu["Tesla T4"], 4)
     assert got["all"] == round(res["err"].mean(), 4)

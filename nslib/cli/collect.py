@@ -10,6 +10,7 @@ from nslib.data.checks import arg_float, arg_int
 
 
 def _collect(args) -> int:
+    from nslib.data.settings import Settings
     from nslib.evaluation.collect.layout import merge_into
     from nslib.evaluation.collect.run import PARTS, collect
     from nslib.evaluation.collect.steps import DEFAULT_STEPS, parse_step
@@ -28,8 +29,8 @@ def _collect(args) -> int:
     for m in models:
         parse_step(m)  # the format error before any measuring
     record = collect(args.out, device=args.device, minutes=args.minutes, parts=parts or PARTS,
-                     seed=args.seed, vendor_sheet=vendor, models=models,
-                     flush_l2=args.flush_l2, progress=not args.json)
+                     vendor_sheet=vendor, models=models, flush_l2=args.flush_l2,
+                     settings=Settings(seed=args.seed, progress=not args.json))
     if args.json:
         print(json.dumps(record, indent=1, default=str))
         return 0

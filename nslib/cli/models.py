@@ -40,13 +40,14 @@ def _eval_kernelbench_models(args) -> int:
 def _eval_models(args) -> int:
     if args.kernelbench is not None:
         return _eval_kernelbench_models(args)
+    from nslib.data.settings import Settings
     from nslib.evaluation.model_level import evaluate_models, logo_table, training_gpu_keys
     from nslib.predictors import available
     unknown = [p for p in args.predictor if p not in available()]
     if unknown:
         raise ValueError(f"unknown predictor(s) {unknown}; known: {sorted(available())}")
-    kw = dict(data=None, gpus=args.gpus, models=args.models, quick=args.quick,
-              progress=not args.json, seed=args.seed)
+    kw = dict(gpus=args.gpus, models=args.models,
+              settings=Settings(quick=args.quick, seed=args.seed, progress=not args.json))
     res = evaluate_models(args.mode, args.predictor, **kw)
     if res.empty:
         raise ValueError(f"no {args.mode} labels match the given --gpus/--models: `nslib gpus` "

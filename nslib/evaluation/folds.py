@@ -8,6 +8,7 @@ predictor trained on every training GPU, as in :func:`nslib.evaluation.kernel_le
 """
 from __future__ import annotations
 
+from nslib.data.settings import Settings, settings_of
 from nslib.kernels import measured
 from nslib.predictors.training import trained
 
@@ -18,12 +19,13 @@ class Folds:
     """Trained predictors per (name, fold), each trained or read from the cache once.
 
     ``logo``: hold each training GPU out of the predictor that prices it (see module doc).
-    ``data``, ``quick``, ``seed``: as :func:`nslib.predictors.training.trained`.
+    ``settings``: the data, training profile and seed (:class:`nslib.data.settings.Settings`).
     """
 
-    def __init__(self, logo: bool = False, data=None, quick: bool = False, seed: int = 0):
-        self.logo, self.data, self.quick, self.seed = bool(logo), data, quick, seed
-        self._train = set(measured.gpu_splits(data)["train_gpus"]) if logo else set()
+    def __init__(self, logo: bool = False, settings: Settings | None = None):
+        self.logo, self.settings = bool(logo), settings_of(settings)
+        s = self.settings
+        self._train = set(measured.gpu_splits(s.data)["train_gpus"]) if logo else set()
         self._memo: dict = {}
 
     def held_out(self, gpu: str) -> bool:
@@ -45,6 +47,7 @@ class Folds:
             # the paper-protocol predictor shows its bars (its first training is long); a
             # fold's training is announced on stderr by `trained` either way. A fold's predictor
             # records its held-out GPU (`excluded_gpus`): the dispatch floors leave it out too
-            self._memo[key] = trained(name, data=self.data, quick=self.quick, seed=self.seed,
-                                      exclude_gpus=held, progress=not held)
+            s = self.settings
+            self._memo[key] = trained(name, data=s.data, quick=s.quick, seed=s.seed,
+                                      exclude_gpus=held, progress=not held and s.progress)
         return self._memo[key]

@@ -15,6 +15,7 @@ from tqdm.auto import tqdm
 from nslib.data.gpus import load_gpus
 from nslib.data.labels import load_labels
 from nslib.data.protocol import ood_models
+from nslib.data.settings import Settings, settings_of
 from nslib.evaluation.folds import LOGO, PAPER, Folds
 from nslib.evaluation.kernel_level import with_logo_summary
 from nslib.evaluation.metrics import ape
@@ -44,10 +45,9 @@ def label_configs(mode: str, data=None, gpus=None, models=None, variant: str = "
 
 
 @range_warnings_once()
-def evaluate_models(mode: str, predictors, data=None, gpus=None, models=None,
-                    quick: bool = False, progress: bool = True,
+def evaluate_models(mode: str, predictors, *, gpus=None, models=None,
                     launch_us: float | None = LAUNCH_US, logo: bool = False,
-                    seed: int = 0) -> pd.DataFrame:
+                    settings: Settings | None = None) -> pd.DataFrame:
     """One row per (label, predictor): measured and predicted ms, APE, and whether the GPU
     and model are in distribution. Configurations the tracer cannot handle are reported in a
     ``note`` column, not dropped silently. ``launch_us``: as in
@@ -55,12 +55,15 @@ def evaluate_models(mode: str, predictors, data=None, gpus=None, models=None,
 
     ``logo``: price each training GPU's labels with the predictor of the leave-one-GPU-out
     fold that held it out (:class:`nslib.evaluation.folds.Folds`); the ``held_out`` column
-    says which rows were. ``seed``: the predictors' training seed."""
+    says which rows were. ``settings``: data, training profile, seed, progress bars
+    (:class:`nslib.data.settings.Settings`)."""
+    s = settings_of(settings)
+    data, quick = s.data, s.quick
     lab = label_configs(mode, data, gpus, models)
     new = set(measured.gpu_splits(data)["new_gpus"])
-    folds = Folds(logo, data, quick, seed)
+    folds = Folds(logo, s)
     rows = []
-    for _, r in tqdm(list(lab.iterrows()), desc=f"{mode} configs", disable=not progress):
+    for _, r in tqdm(list(lab.iterrows()), desc=f"{mode} configs", disable=not s.progress):
         for name in predictors:
             rec = {**r.to_dict(), "predictor": name, "held_out": folds.held_out(r["gpu"])}
             pred = folds.predictor(name, r["gpu"])  # a failed training is an error, not a note
@@ -85,12 +88,14 @@ def evaluate_models(mode: str, predictors, data=None, gpus=None, models=None,
 
 
 @range_warnings_once()
-def time_breakdown(results: pd.DataFrame, gpu_key: str, predictor: str, data=None,
-                   quick: bool = False, seed: int = 0) -> pd.DataFrame:
+def time_breakdown(results: pd.DataFrame, gpu_key: str, predictor: str, *,
+                   settings: Settings | None = None) -> pd.DataFrame:
     """Predicted ms per kernel class (columns) for each configuration (rows) of ``results``
-    on one GPU (``predictor`` trained with ``seed``, the paper's protocol)."""
+    on one GPU (``predictor`` trained with the settings' seed, the paper's protocol)."""
+    s = settings_of(settings)
+    data, quick = s.data, s.quick
     rows = []
-    fitted = get_predictor(predictor, data, quick, seed)
+    fitted = get_predictor(predictor, data, quick, s.seed)
     for _, r in results[results["gpu_key"] == gpu_key].drop_duplicates("tag").iterrows():
         _, s = predict_model(gpu_key, r["model"], r["batch"], r["seq"], r["mode"],
                              predictor=fitted, data=data, quick=quick)
@@ -98,18 +103,18 @@ def time_breakdown(results: pd.DataFrame, gpu_key: str, predictor: str, data=Non
     return pd.DataFrame(rows).set_index("config").fillna(0.0)
 
 
-def aggregation_table(mode: str, predictors, data=None, gpus=None, models=None,
-                      quick: bool = False, results: pd.DataFrame | None = None,
-                      seed: int = 0) -> pd.DataFrame:
+def aggregation_table(mode: str, predictors, *, gpus=None, models=None,
+                      results: pd.DataFrame | None = None,
+                      settings: Settings | None = None) -> pd.DataFrame:
     """Mean error (%) per predictor and GPU with kernels summed as a stream (the default,
     :mod:`nslib.model.stream`) and as plain sums of microbenchmark latencies (the original tool's
     aggregation): rows (predictor, aggregation), columns GPUs and ``all``. ``results``: the
-    default :func:`evaluate_models` output (same ``seed``) when already computed."""
+    default :func:`evaluate_models` output (same ``settings``) when already computed."""
+    quiet = settings_of(settings).but(progress=False)
     if results is None:
-        results = evaluate_models(mode, predictors, data, gpus, models, quick, progress=False,
-                                  seed=seed)
-    plain = evaluate_models(mode, predictors, data, gpus, models, quick, progress=False,
-                            launch_us=None, seed=seed)
+        results = evaluate_models(mode, predictors, gpus=gpus, models=models, settings=quiet)
+    plain = evaluate_models(mode, predictors, gpus=gpus, models=models, launch_us=None,
+                            settings=quiet)
     both = pd.concat([results.assign(aggregation="stream"), plain.assign(aggregation="plain sum")])
     # a method whose own aggregation is the plain sum (NeuSight as published) has no stream row
     own_plain = [n for n in pd.unique(both["predictor"])
@@ -211,9 +216,9 @@ def variant_labels(kind: str, data=None, gpus=None, models=None) -> pd.DataFrame
 
 
 @range_warnings_once()
-def evaluate_variant(kind: str, predictors, data=None, gpus=None, models=None,
-                     quick: bool = False, progress: bool = True, with_base: bool = False,
-                     link=None, logo: bool = False, seed: int = 0) -> pd.DataFrame:
+def evaluate_variant(kind: str, predictors, *, gpus=None, models=None,
+                     with_base: bool = False, link=None, logo: bool = False,
+                     settings: Settings | None = None) -> pd.DataFrame:
     """One row per (variant label, predictor): measured and predicted ms and APE.
 
     ``kind``: see :func:`variant_labels`. ``with_base``: also predict the single-GPU,
@@ -221,16 +226,18 @@ def evaluate_variant(kind: str, predictors, data=None, gpus=None, models=None,
     ``batch / dp``, in ``base_batch``; otherwise the same batch), with the plain label's
     ``base_e2e_ms`` where one exists, to separate the single-GPU prediction error from the
     fusion/parallel modelling. ``link``: passed to predict_model (None: each GPU's default).
-    ``logo``, ``seed``: as :func:`evaluate_models`. Failures are reported in ``note``, not
+    ``logo``, ``settings``: as :func:`evaluate_models`. Failures are reported in ``note``, not
     dropped."""
+    s = settings_of(settings)
+    data, quick = s.data, s.quick
     lab = variant_labels(kind, data, gpus, models)
     plain = load_labels(data)
     plain = plain[plain["variant"] == ""].set_index(["gpu_key", "model", "mode", "seq",
                                                      "batch"])["e2e_ms"]
     new = set(measured.gpu_splits(data)["new_gpus"])
-    folds = Folds(logo, data, quick, seed)
+    folds = Folds(logo, s)
     rows = []
-    for _, r in tqdm(list(lab.iterrows()), desc=f"{kind} configs", disable=not progress):
+    for _, r in tqdm(list(lab.iterrows()), desc=f"{kind} configs", disable=not s.progress):
         args = variant_args(r["variant"])
         if not args.get("fused"):
             args["link"] = link
@@ -276,21 +283,22 @@ def training_gpu_keys(results: pd.DataFrame, data=None) -> list[str]:
     return sorted(results.loc[results["gpu"].isin(train), "gpu_key"].unique())
 
 
-def variant_logo(kind: str, results: pd.DataFrame, predictors, data=None, models=None,
-                 quick: bool = False, seed: int = 0, **kw) -> pd.DataFrame | None:
+def variant_logo(kind: str, results: pd.DataFrame, predictors, *, models=None,
+                 settings: Settings | None = None, **kw) -> pd.DataFrame | None:
     """:func:`logo_table` of a variant kind's labels (``results``: :func:`evaluate_variant`
     output under the paper's protocol), or None when no training GPU has such labels. ``kw``
     goes to :func:`evaluate_variant` (``link``)."""
-    keys = training_gpu_keys(results, data) if len(results) else []
+    s = settings_of(settings)
+    keys = training_gpu_keys(results, s.data) if len(results) else []
     if not keys:
         return None
-    held = evaluate_variant(kind, predictors, data, keys, models, quick, progress=False,
-                            logo=True, seed=seed, **kw)
+    held = evaluate_variant(kind, predictors, gpus=keys, models=models, logo=True,
+                            settings=s.but(progress=False), **kw)
     return logo_table(results, held)
 
 
-def report(mode: str, predictors, prefix: str, data=None, gpus=None, models=None,
-           quick: bool = False, out=None, logo_predictors=(), seed: int = 0) -> dict:
+def report(mode: str, predictors, prefix: str, *, gpus=None, models=None, out=None,
+           logo_predictors=(), settings: Settings | None = None) -> dict:
     """Evaluate ``mode`` and save the model-level tables as ``<prefix>_<mode>_<name>``.
 
     Returns ``{"results", "paper", "summary", "per_class", "per_class_by_gpu", "aggregation"}``
@@ -300,21 +308,21 @@ def report(mode: str, predictors, prefix: str, data=None, gpus=None, models=None
     ``predictors`` to also price leave-one-GPU-out) add ``logo_results``, ``logo``
     (:func:`logo_table`) and ``logo_per_class_by_gpu`` (the first of them, with the mean over the
     held-out GPUs and the worst), saved the same way
-    when any training GPU has labels of ``mode``. ``seed``: the predictors' training seed.
+    when any training GPU has labels of ``mode``. ``settings``: data, training profile and seed.
     """
-    results = evaluate_models(mode, predictors, data=data, gpus=gpus, models=models,
-                              quick=quick, seed=seed)
-    per_class = per_class_results(results, predictors[0], data=data, quick=quick, seed=seed)
+    s = settings_of(settings)
+    results = evaluate_models(mode, predictors, gpus=gpus, models=models, settings=s)
+    per_class = per_class_results(results, predictors[0], settings=s)
     tables = {"results": results, "paper": paper_table(results),
               "summary": summary_table(results), "per_class": per_class_table(per_class),
               "per_class_by_gpu": per_class_by_gpu(per_class),
-              "aggregation": aggregation_table(mode, predictors, data, gpus, models, quick,
-                                               results=results, seed=seed)}
+              "aggregation": aggregation_table(mode, predictors, gpus=gpus, models=models,
+                                               results=results, settings=s)}
     names = ["paper", "summary", "per_class", "per_class_by_gpu", "aggregation"]
     logo = [p for p in logo_predictors if p in list(predictors)]
-    keys = training_gpu_keys(results, data) if logo and len(results) else []
+    keys = training_gpu_keys(results, s.data) if logo and len(results) else []
     if keys:
-        tables.update(_logo_tables(mode, logo, results, keys, data, models, quick, seed))
+        tables.update(_logo_tables(mode, logo, results, keys, models, s))
         names += ["logo", "logo_per_class_by_gpu"]
     save_table(results.drop(columns=["note", "held_out"]).set_index(["gpu", "config",
                                                                      "predictor"]),
@@ -325,12 +333,13 @@ def report(mode: str, predictors, prefix: str, data=None, gpus=None, models=None
     return tables
 
 
-def _logo_tables(mode, predictors, results, keys, data, models, quick, seed) -> dict:
+def _logo_tables(mode, predictors, results, keys, models, settings: Settings) -> dict:
     """The leave-one-GPU-out part of :func:`report`, on the labels of the training GPUs'
     folders ``keys`` (the new GPUs are priced alike under both protocols)."""
-    logo = evaluate_models(mode, predictors, data, keys, models, quick, logo=True, seed=seed)
-    per_class = per_class_by_gpu(per_class_results(logo, predictors[0], data, quick,
-                                                   logo=True, seed=seed))
+    logo = evaluate_models(mode, predictors, gpus=keys, models=models, logo=True,
+                           settings=settings)
+    per_class = per_class_by_gpu(per_class_results(logo, predictors[0], logo=True,
+                                                   settings=settings))
     if len(per_class):
         per_class = with_logo_summary(per_class, list(per_class.columns))
     return {"logo_results": logo, "logo": logo_table(results, logo),

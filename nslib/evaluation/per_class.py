@@ -8,6 +8,7 @@ import pandas as pd
 from nslib.data.labels import load_labels
 from nslib.data.reference_graphs import (class_ms, gemm_copies_inside, host_nodes, layer_repeats,
                                          measured_nodes)
+from nslib.data.settings import Settings
 from nslib.evaluation.folds import Folds
 from nslib.evaluation.metrics import ape
 from nslib.kernels.sizes import MODEL_CLASSES
@@ -61,8 +62,8 @@ def _n_layer(config: dict) -> int:
 
 
 @range_warnings_once()
-def per_class_results(results: pd.DataFrame, predictor: str, data=None,
-                      quick: bool = False, logo: bool = False, seed: int = 0) -> pd.DataFrame:
+def per_class_results(results: pd.DataFrame, predictor: str, *, logo: bool = False,
+                      settings: Settings | None = None) -> pd.DataFrame:
     """One row per (label with a CSV, class): measured ms, predicted ms, APE, ood flag.
 
     Both sides are classed by operator, as the label CSVs time them: the prediction by
@@ -77,11 +78,12 @@ def per_class_results(results: pd.DataFrame, predictor: str, data=None,
     ``bmm`` (:func:`nslib.data.reference_graphs.gemm_copies_inside`).
 
     ``results`` is :func:`nslib.evaluation.model_level.evaluate_models` output (its rows name the
-    labels). ``logo``, ``seed``: which trained predictor prices each label
+    labels). ``logo``, ``settings``: which trained predictor prices each label
     (:class:`nslib.evaluation.folds.Folds`).
     """
     rows = []
-    folds = Folds(logo, data, quick, seed)
+    folds = Folds(logo, settings)
+    data, quick = folds.settings.data, folds.settings.quick
     labs = results[results["predictor"] == predictor].drop_duplicates(["gpu_key", "tag"])
     for _, r in labs.iterrows():
         nodes = measured_nodes(r["gpu_key"], r["tag"], data)

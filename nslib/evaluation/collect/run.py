@@ -11,6 +11,7 @@ from pathlib import Path
 from nslib import __version__
 from nslib.data.checks import check_float
 from nslib.data.paths import atomic_write_text
+from nslib.data.settings import Settings, settings_of
 from nslib.evaluation.collect import fp32, layout, steps, tensor16
 from nslib.evaluation.collect.sheet import datasheet
 from nslib.evaluation.collect.sweep import probe, run_plan
@@ -69,13 +70,17 @@ def _run_part(part, clock, out, device, deadline, rates, v, args) -> dict:
             "seconds": tally.seconds}
 
 
-def collect(out, device: str = "cuda", minutes: float = 10.0, parts=PARTS, seed: int = 0,
-            vendor_sheet: dict | None = None, data=None, models=steps.DEFAULT_STEPS,
-            flush_l2: bool = False, progress: bool = True) -> dict:
+def collect(out, *, device: str = "cuda", minutes: float = 10.0, parts=PARTS,
+            vendor_sheet: dict | None = None, models=steps.DEFAULT_STEPS,
+            flush_l2: bool = False, settings: Settings | None = None) -> dict:
     """Measure ``device`` for about ``minutes`` into ``out`` (see the package doc); returns the
     provenance record (also written to ``out/provenance.json``). A rerun into the same folder
-    resumes: rows and labels already there are kept and not measured again."""
+    resumes: rows and labels already there are kept and not measured again. ``settings``: the
+    seed of the sampled shapes, the data the model steps are configured from, progress bars."""
     import torch
+
+    s = settings_of(settings)
+    seed = s.seed
 
     minutes = check_float("minutes", minutes, positive=True)
     unknown = sorted(set(parts) - set(PARTS))
@@ -97,7 +102,8 @@ def collect(out, device: str = "cuda", minutes: float = 10.0, parts=PARTS, seed:
         for path in layout.datasheet_paths(out, sheet["Device"]):
             atomic_write_text(path, json.dumps(sheet, indent=4))
         return _run_parts(record, parts, clock, out, start, minutes, rates,
-                          {"data": data, "seed": seed, "progress": progress, "models": models})
+                          {"data": s.data, "seed": seed, "progress": s.progress,
+                           "models": models})
     finally:
         torch.backends.cuda.matmul.allow_tf32 = tf32
 
