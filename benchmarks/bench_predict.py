@@ -50,6 +50,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     from nslib.data.gpus import load_gpus
     from nslib.data.paths import cache_dir
+    from nslib.data.settings import Settings
     from nslib.model.sweep import sweep
     from nslib.predictors.training import trained
     trained(a.predictor, quick=a.quick)  # train once, outside the timings
@@ -70,9 +71,10 @@ def main(argv=None) -> int:
     sc = pd.DataFrame({"gpu": rng.choice(names, a.scenarios),
                        "batch": rng.integers(1, 17, a.scenarios),
                        "seq": rng.choice(np.arange(128, 2049, 128), a.scenarios)})
-    sweep("gpt3_27", "train", sc.head(2), predictor=a.predictor, quick=a.quick)  # traces
+    quick = Settings(quick=a.quick)
+    sweep("gpt3_27", "train", sc.head(2), a.predictor, settings=quick)  # traces
     t0 = time.perf_counter()
-    sweep("gpt3_27", "train", sc, predictor=a.predictor, quick=a.quick)
+    sweep("gpt3_27", "train", sc, a.predictor, settings=quick)
     swept = time.perf_counter() - t0
     print(f"nslib predict gpt3_27 train b2 s2048 on H100, first use (trace included): "
           f"{first:.2f} s  (target < 8 s)")

@@ -90,6 +90,7 @@ from nslib.data.paths import data_root
 from nslib.data.reference_graphs import layer_span, ref_class
 from nslib.model.config import load_model_config
 from nslib.model.trace import trace
+from nslib.model.step import Step
 
 CLASSES = ("linear", "bmm", "elementwise", "softmax", "layernorm", "memory")
 NAME_RE = re.compile(r"^(?P<model>.+?)-(?P<mode>inf|train)-(?P<seq>\d+)-(?P<batch>\d+)"
@@ -140,11 +141,11 @@ def n_layers(cfg: dict) -> int:
 
 
 def ours(cfg: dict, batch: int, seq: int, mode: str) -> tuple[dict, float]:
-    trace(cfg, 1, 8, mode)  # warm-up: imports the model's transformers module
+    trace(cfg, Step(1, 8, mode))  # warm-up: imports the model's transformers module
     t0 = time.perf_counter()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        tr = trace(cfg, batch, seq, mode)
+        tr = trace(cfg, Step(batch, seq, mode))
     dt = time.perf_counter() - t0
     for w in caught:
         print(f"  warning: {w.message}", file=sys.stderr)

@@ -61,6 +61,7 @@ from nslib.evaluation.parallel_eval import (parallel_error_table, parallel_summa
 from nslib.model.inputs import resolve_gpu
 from nslib.model.parallel import default_link
 from nslib.model.parallel_whatif import link_sweep_degree, parallel_whatif
+from nslib.model.step import Step
 from nslib.predictors import available
 from nslib.viz.variant_plots import parallel_bars, whatif_lines
 
@@ -133,8 +134,8 @@ spec = resolve_gpu(whatif_gpu, data)
 link0 = default_link(spec, data)
 print(f"{spec.name}: default link {link0.bandwidth_gbps:g} GB/s ({link0.source}), "
       f"effective {link0.effective_gbps:g} GB/s")
-whatif, skipped = parallel_whatif(spec, whatif_model, whatif_batch, whatif_seq, degrees,
-                                  link_bws, predictor=names[0], data=data, quick=quick)
+whatif, skipped = parallel_whatif(spec, whatif_model, Step(whatif_batch, whatif_seq, "train"),
+                                  degrees, link_bws, names[0], settings=settings)
 save_table(whatif.set_index(["strategy", "degree", "link_gbps"]), f"{prefix}_whatif", out,
            digits=2)
 for s in skipped:

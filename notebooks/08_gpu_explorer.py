@@ -55,8 +55,12 @@ from nslib.explore.plots import plot_scenario
 from nslib.explore.ranges import training_ranges
 from nslib.explore.ui import build_explorer
 from nslib.explore.whatif import scenario
+from nslib.model.step import Step
+from nslib.data.settings import Settings
 
 out = notebook_out(out)   # run by hand: figures/interactive/, never the tracked figures/
+settings = Settings(data=data, quick=quick, seed=seed)  # made once, passed down
+step = Step(batch, seq, mode)
 
 specs = [resolve_gpu(g, data) for g in gpus]
 base = specs[0]
@@ -86,7 +90,7 @@ sheet
 # slope, which is why the hypothetical GPU's extra bandwidth buys the time it buys.
 
 # %%
-res = scenario(specs + [custom], model, batch, seq, mode, predictor, quick=quick, data=data)
+res = scenario(specs + [custom], model, step, predictor, settings=settings)
 summary = res["summary"].set_index("gpu")
 summary["vs first"] = summary["e2e_ms"] / summary["e2e_ms"].iloc[0]
 save_table(summary[["e2e_ms", "fw_ms", "bw_ms", "n_kernels", "vs first", "in_training_range"]],
@@ -125,7 +129,7 @@ rows = []
 for field in ("mem_bw", "peak_gflops"):
     for k in factors:
         g = hypothetical_gpu(base, name=f"{field} x{k}", **{field: getattr(base, field) * k})
-        r = scenario([g], model, batch, seq, mode, predictor, quick=quick, data=data)
+        r = scenario([g], model, step, predictor, settings=settings)
         rows.append({"scaled": field, "factor": k, "e2e_ms": r["summary"]["e2e_ms"].iloc[0],
                      **r["per_class"].iloc[0].to_dict()})
 sweep = pd.DataFrame(rows).fillna(0.0)
@@ -171,8 +175,8 @@ display(Markdown("\n".join(notes)))
 # takes longer); `quick` uses the quick profile.
 
 # %%
-explorer = build_explorer(gpus=gpus, model=model, batch=batch, seq=seq, mode=mode,
-                          predictor=predictor, quick=quick, data=data, hypothetical=what_if)
+explorer = build_explorer(gpus=gpus, model=model, step=step, predictor=predictor,
+                          hypothetical=what_if, settings=settings)
 explorer
 
 # %% [markdown]
@@ -187,12 +191,13 @@ explorer
 from nslib.explore.gpus import hypothetical_gpu as _hyp
 from nslib.explore.serving import serving_curves
 from nslib.explore.serving_ui import build_serving_explorer
+from nslib.model.serving import Workload
 from nslib.model.inputs import resolve_gpu
 from nslib.viz.serving_plots import throughput_curves
 
 first = resolve_gpu(serving_gpus[0])
 served = serving_curves(serving_gpus + [_hyp(first, mem_bw=2 * first.mem_bw)], serving_model,
-                        tp=serving_tp, most=64 if quick else 256, quick=quick)
+                        Workload(tp=serving_tp), most=64 if quick else 256, settings=settings)
 for n in served["notes"]:
     print(n)
 fig = throughput_curves(served["curves"])
@@ -206,6 +211,7 @@ served["curves"].groupby("gpu", sort=False).tail(1).set_index("gpu")[
 # scale a GPU's bandwidth, BF16 peak or memory.
 
 # %%
-serving_view = build_serving_explorer(gpus=serving_gpus, model=serving_model, tp=serving_tp,
-                                      quick=quick, hypothetical={"mem_bw": 2.0})
+serving_view = build_serving_explorer(gpus=serving_gpus, model=serving_model,
+                                      workload=Workload(tp=serving_tp), settings=settings,
+                                      hypothetical={"mem_bw": 2.0})
 serving_view

@@ -182,7 +182,9 @@ save_figure(fig, "09_layer_error_by_tokens", out)
 # tables above say how far to trust it.
 
 # %%
+from nslib.data.settings import Settings
 from nslib.model.predict import predict_model
+from nslib.model.step import Step
 
 unseen = [g for g in gpus.values() if not any(g.name in measured[k] for k in KINDS)]
 rows = []
@@ -190,8 +192,8 @@ for g in sorted(gpus.values(), key=lambda g: g.bf16_gflops or 0):
     if g.bf16_gflops is None:
         continue
     for mode, batch, seq in forecast_steps:
-        _, s = predict_model(g, forecast_model, batch, seq, mode, data=data, quick=quick,
-                             dtype="bf16")
+        _, s = predict_model(g, forecast_model, Step(batch, seq, mode, "bf16"),
+                             settings=Settings(data=data, quick=quick))
         rows.append({"gpu": g.name, "datasheet only": g in unseen, "mode": mode,
                      "batch": batch, "seq": seq, "ms": s["e2e_ms"],
                      "tokens/s": batch * seq / s["e2e_ms"] * 1e3})

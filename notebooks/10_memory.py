@@ -65,10 +65,13 @@ from nslib.viz.scratch import notebook_out
 from nslib.model.config import max_seq
 from nslib.model.trace import trace
 from nslib.evaluation.memcheck import SMALL_CONFIGS, compare
+from nslib.data.settings import Settings
 from nslib.model.memory import (GIB, korthikanti_bytes, largest_batch, layer_saved_bytes,
     memory_of, pipeline_memory)
+from nslib.model.step import Parallel, Step
 
 out = notebook_out(out)   # run by hand: figures/interactive/, never the tracked figures/
+settings = Settings(data=data, quick=quick, seed=seed)  # made once, passed down
 
 prefix = "10"
 parts = ["weights", "grads", "optimizer", "activations", "framework", "comm"]
@@ -95,7 +98,8 @@ def seq_of(model):
 rows = []
 for m in models:
     for mode in ("inf", "train"):
-        d = memory_of(gpus[-1], m, batch, seq_of(m), mode, optimizer, data=data).to_dict()
+        d = memory_of(gpus[-1], m, Step(batch, seq_of(m), mode), optimizer=optimizer,
+                      settings=settings).to_dict()
         rows.append({"model": m, "mode": mode, "seq": seq_of(m), **{k: d[k] for k in parts},
                      "total": d["total"], "peak in": d["peak_phase"], "fits": d["fits"]})
 breakdown = pd.DataFrame(rows).set_index(["model", "mode"])
@@ -152,8 +156,9 @@ for d in degrees:
         if kind == "pp" and d > 1:
             kw["microbatches"] = d
         try:
-            mem = memory_of(parallel_gpu, parallel_model, parallel_batch, seq, "train",
-                            optimizer, data=data, **kw).to_dict()
+            mem = memory_of(parallel_gpu, parallel_model, Step(parallel_batch, seq, "train"),
+                            parallel=Parallel(**kw), optimizer=optimizer,
+                            settings=settings).to_dict()
         except ValueError as e:          # a degree that does not divide the model
             print(f"{kind}{d}: {e}")
             continue
@@ -172,7 +177,8 @@ for i, p in enumerate(parts):
     if (vals > 0).any():
         ax.bar(per_gpu.index, vals, bottom=left, label=p, color=plt.get_cmap("Set2")(i))
         left += vals
-cap = memory_of(parallel_gpu, parallel_model, 1, seq, "inf", data=data).capacity / GIB
+cap = memory_of(parallel_gpu, parallel_model, Step(1, seq, "inf"),
+                settings=settings).capacity / GIB
 ax.axhline(cap, color="k", lw=1, ls="--", label="GPU memory")
 ax.set(ylabel="peak memory per GPU (GB)",
        title=f"{parallel_model} training, global batch {parallel_batch}, seq {seq}")
@@ -217,7 +223,7 @@ for s in ([64, 128] if quick else [128, 256, 512]):
     for act in ("gelu", "gelu_new"):
         cfg = {"model_type": "gpt2", "n_embd": hidden, "n_head": heads, "n_layer": layers,
                "n_positions": max(s, 128), "vocab_size": 1000, "activation_function": act}
-        got = layer_saved_bytes(trace(cfg, 2, s, "train"), 1)
+        got = layer_saved_bytes(trace(cfg, Step(2, s, "train")), 1)
         rows.append({"seq": s, "GeLU": act, "Korthikanti MB": ref / 1e6, "trace MB": got / 1e6,
                      "trace / formula": got / ref})
 korth = pd.DataFrame(rows).set_index(["seq", "GeLU"])

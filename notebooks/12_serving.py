@@ -47,9 +47,10 @@ import numpy as np
 import pandas as pd
 
 from nslib.data.serving_sample import serving_rows
+from nslib.data.settings import Settings
 from nslib.evaluation.serving_eval import error_table, predict_sample, unpriced
 from nslib.explore.serving import serving_curves
-from nslib.model.serving import FRAMEWORKS
+from nslib.model.serving import FRAMEWORKS, Workload
 from nslib.predictors.intervals import calibration, tensor_calibration
 from nslib.viz.figures import save_figure, save_table
 from nslib.viz.scratch import notebook_out
@@ -133,8 +134,9 @@ pred.assign(r=pred["nslib_ttft_ms"] / pred["silicon_ttft_ms"]).pivot_table(
 
 # %%
 conc = np.unique(np.round(np.geomspace(1, 256, 12 if quick else 40)).astype(int))
-served = serving_curves(forecast_gpus, forecast_model, forecast_tp, forecast_engine,
-                        forecast_isl, forecast_osl, quick=quick, concurrency=conc)
+served = serving_curves(forecast_gpus, forecast_model,
+                        Workload(forecast_isl, forecast_osl, forecast_engine, forecast_tp),
+                        concurrency=conc, settings=Settings(quick=quick))
 print("\n".join(served["notes"]))
 curves = served["curves"]
 save_table(curves.set_index(["gpu", "concurrency"]), "12_forecast", out)

@@ -9,6 +9,7 @@ import warnings
 import pytest
 
 from nslib.cli import main
+from nslib.model.step import Step
 
 H = 32
 TINY = dict(model_type="gpt2", n_embd=H, n_layer=1, n_head=2, vocab_size=100, n_positions=64)
@@ -77,7 +78,7 @@ def test_unchecked_family_warns_on_every_call(data_dir):
     from nslib.model.trace import ModelNoteWarning
     for _ in range(2):  # the second call reads the trace from the cache: still warned
         with pytest.warns(ModelNoteWarning, match="'mamba' is not among the families"):
-            _, s = predict_model("V100", MAMBA, 1, 8, "inf", predictor="roofline",
+            _, s = predict_model("V100", MAMBA, Step(1, 8, "inf"), "roofline",
                                  launch_us=None)
         assert "mamba" in s["warnings"][0]
 
@@ -87,31 +88,31 @@ def test_vision_seq_note_on_every_call(data_dir):
     from nslib.model.trace import ModelNoteWarning
     for _ in range(2):
         with pytest.warns(ModelNoteWarning, match="seq=8 is not used"):
-            _, s = predict_model("V100", VIT, 1, 8, "inf", predictor="roofline",
+            _, s = predict_model("V100", VIT, Step(1, 8, "inf"), "roofline",
                                  launch_us=None)
         assert any("seq=8 is not used" in w for w in s["warnings"])
     with warnings.catch_warnings():
         warnings.simplefilter("error", ModelNoteWarning)  # seq = patches + 1: nothing to say
-        predict_model("V100", VIT, 1, 5, "inf", predictor="roofline", launch_us=None)
+        predict_model("V100", VIT, Step(1, 5, "inf"), "roofline", launch_us=None)
 
 
 def test_whisper_traces_in_16_bits():
     from nslib.model.trace import trace
-    tr = trace(WHISPER, 1, 8, "inf", dtype="bf16")
+    tr = trace(WHISPER, Step(1, 8, "inf", dtype="bf16"))
     assert (tr["cls"] == "attention").any()
 
 
 def test_no_sdpa_in_16_bits_says_what_to_do():
     from nslib.model.trace import trace
     with pytest.raises(ValueError, match="no scaled-dot-product attention.*--dtype fp32") as e:
-        trace(GEMMA2, 1, 8, "inf", dtype="bf16")
+        trace(GEMMA2, Step(1, 8, "inf", dtype="bf16"))
     assert "Fix the config" not in str(e.value)
 
 
 def test_imbalance_on_a_dense_model_is_an_error():
     from nslib.model.trace import trace
     with pytest.raises(ValueError, match="imbalance applies to top-k mixture-of-experts"):
-        trace(TINY, 1, 8, "inf", imbalance=2.0)
+        trace(TINY, Step(1, 8, "inf", imbalance=2.0))
 
 
 def test_tp_must_divide_the_key_value_heads():

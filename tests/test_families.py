@@ -10,6 +10,7 @@ import pytest
 
 from nslib.model.moe import expert_tokens
 from nslib.model.trace import trace
+from nslib.model.step import Step
 
 H, FF, V = 32, 64, 100
 DECODER = dict(hidden_size=H, intermediate_size=FF, num_hidden_layers=1, num_attention_heads=2,
@@ -50,7 +51,7 @@ def _trace(name, mode, **kw):
     seq = VIT_SEQ if name == "vit" else SEQ
     with warnings.catch_warnings():
         warnings.simplefilter("error")   # no unmapped aten op, no seq warning
-        return trace(FAMILIES[name], BATCH, seq, mode, **kw)
+        return trace(FAMILIES[name], Step(BATCH, seq, mode, **kw))
 
 
 @pytest.mark.parametrize("name", sorted(FAMILIES))
@@ -71,8 +72,7 @@ def test_family_predicts(data_dir, name):
     seq = VIT_SEQ if name == "vit" else SEQ
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DatasheetRangeWarning)
-        frame, summ = predict_model("V100", FAMILIES[name], BATCH, seq, "train",
-                                    predictor="roofline")
+        frame, summ = predict_model("V100", FAMILIES[name], Step(BATCH, seq, "train"), "roofline")
     assert summ["fw_ms"] > 0 and summ["bw_ms"] > 0 and len(frame) == summ["n_kernels"]
     assert summ["warnings"] == []           # the V100 is a training GPU
 
@@ -103,7 +103,7 @@ def test_vit_runs_its_encoder_on_pixels():
     lin = block[block["cls"] == "linear"]
     assert len(lin) == 6 and (lin["M"] == BATCH * VIT_SEQ).all()
     with pytest.warns(UserWarning, match=f"seq=64 is not used.*{VIT_SEQ} tokens|{VIT_SEQ} tokens"):
-        trace(VIT, BATCH, 64, "inf")
+        trace(VIT, Step(BATCH, 64, "inf"))
 
 
 def _expert_gemms(df):
@@ -161,12 +161,12 @@ def test_expert_tokens():
 ])
 def test_unsupported_and_empty_models_are_named_errors(config, match):
     with pytest.raises(ValueError, match=match):
-        trace(config, 1, 8, "inf")
+        trace(config, Step(1, 8, "inf"))
 
 
 def test_bad_imbalance_is_an_error_before_tracing():
     with pytest.raises(ValueError, match="imbalance must be a finite number >= 1"):
-        trace(MIXTRAL, 1, 8, "inf", imbalance=0.5)
+        trace(MIXTRAL, Step(1, 8, "inf", imbalance=0.5))
 
 
 def test_trace_failure_names_architecture_and_module(monkeypatch):
@@ -177,4 +177,4 @@ def test_trace_failure_names_architecture_and_module(monkeypatch):
     monkeypatch.setattr(mm.MistralMLP, "forward", boom)
     with pytest.raises(ValueError, match=r"tracing MistralForCausalLM \(model_type 'mistral'\) "
                                          r"failed in model.layers.0.mlp \(MistralMLP\)"):
-        trace(FAMILIES["mistral"], 1, 8, "inf")
+        trace(FAMILIES["mistral"], Step(1, 8, "inf"))

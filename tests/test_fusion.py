@@ -4,6 +4,7 @@ import pandas as pd
 import pytest
 
 from nslib.model.fusion import fuse, output_bytes
+from nslib.model.step import Step
 
 NAN = np.nan
 
@@ -124,7 +125,7 @@ def test_fuse_on_a_traced_gpt2_merges_the_gelu(tmp_path):
     from nslib.model.trace import trace
     cfg = {"model_type": "gpt2", "n_embd": 64, "n_head": 4, "n_layer": 2, "n_positions": 64,
            "vocab_size": 300}
-    tr = trace(cfg, 2, 16, "inf")
+    tr = trace(cfg, Step(2, 16, "inf"))
     f = fuse(tr)
     assert len(f) < len(tr)
     gelu = f[f["module"].str.endswith("mlp.act")]

@@ -12,6 +12,7 @@ from nslib.data.gpus import find_gpu, load_gpus
 from nslib.explore.gpus import hypothetical_gpu
 from nslib.predictors.gpu_range import (CHECKED, DatasheetRangeWarning, figures, out_of_range,
                                         range_warnings, training_ranges)
+from nslib.model.step import Step
 
 TINY = {"model_type": "gpt2", "n_layer": 1, "n_embd": 64, "n_head": 4, "vocab_size": 100,
         "n_positions": 64}
@@ -54,12 +55,12 @@ def test_messages_say_which_figure_and_how_far(gpus):
 def test_python_api_warns_and_returns_the_lines(data_dir):
     from nslib.model.predict import predict_model
     with pytest.warns(DatasheetRangeWarning) as rec:
-        _, s = predict_model("H100", TINY, 1, 16, "inf", predictor="roofline")
+        _, s = predict_model("H100", TINY, Step(1, 16, "inf"), "roofline")
     assert [str(w.message).split(": the forecast")[0] for w in rec] == s["warnings"]
     assert any("Mem_Bw" in w for w in s["warnings"])
     with warnings.catch_warnings():
         warnings.simplefilter("error", DatasheetRangeWarning)   # a training GPU: silent
-        _, s = predict_model("V100", TINY, 1, 16, "inf", predictor="roofline")
+        _, s = predict_model("V100", TINY, Step(1, 16, "inf"), "roofline")
     assert s["warnings"] == []
 
 

@@ -12,6 +12,7 @@ import pytest
 from nslib.model import aten
 from nslib.model.config import load_model_config
 from nslib.model.trace import MEMORY_COLUMNS, TRACE_COLUMNS, summarize, trace
+from nslib.model.step import Step
 
 # tiny GPT-2: 2 layers, width 64, 4 heads (head dim 16), vocab 100
 GPT2 = dict(model_type="gpt2", n_layer=2, n_embd=64, n_head=4, vocab_size=100, n_positions=64,
@@ -39,12 +40,12 @@ def gemm_dims(df, phase, cls):
 
 @pytest.fixture(scope="module")
 def gpt2_inf():
-    return trace(GPT2, BATCH, SEQ, "inf")
+    return trace(GPT2, Step(BATCH, SEQ, "inf"))
 
 
 @pytest.fixture(scope="module")
 def gpt2_train():
-    return trace(GPT2, BATCH, SEQ, "train")
+    return trace(GPT2, Step(BATCH, SEQ, "train"))
 
 
 def test_columns_and_dtypes(gpt2_inf):
@@ -125,7 +126,7 @@ def test_training_gemms_by_hand(gpt2_train):
 def test_training_bmm_backward_shapes():
     # seq 8 separates the dims: QK^T (8, 8, 16, 8), AV (8, 8, 8, 16); for bmm(a (B,M,N),
     # b (B,N,K)): da = dC @ b^T -> (B, M, K, N), db = a^T @ dC -> (B, N, M, K)
-    df = trace(GPT2, 2, 8, "train")
+    df = trace(GPT2, Step(2, 8, "train"))
     assert gemm_dims(df, "fw", "bmm") == [(8, 8, 16, 8), (8, 8, 8, 16)] * 2
     want = Counter({(8, 8, 8, 16): 2, (8, 16, 8, 8): 1, (8, 8, 16, 8): 1})
     want = Counter({k: 2 * v for k, v in want.items()})
@@ -161,7 +162,7 @@ def test_training_other_ops(gpt2_train):
     # gradient accumulation: one add_ per parameter tensor, 12 per layer + wte, wpe, ln_f w, b
     acc = bw[bw["aten"] == "aten.add_.Tensor"]
     assert len(acc) == 2 * 12 + 4 and (acc["op"] == "add").all()
-    no_acc = trace(GPT2, BATCH, SEQ, "train", grad_accumulation=False)
+    no_acc = trace(GPT2, Step(BATCH, SEQ, "train"), grad_accumulation=False)
     assert (no_acc["aten"] == "aten.add_.Tensor").sum() == 0
     assert (bw["layer"].isin([-1, 0, 1])).all()
     assert set(bw.loc[bw["cls"] == "linear", "layer"]) == {-1, 0, 1}
@@ -191,14 +192,14 @@ def test_inputs_edges(gpt2_train):
 
 
 def test_deterministic(gpt2_inf):
-    again = trace(dict(GPT2), BATCH, SEQ, "inf")
+    again = trace(dict(GPT2), Step(BATCH, SEQ, "inf"))
     assert again.equals(gpt2_inf)
 
 
 def test_unknown_op_warns(monkeypatch):
     monkeypatch.delitem(aten.EW_FIXED, "tanh")
     with pytest.warns(UserWarning, match=r"aten\.tanh\.default x2"):
-        df = trace(GPT2, BATCH, SEQ, "inf")
+        df = trace(GPT2, Step(BATCH, SEQ, "inf"))
     assert not (df["aten"] == "aten.tanh.default").any()
     assert len(df) > 0
 
@@ -206,7 +207,7 @@ def test_unknown_op_warns(monkeypatch):
 def test_no_warning_for_known_models():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        trace(GPT2, BATCH, SEQ, "train")
+        trace(GPT2, Step(BATCH, SEQ, "train"))
 
 
 @pytest.mark.parametrize("cfg, match", [
@@ -216,7 +217,7 @@ def test_no_warning_for_known_models():
 ])
 def test_bad_config(cfg, match):
     with pytest.raises(ValueError, match=match):
-        trace(cfg, BATCH, SEQ, "inf")
+        trace(cfg, Step(BATCH, SEQ, "inf"))
 
 
 @pytest.mark.parametrize("batch, seq, mode", [(0, 16, "inf"), (-1, 16, "inf"), (2.5, 16, "inf"),
@@ -224,7 +225,7 @@ def test_bad_config(cfg, match):
                                               (2, 16, "forward"), (2, 65, "inf")])
 def test_bad_arguments(batch, seq, mode):
     with pytest.raises(ValueError):
-        trace(GPT2, batch, seq, mode)
+        trace(GPT2, Step(batch, seq, mode))
 
 
 BERT = dict(model_type="bert", num_hidden_layers=2, hidden_size=64, num_attention_heads=4,
@@ -232,7 +233,7 @@ BERT = dict(model_type="bert", num_hidden_layers=2, hidden_size=64, num_attentio
 
 
 def test_tiny_bert():
-    inf = trace(BERT, 2, 16, "inf")
+    inf = trace(BERT, Step(2, 16, "inf"))
     # per layer q, k, v, attention output, intermediate, output: (M, N, K)
     layer = [(32, 64, 64)] * 4 + [(32, 64, 128), (32, 128, 64)]
     # BertForSequenceClassification (as measured): pooler (2, 64, 64), classifier (2, 64, 2)
@@ -241,7 +242,7 @@ def test_tiny_bert():
     assert (inf["cls"] == "layernorm").sum() == 5
     assert set(inf.loc[inf["cls"] == "bmm", "layer"]) == {0, 1}
     assert inf.loc[inf["cls"] == "bmm", "module"].str.startswith("bert.encoder.layer.").all()
-    train = trace(BERT, 2, 16, "train")
+    train = trace(BERT, Step(2, 16, "train"))
     # BertForPreTraining: pooler, MLM transform (32, 64, 64), decoder (32, 64, 100), NSP
     assert gemm_dims(train, "fw", "linear") == layer * 2 + [(2, 64, 64), (32, 64, 64),
                                                           (32, 64, 100), (2, 64, 2)]
@@ -256,7 +257,7 @@ SWITCH = dict(model_type="switch_transformers", d_model=32, d_ff=64, d_kv=8, num
 
 
 def test_tiny_switch_fixed_capacity():
-    df = trace(SWITCH, 2, 16, "train")
+    df = trace(SWITCH, Step(2, 16, "train"))
     fw = df[(df["phase"] == "fw") & (df["cls"] == "linear")]
     experts = fw[fw["module"].str.contains(r"experts\.expert_\d+\.wi$")]
     # one sparse block per stack, 3 experts each, capacity 4 tokens per batch row of 2

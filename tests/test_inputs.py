@@ -22,6 +22,7 @@ from nslib.data.checks import check_float, check_int
 from nslib.data.gpus import gpu_from_dict
 from nslib.data.paths import CacheError
 from nslib.kernels import measured
+from nslib.model.step import split_options
 
 SPEC = {"Device": "Test GPU", "Dev_Mem": 80, "Mem_Bw": 3350, "Num_Sm": 132, "Core_Per_SM": 128,
         "Freq": 1980, "SingleFLOPs": 66900, "L2Cache": 50}
@@ -163,9 +164,11 @@ def test_data_and_cache_options_before_or_after_the_subcommand(tmp_path, capsys,
 ])
 def test_predict_model_bad_arguments(kw, words, spec_file):
     from nslib.model.predict import predict_model
-    args = {"gpu": spec_file(), "model": "gpt2_large", "batch": 2, "seq": 64, **kw}
-    with pytest.raises(ValueError) as e:
-        predict_model(**args)
+    args = {"batch": 2, "seq": 64, **kw}
+    launch_us = args.pop("launch_us", 3.0)
+    with pytest.raises(ValueError) as e:   # the step, its GPUs or the launch gap says so
+        step, par = split_options(**args)
+        predict_model(spec_file(), "gpt2_large", step, parallel=par, launch_us=launch_us)
     assert words in str(e.value)
 
 

@@ -13,6 +13,7 @@ from nslib.model.predict import with_interval
 from nslib.predictors import intervals
 from nslib.predictors.intervals import (Calibration, mape_band_coverage, nested_coverage,
                                         weighted_quantile)
+from nslib.model.step import Step
 
 
 def test_weighted_quantile_is_the_conformal_rank():
@@ -83,9 +84,8 @@ def test_ensemble_members_price_alone(monkeypatch):
 
     frame = pd.DataFrame({"gpu": ["g"] * 3, "cls": ["bmm"] * 3, "latency_ms": [2.0, 3.0, 5.0]})
     monkeypatch.setattr(interval_eval, "kernel_eval_frame", lambda data=None: frame)
-    monkeypatch.setattr(interval_eval.measured, "gpu_splits",
-                        lambda data=None: {"train_gpus": ["g"]})
-    monkeypatch.setattr(interval_eval, "trained", lambda *a, **k: pred)
+    # the one fold loop of the kernel tables, with one training GPU whose fold is `pred`
+    monkeypatch.setattr(interval_eval, "logo_folds", lambda *a, **k: iter([("g", pred)]))
     out = interval_eval.ensemble_spread_coverage().iloc[0]
     # members price 1 and 3 ms: 2 and 3 inside, 5 outside; half the range over the mean 2
     assert out["covered"] == pytest.approx(200 / 3) and out["half_width"] == pytest.approx(50.0)
@@ -131,7 +131,7 @@ def test_sweep_interval_matches_predict(data_dir, monkeypatch):
            "n_positions": 256, "vocab_size": 500}
     out = sweep(cfg, "inf", pd.DataFrame({"gpu": ["V100"], "batch": [2], "seq": [64]}),
                 predictor="roofline", memory=False)
-    _, s = predict_model("V100", cfg, 2, 64, "inf", predictor="roofline")
+    _, s = predict_model("V100", cfg, Step(2, 64, "inf"), "roofline")
     assert out["e2e_ms"].iloc[0] == pytest.approx(s["e2e_ms"])
     assert [out["interval_lo_ms"].iloc[0], out["interval_hi_ms"].iloc[0]] == \
         pytest.approx(s["interval_ms"])

@@ -8,6 +8,7 @@ from nslib.kernels import sizes
 from nslib.model.inputs import kernel_frame
 from nslib.model.predict import predict_model
 from nslib.model.stream import floors, host_bound, probe_kernels, stream_ms, stream_terms
+from nslib.model.step import Step
 
 GPU0 = GPU(name="Test GPU", mem_gb=80, mem_bw=1000, num_sm=100, cores_per_sm=128,
            clock_mhz=1500, peak_gflops=10000, l2_mb=50)
@@ -68,8 +69,8 @@ def test_stream_takes_the_floor_off_and_keeps_the_roofline(data_dir):
 def test_model_prediction_in_stream_is_below_the_plain_sum(data_dir):
     cfg = {"model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_head": 4, "vocab_size": 100,
            "n_positions": 64, "architectures": ["GPT2LMHeadModel"]}
-    frame, s = predict_model(GPU0, cfg, 2, 16, "train", predictor=Floor())
-    _, plain = predict_model(GPU0, cfg, 2, 16, "train", predictor=Floor(), launch_us=None)
+    frame, s = predict_model(GPU0, cfg, Step(2, 16, "train"), Floor())
+    _, plain = predict_model(GPU0, cfg, Step(2, 16, "train"), Floor(), launch_us=None)
     assert s["launch_us"] == 3.0 and plain["launch_us"] is None
     # every kernel of this tiny model takes the GPU the launch gap, but the host needs its
     # dispatch floor to issue each: the step is host-bound and costs the floors' sum

@@ -15,6 +15,7 @@ from nslib.evaluation import layer_check
 from nslib.model import predict16
 from nslib.model.config import load_model_config
 from nslib.model.trace import ATTENTION_COLUMNS, MEMORY_COLUMNS, TRACE_COLUMNS, trace
+from nslib.model.step import Parallel, Step
 
 LLAMA3_8B = ROOT / "notebooks" / "configs" / "llama3_8b.json"  # the notebooks' config
 
@@ -28,7 +29,7 @@ D = HID // HEADS
 
 @pytest.fixture(scope="module")
 def traces():
-    return {dt: trace(LLAMA, BATCH, SEQ, "inf", dtype=dt) for dt in ("fp32", "bf16")}
+    return {dt: trace(LLAMA, Step(BATCH, SEQ, "inf", dtype=dt)) for dt in ("fp32", "bf16")}
 
 
 def _linear(df):
@@ -71,12 +72,12 @@ def test_fp32_trace_columns_unchanged(traces):
     assert list(traces["fp32"].columns) == list(TRACE_COLUMNS) + list(MEMORY_COLUMNS)
     assert list(traces["bf16"].columns) == (list(TRACE_COLUMNS) + list(MEMORY_COLUMNS)
                                             + list(ATTENTION_COLUMNS))
-    again = trace(LLAMA, BATCH, SEQ, "inf")
+    again = trace(LLAMA, Step(BATCH, SEQ, "inf"))
     pd.testing.assert_frame_equal(again, traces["fp32"])
 
 
 def test_train_records_attention_backward():
-    df = trace(LLAMA, BATCH, SEQ, "train", dtype="bf16")
+    df = trace(LLAMA, Step(BATCH, SEQ, "train", dtype="bf16"))
     att = df[df["cls"] == "attention"]
     fw, bw = att[att["op"] == "attention"], att[att["op"] == "attention_bw"]
     assert len(fw) == len(bw) == LAYERS and (bw["phase"] == "bw").all()
@@ -85,7 +86,7 @@ def test_train_records_attention_backward():
 
 def test_bad_dtype():
     with pytest.raises(ValueError, match="unknown dtype"):
-        trace(LLAMA, BATCH, SEQ, "inf", dtype="int8")
+        trace(LLAMA, Step(BATCH, SEQ, "inf", dtype="int8"))
 
 
 GPU16 = GPU(name="Test GPU", mem_gb=80.0, mem_bw=2000.0, num_sm=100, cores_per_sm=64,
@@ -154,7 +155,7 @@ def test_cli_bf16_without_bf16flops(tmp_path, capsys):
 
 def test_llama3_8b_config_traces_in_bf16():
     cfg = load_model_config(str(LLAMA3_8B))
-    df = trace(dict(cfg, num_hidden_layers=1), 1, 128, "inf", dtype="bf16")
+    df = trace(dict(cfg, num_hidden_layers=1), Step(1, 128, "inf", dtype="bf16"))
     att = df[df["cls"] == "attention"].iloc[0]
     assert (att["H"], att["kv_heads"], att["N"]) == (32, 8, 128)
     qkv = df[(df["cls"] == "linear") & (df["layer"] == 0)].iloc[:3]
@@ -236,8 +237,8 @@ def test_predict_model_bf16_prices_each_kind():
     gemm = _Roof(lambda f: 2 * f["m"] * f["n"] * f["k"])
     attn = _Roof(lambda f: 4 * f["batch"] * f["heads"] * f["q_len"] * f["kv_len"]
                  * f["head_dim"])
-    frame, summ = predict_model(GPU16, LLAMA, BATCH, SEQ, "inf", predictor=_Fp32Roof(),
-                                dtype="bf16", tensor_predictor=(gemm, attn), launch_us=None)
+    frame, summ = predict_model(GPU16, LLAMA, Step(BATCH, SEQ, "inf", "bf16"), _Fp32Roof(),
+                                tensor_predictor=(gemm, attn), launch_us=None)
     assert summ["dtype"] == "bf16" and summ["per_class_ms"]["attention"] > 0
     assert summ["e2e_ms"] == pytest.approx(frame["pred_ms"].sum())
     lin = frame[frame["cls"] == "linear"].iloc[0]
@@ -251,8 +252,8 @@ def test_predict_model_bf16_prices_each_kind():
 
 def test_bf16_tensor_parallel_inference(data_dir, mixed_dir):
     from nslib.model.predict import predict_model
-    frame, s = predict_model("H100", LLAMA, 2, 16, "inf", predictor="roofline", dtype="bf16",
-                             tensor_predictor="roofline", tp=2)
+    frame, s = predict_model("H100", LLAMA, Step(2, 16, "inf", "bf16"), "roofline",
+                             tensor_predictor="roofline", parallel=Parallel(tp=2))
     comm = frame[frame["cls"] == "comm"]
     layer = comm[comm["layer"] >= 0]
     # two all-reduces per block, each of the block's output in 16 bits
@@ -261,8 +262,8 @@ def test_bf16_tensor_parallel_inference(data_dir, mixed_dir):
     assert (sizes_elem(gemm) == 2).all()            # sharded GEMMs stay 16-bit
     assert s["parallel"]["kind"] == "tp" and s["dtype"] == "bf16" and s["comm_ms"] > 0
     with pytest.raises(ValueError, match="tensor-parallel inference"):
-        predict_model("H100", LLAMA, 2, 16, "train", predictor="roofline", dtype="bf16",
-                      tensor_predictor="roofline", tp=2)
+        predict_model("H100", LLAMA, Step(2, 16, "train", "bf16"), "roofline",
+                      tensor_predictor="roofline", parallel=Parallel(tp=2))
 
 
 def sizes_elem(frame):

@@ -9,6 +9,7 @@ import pytest
 from nslib.data.reference_graphs import gemm_copies_inside, node_classes
 from nslib.model.operators import operator_class, per_operator_class_ms
 from nslib.model.trace import trace
+from nslib.model.step import Step
 
 GPT2 = dict(model_type="gpt2", n_layer=2, n_embd=64, n_head=4, vocab_size=100, n_positions=64,
             bos_token_id=0, eos_token_id=0)
@@ -16,7 +17,7 @@ GPT2 = dict(model_type="gpt2", n_layer=2, n_embd=64, n_head=4, vocab_size=100, n
 
 @pytest.fixture(scope="module")
 def train():
-    return trace(GPT2, 2, 16, "train")
+    return trace(GPT2, Step(2, 16, "train"))
 
 
 def _ops(df, call):
@@ -24,7 +25,7 @@ def _ops(df, call):
 
 
 def test_inference_calls(train):
-    inf = trace(GPT2, 2, 16, "inf")
+    inf = trace(GPT2, Step(2, 16, "inf"))
     assert (inf["call"] >= 0).all()  # every forward kernel comes from some operator call
     # matmul of q with k transposed: the operand copies run inside the same call as its bmm
     bmm = inf[inf["cls"] == "bmm"]

@@ -11,6 +11,7 @@ from nslib.model.inputs import traced
 from nslib.model.parallel import (LinkSpec, default_link, dp_schedule, gpipe_time, model_info,
                                   resolve_link, shard_tensor_parallel)
 from nslib.model.predict import predict_model
+from nslib.model.step import Step, split_options
 
 CFG = {"model_type": "gpt2", "n_embd": 64, "n_head": 4, "n_layer": 4, "n_positions": 64,
        "vocab_size": 500}
@@ -32,9 +33,9 @@ class Const:
 
 def run(**kw):
     kw.setdefault("link", LINK)
-    kw.setdefault("launch_us", None)   # plain sums: the schedules are what is checked here
-    return predict_model(GPU0, CFG, kw.pop("batch", BATCH), SEQ, kw.pop("mode", "train"),
-                         predictor=Const(), **kw)
+    launch_us = kw.pop("launch_us", None)  # plain sums: the schedules are what is checked here
+    step, par = split_options(kw.pop("batch", BATCH), SEQ, kw.pop("mode", "train"), **kw)
+    return predict_model(GPU0, CFG, step, Const(), parallel=par, launch_us=launch_us)
 
 
 # ----- links
@@ -209,7 +210,7 @@ def test_pp_totals_by_hand(micro):
     assert s["comm_ms"] == pytest.approx(2 * (n - 1) * x)
     assert int((frame["cls"] == "comm").sum()) == 2 * (n - 1)
     if micro == 1:   # one micro-batch: the single-GPU step plus the transfers
-        _, single = predict_model(GPU0, CFG, BATCH, SEQ, "train", predictor=Const(),
+        _, single = predict_model(GPU0, CFG, Step(BATCH, SEQ, "train"), Const(),
                                   launch_us=None)
         assert s["e2e_ms"] == pytest.approx(single["e2e_ms"] + 2 * x)
 
@@ -227,11 +228,11 @@ def test_invalid_degrees_rejected(kw, match):
 
 
 def test_defaults_unchanged():
-    f0, s0 = predict_model(GPU0, CFG, BATCH, SEQ, "train", predictor=Const(), launch_us=None)
+    f0, s0 = predict_model(GPU0, CFG, Step(BATCH, SEQ, "train"), Const(), launch_us=None)
     assert set(s0) == {"e2e_ms", "fw_ms", "bw_ms", "per_class_ms", "n_kernels", "launch_us",
                        "warnings"}
     assert "comm" not in f0["kernel_class"].values
-    f1, s1 = predict_model(GPU0, CFG, BATCH, SEQ, "inf", predictor=Const(), fused=True,
+    f1, s1 = predict_model(GPU0, CFG, Step(BATCH, SEQ, "inf", fused=True), Const(),
                            launch_us=None)
     assert s1["fused"] and s1["n_kernels"] < s1["n_kernels_unfused"]
 

@@ -8,6 +8,7 @@ from nslib.data.gpus import GPU
 from nslib.model.parallel_whatif import (STRATEGIES, link_sweep_degree, parallel_whatif,
                                          strategy_args, whatif_points)
 from nslib.model.predict import predict_model
+from nslib.model.step import Parallel, Step
 
 CFG = {"model_type": "gpt2", "n_embd": 64, "n_head": 4, "n_layer": 4, "n_positions": 64,
        "vocab_size": 500}
@@ -54,7 +55,8 @@ def test_whatif_points_by_hand():
 @pytest.fixture(scope="module")
 def whatif(data_dir):
     # each point is a full prediction: its dispatch floors come from the data's kernels
-    return parallel_whatif(GPU0, CFG, BATCH, SEQ, [1, 2, 3, 4], [50, 100], predictor=Const())
+    return parallel_whatif(GPU0, CFG, Step(BATCH, SEQ, "train"), [1, 2, 3, 4], [50, 100],
+                           Const())
 
 
 def test_whatif_skips_degrees_that_do_not_divide_the_model(whatif):
@@ -88,7 +90,7 @@ def test_whatif_rows_hold_what_they_say(whatif):
 
 def test_whatif_point_is_the_models_prediction(whatif):
     frame, _ = whatif
-    _, s = predict_model(GPU0, CFG, BATCH, SEQ, "train", predictor=Const(), pp=4,
-                         microbatches=BATCH, link=100)
+    _, s = predict_model(GPU0, CFG, Step(BATCH, SEQ, "train"), Const(),
+                         parallel=Parallel(pp=4, microbatches=BATCH, link=100))
     row = frame[(frame["strategy"] == "pp-m") & (frame["link_gbps"] == 100)].iloc[0]
     assert row["step_ms"] == s["e2e_ms"] and row["comm_ms"] == s["comm_ms"]

@@ -11,9 +11,11 @@ import pytest
 
 from nslib.cli import main
 from nslib.data.gpus import gpu_from_dict
-from nslib.model.serving import Framework, kv_capacity, serve
+from nslib.data.settings import Settings
+from nslib.model.serving import Framework, Workload, kv_capacity, serve
 from nslib.model.serving.steps import engine_kernels
 from nslib.model.trace import trace
+from nslib.model.step import Step
 
 GPU = gpu_from_dict({"Device": "Test GPU", "Dev_Mem": 80, "Mem_Bw": 3000, "Num_Sm": 100,
                      "Core_Per_SM": 128, "Freq": 1500, "SingleFLOPs": 40000, "L2Cache": 40,
@@ -133,7 +135,7 @@ LLAMA = dict(model_type="llama", hidden_size=HID, intermediate_size=FF,
 
 def test_engine_kernels_merge_projections_and_vector_runs():
     from nslib.model.fusion import fuse
-    tr = fuse(trace(LLAMA, 1, 16, "inf", dtype="bf16"), prologues=True)
+    tr = fuse(trace(LLAMA, Step(1, 16, "inf", dtype="bf16")), prologues=True)
     eng = engine_kernels(tr)
     layer = eng[eng["layer"] == 0]
     gemm = layer[layer["cls"] == "linear"]
@@ -227,13 +229,14 @@ def test_serving_explorer_view(data_dir, mixed_dir):
     from nslib.explore.serving import concurrencies, serving_curves
     from nslib.explore.serving_ui import build_serving_explorer
     assert list(concurrencies(8)) == [1, 2, 3, 4, 6, 8]
-    res = serving_curves(["H100", "no such GPU"], "meta-llama/Llama-3.1-8B-Instruct", tp=1,
-                         most=8, quick=True)
+    res = serving_curves(["H100", "no such GPU"], "meta-llama/Llama-3.1-8B-Instruct",
+                         Workload(tp=1), most=8, settings=Settings(quick=True))
     assert set(res["curves"]["gpu"]) == {"NVIDIA H100 80GB HBM3"}
     assert any(n.startswith("no such GPU: not forecast") for n in res["notes"])
     ex = build_serving_explorer(gpus=["NVIDIA H100 80GB HBM3"],
-                                model="meta-llama/Llama-3.1-8B-Instruct", tp=1, most=16,
-                                quick=True, hypothetical={"mem_bw": 2.0})
+                                model="meta-llama/Llama-3.1-8B-Instruct",
+                                workload=Workload(tp=1), most=16,
+                                settings=Settings(quick=True), hypothetical={"mem_bw": 2.0})
     assert ex.error is None
     got = ex.result["curves"].groupby("gpu")["tpot_ms"].min()
     assert got.loc["NVIDIA H100 80GB HBM3 (mem_bw x2)"] < got.loc["NVIDIA H100 80GB HBM3"]

@@ -141,7 +141,7 @@ def test_damaged_trace_is_rebuilt_with_a_note(monkeypatch, tmp_path, capsys):
     for c in inputs.TUPLE_COLUMNS:  # a trace's tuple columns (inputs, memory events)
         if c != "inputs":
             frame[c] = [(3,)]
-    monkeypatch.setattr(inputs, "trace", lambda config, batch, seq, mode, **kw: frame.copy())
+    monkeypatch.setattr(inputs, "trace", lambda config, step, **kw: frame.copy())
     inputs._traced.cache_clear()
     first = inputs._traced("k", "{}", 1, 8, "inf")
     entry = tmp_path / "traces" / "k.parquet"

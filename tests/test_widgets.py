@@ -7,14 +7,17 @@ import pandas as pd
 import pytest
 
 from nslib.data.gpus import GPU, find_gpu, gpu_from_dict, load_gpus
+from nslib.data.settings import Settings
 from nslib.explore.gpus import explorer_gpus, hypothetical_gpu
 from nslib.explore.pasted import parse_pasted_config
 from nslib.explore.ranges import training_ranges
 from nslib.explore.ui import build_explorer
 from nslib.explore.whatif import dominance_warnings, largest_kernels, scenario
 from nslib.kernels import measured, sizes
+from nslib.model.step import Step
 
 # a small GPT-2 that traces in well under a second
+QUICK = Settings(quick=True)   # the quick-trained predictors
 TINY = {"model_type": "gpt2", "n_layer": 2, "n_embd": 256, "n_head": 4, "n_positions": 1024,
         "vocab_size": 1000}
 
@@ -136,8 +139,8 @@ def test_dominance_warning_flags_a_better_gpu_predicted_slower(base):
 
 def test_twice_the_bandwidth_never_slows_a_model(gpus):
     h = find_gpu("H100", gpus)
-    res = scenario([h, hypothetical_gpu(h, mem_bw=2 * h.mem_bw)], TINY, 4, 512, "inf",
-                   quick=True)
+    res = scenario([h, hypothetical_gpu(h, mem_bw=2 * h.mem_bw)], TINY, Step(4, 512, "inf"),
+                   settings=QUICK)
     s = res["summary"].set_index("gpu")
     assert s["e2e_ms"].iloc[1] <= s["e2e_ms"].iloc[0]
     assert res["per_class"]["elementwise"].iloc[1] <= res["per_class"]["elementwise"].iloc[0]
@@ -146,7 +149,7 @@ def test_twice_the_bandwidth_never_slows_a_model(gpus):
 # ----- scenarios and warnings
 
 def test_scenario_frames_and_units(gpus, base):
-    res = scenario(["H100", base], TINY, 2, 256, "train", quick=True, top=5)
+    res = scenario(["H100", base], TINY, Step(2, 256, "train"), top=5, settings=QUICK)
     s = res["summary"]
     assert list(s["gpu"]) == ["NVIDIA H100 80GB HBM3", base.name]
     assert np.allclose(s["e2e_ms"], s["fw_ms"] + s["bw_ms"]) and (s["bw_ms"] > 0).all()
@@ -165,10 +168,10 @@ def test_scenario_frames_and_units(gpus, base):
 
 
 def test_in_range_gpu_has_no_gpu_warning_and_10x_peak_has_one(base):
-    ok = scenario([base], TINY, 2, 128, "inf", quick=True)
+    ok = scenario([base], TINY, Step(2, 128, "inf"), settings=QUICK)
     assert not [w for w in ok["warnings"] if "outside the training GPUs" in w]
     fast = hypothetical_gpu(base, peak_gflops=10 * base.peak_gflops)
-    res = scenario([fast], TINY, 2, 128, "inf", quick=True)
+    res = scenario([fast], TINY, Step(2, 128, "inf"), settings=QUICK)
     # one line for the scenario, the figures as details (folded in the explorer)
     hit = [w for w in res["warnings"] if "outside the training GPUs" in w]
     assert len(hit) == 1 and "10x" in hit[0]
@@ -179,7 +182,7 @@ def test_in_range_gpu_has_no_gpu_warning_and_10x_peak_has_one(base):
     assert not res["summary"]["in_training_range"].iloc[0]
     # bandwidth, SMs and L2 beyond the range are named too
     odd = hypothetical_gpu(base, mem_bw=10 * base.mem_bw, num_sm=1000, l2_mb=0.5)
-    res = scenario([odd, base], TINY, 2, 128, "inf", quick=True)
+    res = scenario([odd, base], TINY, Step(2, 128, "inf"), settings=QUICK)
     text = " ".join(res["range_details"])
     assert "Mem_Bw" in text and "Num_Sm" in text and "L2Cache 0.5 MB is 4x below" in text
     assert len([w for w in res["warnings"] if "outside the training GPUs" in w]) == 1
@@ -188,27 +191,27 @@ def test_in_range_gpu_has_no_gpu_warning_and_10x_peak_has_one(base):
 def test_kernels_larger_than_any_training_kernel_are_warned_about(base):
     r = training_ranges()
     assert r["dims"]["softmax"]["B"][1] < 64 * 4 * 512      # softmax rows = batch x heads x seq
-    res = scenario([base], TINY, 64, 512, "inf", quick=True)
+    res = scenario([base], TINY, Step(64, 512, "inf"), settings=QUICK)
     assert any("softmax kernels are outside the training kernels' sizes" in w
                for w in res["warnings"])
     assert any("more waves than any training" in w for w in res["warnings"])
 
 
 def test_fused_reaches_predict_model(base):
-    plain = scenario([base], TINY, 1, 64, "inf", quick=True)
-    fused = scenario([base], TINY, 1, 64, "inf", quick=True, fused=True)
+    plain = scenario([base], TINY, Step(1, 64, "inf"), settings=QUICK)
+    fused = scenario([base], TINY, Step(1, 64, "inf", fused=True), settings=QUICK)
     assert fused["summary"]["n_kernels"].iloc[0] < plain["summary"]["n_kernels"].iloc[0]
 
 
 def test_scenario_rejects_bad_requests(base):
     with pytest.raises(ValueError, match="mode"):
-        scenario([base], TINY, 1, 64, "serve", quick=True)
+        scenario([base], TINY, Step(1, 64, "serve"), settings=QUICK)
     with pytest.raises(ValueError, match="batch"):
-        scenario([base], TINY, 0, 64, "inf", quick=True)
+        scenario([base], TINY, Step(0, 64, "inf"), settings=QUICK)
     with pytest.raises(ValueError, match="no GPU"):
-        scenario([], TINY, 1, 64, "inf", quick=True)
+        scenario([], TINY, Step(1, 64, "inf"), settings=QUICK)
     with pytest.raises(KeyError):
-        scenario(["not a gpu"], TINY, 1, 64, "inf", quick=True)
+        scenario(["not a gpu"], TINY, Step(1, 64, "inf"), settings=QUICK)
 
 
 def test_largest_kernels_groups_identical_launches(base):
@@ -250,8 +253,8 @@ def test_good_pasted_config_with_or_without_a_code_fence():
 # ----- the UI, without a browser
 
 def test_explorer_builds_and_its_callbacks_run(data_dir):
-    ex = build_explorer(gpus=["H100", "A100 80GB"], model=TINY, batch=2, seq=128, quick=True,
-                        auto=False)
+    ex = build_explorer(gpus=["H100", "A100 80GB"], model=TINY, step=Step(2, 128), auto=False,
+                        settings=QUICK)
     assert ex.result is None and ex.model.value == "(pasted config)"
     assert set(ex.gpu_select.value) == {"NVIDIA_H100_80GB_HBM3", "NVIDIA_A100_80GB_PCIe"}
     res = ex.update()
@@ -295,8 +298,8 @@ def test_explorer_builds_and_its_callbacks_run(data_dir):
 
 
 def test_cached_update_is_fast(data_dir):
-    ex = build_explorer(gpus=["H100", "A100 80GB", "A100-PCIE-40GB"], model=TINY, batch=2,
-                        seq=256, quick=True, hypothetical={"mem_bw": 2.0})
+    ex = build_explorer(gpus=["H100", "A100 80GB", "A100-PCIE-40GB"], model=TINY,
+                        step=Step(2, 256), hypothetical={"mem_bw": 2.0}, settings=QUICK)
     assert ex.error is None and len(ex.result["summary"]) == 4
     ex.update()                                    # everything cached now
     assert ex.seconds < 1.0
@@ -315,8 +318,8 @@ def test_scenario_in_bf16_prices_attention_and_halves_memory(mixed_dir):
     gpus = explorer_gpus()
     with_bf16 = [g for g in gpus.values() if g.bf16_gflops][:2]
     assert len(with_bf16) == 2  # the 16-bit data's datasheets join the explorer's GPUs
-    fp32 = scenario(with_bf16, TINY_LLAMA, 2, 128, "inf", quick=True)
-    bf16 = scenario(with_bf16, TINY_LLAMA, 2, 128, "inf", quick=True, dtype="bf16")
+    fp32 = scenario(with_bf16, TINY_LLAMA, Step(2, 128, "inf"), settings=QUICK)
+    bf16 = scenario(with_bf16, TINY_LLAMA, Step(2, 128, "inf", dtype="bf16"), settings=QUICK)
     assert "attention" in bf16["per_class"] and "attention" not in fp32["per_class"]
     assert bf16["params"]["dtype"] == "bf16"
     w16 = bf16["memory"]["weights"].to_numpy()
@@ -326,12 +329,13 @@ def test_scenario_in_bf16_prices_attention_and_halves_memory(mixed_dir):
 
 def test_scenario_bf16_needs_the_tensor_peak(base):
     with pytest.raises(ValueError, match="Bf16FLOPs"):
-        scenario([base], TINY_LLAMA, 1, 64, "inf", quick=True, dtype="bf16")
+        scenario([base], TINY_LLAMA, Step(1, 64, "inf", dtype="bf16"), settings=QUICK)
 
 
 def test_explorer_dtype_control(mixed_dir):
     key = next(k for k, g in explorer_gpus().items() if g.bf16_gflops)
-    ex = build_explorer(gpus=[key], model=TINY_LLAMA, batch=1, seq=64, quick=True, auto=False)
+    ex = build_explorer(gpus=[key], model=TINY_LLAMA, step=Step(1, 64), auto=False,
+                        settings=QUICK)
     ex.dtype.value = "bf16"  # the callback recomputes
     assert ex.error is None and ex.result["params"]["dtype"] == "bf16"
     assert "attention" in ex.result["per_class"]

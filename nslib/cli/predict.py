@@ -7,11 +7,13 @@ import warnings
 from pathlib import Path
 
 from nslib.data.checks import arg_float, arg_int
+from nslib.data.settings import Settings
 from nslib.kernels.dtypes import DTYPES
 from nslib.model.memory import memory_of
 from nslib.model.parallel import LINK_UTILISATION
 from nslib.model.inputs import resolve_gpu
 from nslib.model.predict import predict_model
+from nslib.model.step import Parallel, Step, split_options
 from nslib.model.trace import ModelNoteWarning, model_notes
 from nslib.predictors.gpu_range import DatasheetRangeWarning
 
@@ -25,11 +27,14 @@ def _predict(args) -> int:
     gpu = Path(args.gpu_spec) if args.gpu_spec else args.gpu
     name = resolve_gpu(gpu).name   # the datasheet the name resolved to, for the report
     extra = _options(args)
+    # how the step is priced; the rest describes the step and its GPUs
+    pricing = {k: extra.pop(k) for k in ("tensor_predictor", "launch_us") if k in extra}
+    step, par = split_options(args.batch, args.seq, args.mode, **extra)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        frame, summary = predict_model(gpu, args.model, args.batch, args.seq, args.mode,
-                                       predictor=args.predictor, quick=args.quick, **extra)
-        mem, per_gpu = _memory(args, gpu, extra, frame)
+        frame, summary = predict_model(gpu, args.model, step, args.predictor, parallel=par,
+                                       settings=Settings(quick=args.quick), **pricing)
+        mem, per_gpu = _memory(args, gpu, step, par, frame)
     summary = {"gpu": args.gpu_spec or args.gpu, "gpu_name": name, "model": args.model,
                "batch": args.batch, "seq": args.seq, "mode": args.mode,
                "predictor": args.predictor, **summary, "memory_gb": mem, "fits": mem["fits"]}
@@ -141,16 +146,14 @@ def _print_summary(args, summary: dict, mem: dict, per_gpu: bool) -> None:
     print(_memory_line(mem, per_gpu))
 
 
-def _memory(args, gpu, extra: dict, frame) -> tuple[dict, bool]:
+def _memory(args, gpu, step: Step, par: Parallel, frame) -> tuple[dict, bool]:
     """(:func:`nslib.model.memory.memory_of` of the run as a dict, whether it is per GPU of
     several)."""
-    par = {k: extra[k] for k in ("dp", "tp", "pp", "microbatches", "imbalance", "dtype")
-           if k in extra}
-    if par.get("tp", 1) > 1:
-        par["sharded"] = frame   # the sharded trace predict_model made: not sharded twice
-    mem = memory_of(gpu, args.model, args.batch, args.seq, args.mode, args.optimizer or "adam",
-                    kv_cache=args.kv_cache, **par).to_dict()
-    return mem, any(par.get(k, 1) > 1 for k in ("dp", "tp", "pp"))
+    # the sharded trace predict_model made: not sharded twice
+    sharded = frame if par.tp > 1 else None
+    mem = memory_of(gpu, args.model, step, parallel=par, optimizer=args.optimizer or "adam",
+                    kv_cache=args.kv_cache, sharded=sharded).to_dict()
+    return mem, par.dp > 1 or par.tp > 1 or par.pp > 1
 
 
 def _memory_line(mem: dict, per_gpu: bool) -> str:

@@ -17,17 +17,17 @@ from nslib.data.checks import arg_float, arg_int
 
 
 def _serve(args) -> int:
-    from nslib.model.serving import FRAMEWORKS, serving_forecast
+    from nslib.data.settings import Settings
+    from nslib.model.serving import FRAMEWORKS, Workload, serving_forecast
     if args.framework not in FRAMEWORKS:
         raise ValueError(f"unknown --framework {args.framework!r}; use one of "
                          f"{', '.join(FRAMEWORKS)}")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        frame = serving_forecast(args.model, args.gpu, args.concurrency, args.isl, args.osl,
-                                 tp=args.tp, framework_name=args.framework,
-                                 predictor=args.predictor,
-                                 tensor_predictor=args.tensor_predictor, quick=args.quick,
-                                 link=args.link_bw)
+        work = Workload(args.isl, args.osl, args.framework, args.tp, args.link_bw)
+        frame = serving_forecast(args.model, args.gpu, args.concurrency, work, args.predictor,
+                                 tensor_predictor=args.tensor_predictor,
+                                 settings=Settings(quick=args.quick))
     notes = list(dict.fromkeys(str(w.message) for w in caught))
     mem = frame.attrs["memory"]
     if args.json:

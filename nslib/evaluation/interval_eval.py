@@ -12,13 +12,15 @@ import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
-from nslib.evaluation.kernel_level import predict_rows
+from nslib.data.settings import Settings
+from nslib.evaluation.kernel_level import logo_folds, predict_rows
 from nslib.evaluation.model_level import label_configs
 from nslib.kernels import measured
 from nslib.model.predict import predict_model
+from nslib.model.step import Step
 from nslib.predictors.intervals import (COVERAGE, calibration, logo_residuals,
                                         mape_band_coverage, nested_coverage)
-from nslib.predictors.training import kernel_eval_frame, trained
+from nslib.predictors.training import kernel_eval_frame
 
 
 def kernel_table(name: str = "nslib", coverage: float = COVERAGE, data=None,
@@ -64,9 +66,7 @@ def ensemble_spread_coverage(name: str = "nslib", data=None, quick: bool = False
     range, % of the members' mean) and ``members``."""
     frame = kernel_eval_frame(data)
     rows = []
-    for g in measured.gpu_splits(data)["train_gpus"]:
-        pred = trained(name, data=data, quick=quick, seed=seed, exclude_gpus=[g],
-                       progress=False)
+    for g, pred in logo_folds(name, data, quick=quick, seed=seed):
         for cls, preds in members(pred).items():
             sub = frame[(frame["gpu"] == g) & (frame["cls"] == cls)]
             if not len(sub):
@@ -94,8 +94,8 @@ def e2e_table(mode: str, name: str = "nslib", coverage: float = COVERAGE, data=N
         warnings.simplefilter("ignore")
         for _, r in tqdm(list(lab.iterrows()), desc=f"{mode} intervals", disable=not progress):
             try:
-                _, s = predict_model(r["gpu_key"], r["model"], r["batch"], r["seq"], mode,
-                                     predictor=name, data=data, quick=quick)
+                _, s = predict_model(r["gpu_key"], r["model"], Step(r["batch"], r["seq"], mode),
+                                     name, settings=Settings(data=data, quick=quick))
             except (ValueError, NotImplementedError, RuntimeError):
                 continue
             lo, hi = cal.step_bounds(s["per_class_ms"], s["e2e_ms"]) or (np.nan, np.nan)

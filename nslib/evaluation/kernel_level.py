@@ -47,6 +47,16 @@ def evaluate_predictor(name: str, lookup: bool = False, data=None, **train_kw) -
     return class_table(frame, frame["pred_ms"], splits["train_gpus"], splits["new_gpus"])
 
 
+def logo_folds(name: str, data=None, progress: bool = False, **train_kw):
+    """The leave-one-GPU-out folds of the FP32 training GPUs, the one fold loop of the kernel
+    tables: ``(held-out Device name, predictor name trained without it)`` for each training
+    GPU, each fold trained once and cached (``train_kw``: :func:`trained`'s ``quick``,
+    ``seed``...)."""
+    for g in tqdm(measured.gpu_splits(data)["train_gpus"], desc=f"{name} leave-one-GPU-out",
+                  disable=not progress):
+        yield g, trained(name, data=data, exclude_gpus=[g], progress=False, **train_kw)
+
+
 def predict_logo(name: str, data=None, progress: bool = True, **train_kw) -> pd.DataFrame:
     """Leave-one-GPU-out predictions of the test kernels of every GPU with measured kernels.
 
@@ -57,16 +67,15 @@ def predict_logo(name: str, data=None, progress: bool = True, **train_kw) -> pd.
     training GPUs' folds, False for the new GPUs).
     """
     frame = kernel_eval_frame(data)
-    splits = measured.gpu_splits(data)
+    new = measured.gpu_splits(data)["new_gpus"]
+    everyone = trained(name, data=data, progress=False, **train_kw)  # prices the new GPUs
+    folds = [([g], pred, True) for g, pred in logo_folds(name, data, progress, **train_kw)]
     parts = []
-    folds = [[g] for g in splits["train_gpus"]] + [[]]
-    for held in tqdm(folds, desc=f"{name} leave-one-GPU-out", disable=not progress):
-        pred = trained(name, data=data, exclude_gpus=held, progress=False, **train_kw)
-        gpus = held or splits["new_gpus"]
+    for gpus, pred, held in folds + [(new, everyone, False)]:
         sub = frame[frame["gpu"].isin(gpus)]
         if len(sub):
             parts.append(sub.assign(pred_ms=predict_rows(pred, sub, np.ones(len(sub), bool)),
-                                    held_out=bool(held)))
+                                    held_out=held))
     return pd.concat(parts, ignore_index=True)
 
 

@@ -12,7 +12,6 @@ import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
-from nslib.data import mixed_data
 from nslib.data.gpus import gpu_matches, load_mixed_gpus
 from nslib.data.mixed_data import measured_gpus
 from nslib.evaluation.metrics import ape
@@ -35,37 +34,15 @@ def resolve_gpus(table: pd.DataFrame, names, mixed=None) -> list[str]:
     return out
 
 
-def predict_held_out(table: pd.DataFrame, factory: Callable, held_out: list[str],
-                     progress: bool = True) -> np.ndarray:
-    """Predictions (ms) for the rows of the ``held_out`` GPUs by a predictor trained on every
-    other GPU of ``table`` (NaN on the training rows)."""
-    test = table["gpu"].isin(held_out).to_numpy()
-    if not test.any() or test.all():
-        raise ValueError(f"held-out GPUs {held_out} leave no test or no training rows")
-    pred = np.full(len(table), np.nan)
-    model = factory()
-    model.fit(table[~test].reset_index(drop=True), progress=progress)
-    pred[test] = model.predict(table[test].reset_index(drop=True))
-    return pred
-
-
-def logo_predictions(table: pd.DataFrame, factory: Callable, progress: bool = True) -> np.ndarray:
-    """Leave-one-GPU-out predictions (ms): each GPU's rows predicted by a predictor trained on
-    all the other GPUs of ``table``."""
+def logo_over(table: pd.DataFrame, fit_without: Callable, progress: bool = False) -> np.ndarray:
+    """Leave-one-GPU-out predictions (ms) of ``table``'s rows, the one fold loop of the 16-bit
+    tables: each measured GPU's rows priced by ``fit_without([gpu])``, a predictor fitted on
+    every other GPU (:func:`logo_frame` passes the cached trainer, a test a small fit)."""
     pred = np.full(len(table), np.nan)
     for gpu in tqdm(measured_gpus(table), desc="leave-one-GPU-out", disable=not progress):
-        part = predict_held_out(table, factory, [gpu], progress=False)
-        mask = ~np.isnan(part)
-        pred[mask] = part[mask]
+        rows = (table["gpu"] == gpu).to_numpy()
+        pred[rows] = fit_without([gpu]).predict(table[rows].reset_index(drop=True))
     return pred
-
-
-def per_gpu_mape(table: pd.DataFrame, pred: np.ndarray) -> pd.Series:
-    """MAPE (%) per GPU over the rows with a prediction (the held-out GPUs)."""
-    ok = ~np.isnan(pred)
-    err = pd.Series(ape(pred[ok], table["latency_ms"].to_numpy()[ok]),
-                    index=table.index[ok])
-    return err.groupby(table.loc[ok, "gpu"], sort=False).mean().rename("mape")
 
 
 def evaluate_16bit(predictor: str = "nslib", test_gpus=None, seed: int = 0,
@@ -93,14 +70,11 @@ def logo_frame(kind: str, names, seed: int = 0, quick: bool = False, mixed=None,
     ``pred_<name>`` column (ms) per predictor, each GPU's rows predicted by the predictor
     trained on the others."""
     table = kind_table(kind, quick, mixed)
-    gpus = mixed_data.measured_gpus(table)
     preds = {}
     for name in names:  # the training table stays free of prediction columns
-        preds[f"pred_{name}"] = pred = np.full(len(table), np.nan)
-        for gpu in gpus:
-            rows = (table["gpu"] == gpu).to_numpy()
-            model = trained_tensor(kind, name, seed, quick, [gpu], mixed, progress, table)
-            pred[rows] = model.predict(table[rows].reset_index(drop=True))
+        preds[f"pred_{name}"] = logo_over(
+            table, lambda held, name=name: trained_tensor(kind, name, seed, quick, held, mixed,
+                                                          progress, table))
     return table.assign(**preds)
 
 

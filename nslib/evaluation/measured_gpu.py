@@ -21,12 +21,14 @@ from nslib.data import mixed_data
 from nslib.data.gpus import load_gpus
 from nslib.data.labels import load_labels
 from nslib.data.paths import DataNotFoundError
+from nslib.data.settings import Settings
 from nslib.evaluation.collect.layout import MIXED, NEUSIGHT, asplos
 from nslib.evaluation.collect.steps import config_source
 from nslib.evaluation.kernel_level import predict_rows
 from nslib.evaluation.metrics import ape
 from nslib.kernels import measured, sizes
 from nslib.model.predict import predict_model
+from nslib.model.step import Step
 from nslib.predictors.mixed_training import trained_tensor
 from nslib.predictors.training import trained
 
@@ -102,16 +104,16 @@ def _step_prediction(gpu_file, row, name: str, data, quick: bool) -> tuple[float
     """(forecast, interval low, interval high) in ms of one labelled step; the interval is
     NaN where the predictor has no cached calibration (``nslib calibrate``)."""
     dtype = row["variant"] if row["variant"] in ("bf16", "fp16") else "fp32"
-    kw = {"dtype": dtype}
+    kw = {}
     if dtype != "fp32":
         if name == "neusight":
             return np.nan, np.nan, np.nan  # the paper's method is FP32 only
         kw["tensor_predictor"] = name if name == "roofline" else "nslib"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # range notes: the check reports errors, not notes
-        _, summary = predict_model(str(gpu_file), config_source(row["model"]), row["batch"],
-                                   row["seq"], row["mode"], predictor=name, data=data,
-                                   quick=quick, **kw)
+        _, summary = predict_model(str(gpu_file), config_source(row["model"]),
+                                   Step(row["batch"], row["seq"], row["mode"], dtype), name,
+                                   settings=Settings(data=data, quick=quick), **kw)
     lo, hi = summary.get("interval_ms", (np.nan, np.nan))
     return float(summary["e2e_ms"]), float(lo), float(hi)
 

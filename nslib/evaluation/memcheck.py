@@ -10,6 +10,7 @@ from nslib.evaluation.collect.timing import native_stderr_silenced
 from nslib.model.config import MEASURED_ARCHITECTURE, build_model, hf_config
 from nslib.model.memory import step_memory
 from nslib.model.recorder import make_modes
+from nslib.model.step import Step
 from nslib.model.trace import logits_loss, trace
 
 __all__ = ["SMALL_CONFIGS", "real_peak", "compare"]
@@ -117,7 +118,7 @@ def compare(configs: dict, batch: int, seq: int, modes=("inf", "train"),
     for name, cfg in configs.items():
         for mode in modes:
             real = real_peak(cfg, batch, seq, mode)
-            m = step_memory(trace(cfg, batch, seq, mode), mode, optimizer)
+            m = step_memory(trace(cfg, Step(batch, seq, mode)), mode, optimizer)
             own = m.weights + m.grads + m.optimizer + m.activations
             rows.append({"model": name, "mode": mode, "real_mb": real / 1e6,
                          "nslib_mb": own / 1e6, "error_pct": 100 * (own / real - 1),

@@ -23,6 +23,7 @@ from nslib.evaluation.per_class import per_class_by_gpu, per_class_results, per_
 from nslib.kernels import measured
 from nslib.model.inputs import get_predictor
 from nslib.model.predict import predict_model
+from nslib.model.step import Step, split_options
 from nslib.model.stream import LAUNCH_US
 from nslib.predictors import predictor_class
 from nslib.predictors.gpu_range import range_warnings_once
@@ -57,20 +58,18 @@ def evaluate_models(mode: str, predictors, *, gpus=None, models=None,
     fold that held it out (:class:`nslib.evaluation.folds.Folds`); the ``held_out`` column
     says which rows were. ``settings``: data, training profile, seed, progress bars
     (:class:`nslib.data.settings.Settings`)."""
-    s = settings_of(settings)
-    data, quick = s.data, s.quick
-    lab = label_configs(mode, data, gpus, models)
-    new = set(measured.gpu_splits(data)["new_gpus"])
-    folds = Folds(logo, s)
+    st = settings_of(settings)
+    lab = label_configs(mode, st.data, gpus, models)
+    new = set(measured.gpu_splits(st.data)["new_gpus"])
+    folds = Folds(logo, st)
     rows = []
-    for _, r in tqdm(list(lab.iterrows()), desc=f"{mode} configs", disable=not s.progress):
+    for _, r in tqdm(list(lab.iterrows()), desc=f"{mode} configs", disable=not st.progress):
         for name in predictors:
             rec = {**r.to_dict(), "predictor": name, "held_out": folds.held_out(r["gpu"])}
             pred = folds.predictor(name, r["gpu"])  # a failed training is an error, not a note
             try:
-                _, s = predict_model(r["gpu_key"], r["model"], r["batch"], r["seq"], mode,
-                                     predictor=pred, data=data, quick=quick,
-                                     launch_us=launch_us)
+                _, s = predict_model(r["gpu_key"], r["model"], Step(r["batch"], r["seq"], mode),
+                                     pred, launch_us=launch_us, settings=st)
                 rec.update(pred_ms=s["e2e_ms"], pred_fw_ms=s["fw_ms"], pred_bw_ms=s["bw_ms"],
                            note="")
             except (ValueError, NotImplementedError, RuntimeError) as e:
@@ -92,13 +91,12 @@ def time_breakdown(results: pd.DataFrame, gpu_key: str, predictor: str, *,
                    settings: Settings | None = None) -> pd.DataFrame:
     """Predicted ms per kernel class (columns) for each configuration (rows) of ``results``
     on one GPU (``predictor`` trained with the settings' seed, the paper's protocol)."""
-    s = settings_of(settings)
-    data, quick = s.data, s.quick
+    st = settings_of(settings)
     rows = []
-    fitted = get_predictor(predictor, data, quick, s.seed)
+    fitted = get_predictor(predictor, st.data, st.quick, st.seed)
     for _, r in results[results["gpu_key"] == gpu_key].drop_duplicates("tag").iterrows():
-        _, s = predict_model(gpu_key, r["model"], r["batch"], r["seq"], r["mode"],
-                             predictor=fitted, data=data, quick=quick)
+        _, s = predict_model(gpu_key, r["model"], Step(r["batch"], r["seq"], r["mode"]),
+                             fitted, settings=st)
         rows.append({"config": r["config"], **s["per_class_ms"]})
     return pd.DataFrame(rows).set_index("config").fillna(0.0)
 
@@ -228,16 +226,16 @@ def evaluate_variant(kind: str, predictors, *, gpus=None, models=None,
     fusion/parallel modelling. ``link``: passed to predict_model (None: each GPU's default).
     ``logo``, ``settings``: as :func:`evaluate_models`. Failures are reported in ``note``, not
     dropped."""
-    s = settings_of(settings)
-    data, quick = s.data, s.quick
+    st = settings_of(settings)
+    data = st.data
     lab = variant_labels(kind, data, gpus, models)
     plain = load_labels(data)
     plain = plain[plain["variant"] == ""].set_index(["gpu_key", "model", "mode", "seq",
                                                      "batch"])["e2e_ms"]
     new = set(measured.gpu_splits(data)["new_gpus"])
-    folds = Folds(logo, s)
+    folds = Folds(logo, st)
     rows = []
-    for _, r in tqdm(list(lab.iterrows()), desc=f"{kind} configs", disable=not s.progress):
+    for _, r in tqdm(list(lab.iterrows()), desc=f"{kind} configs", disable=not st.progress):
         args = variant_args(r["variant"])
         if not args.get("fused"):
             args["link"] = link
@@ -245,8 +243,9 @@ def evaluate_variant(kind: str, predictors, *, gpus=None, models=None,
             rec = {**r.to_dict(), "predictor": name, "held_out": folds.held_out(r["gpu"])}
             pred = folds.predictor(name, r["gpu"])
             try:
-                _, s = predict_model(r["gpu_key"], r["model"], r["batch"], r["seq"],
-                                     r["mode"], predictor=pred, data=data, quick=quick, **args)
+                step, par = split_options(r["batch"], r["seq"], r["mode"], **args)
+                _, s = predict_model(r["gpu_key"], r["model"], step, pred, parallel=par,
+                                     settings=st)
                 rec.update(pred_ms=s["e2e_ms"], pred_fw_ms=s["fw_ms"], pred_bw_ms=s["bw_ms"],
                            comm_ms=s.get("comm_ms", 0.0), note="")
             except (ValueError, NotImplementedError, RuntimeError) as e:
@@ -258,8 +257,8 @@ def evaluate_variant(kind: str, predictors, *, gpus=None, models=None,
                 rec["base_batch"] = b0
                 rec["base_e2e_ms"] = float(plain.get(key, np.nan))
                 try:
-                    _, s0 = predict_model(r["gpu_key"], r["model"], b0, r["seq"],
-                                          r["mode"], predictor=pred, data=data, quick=quick)
+                    _, s0 = predict_model(r["gpu_key"], r["model"],
+                                          Step(b0, r["seq"], r["mode"]), pred, settings=st)
                     rec["base_pred_ms"] = s0["e2e_ms"]
                 except (ValueError, NotImplementedError, RuntimeError):
                     rec["base_pred_ms"] = np.nan

@@ -15,6 +15,7 @@ from nslib.kernels.sizes import MODEL_CLASSES
 from nslib.model.config import load_model_config
 from nslib.model.operators import per_operator_class_ms
 from nslib.model.predict import predict_model
+from nslib.model.step import Step
 from nslib.model.stream import LAUNCH_US, stream_terms
 from nslib.predictors.gpu_range import range_warnings_once
 
@@ -83,7 +84,7 @@ def per_class_results(results: pd.DataFrame, predictor: str, *, logo: bool = Fal
     """
     rows = []
     folds = Folds(logo, settings)
-    data, quick = folds.settings.data, folds.settings.quick
+    data = folds.settings.data
     labs = results[results["predictor"] == predictor].drop_duplicates(["gpu_key", "tag"])
     for _, r in labs.iterrows():
         nodes = measured_nodes(r["gpu_key"], r["tag"], data)
@@ -95,8 +96,8 @@ def per_class_results(results: pd.DataFrame, predictor: str, *, logo: bool = Fal
         # the microbenchmark latencies (the plain sum), then each operator timed alone: its
         # kernels' GPU times in a stream (not stretched to the step's host,
         # nslib.model.stream.step_ms) plus one dispatch
-        frame, _ = predict_model(r["gpu_key"], r["model"], r["batch"], r["seq"], r["mode"],
-                                 predictor=fitted, data=data, quick=quick, launch_us=None)
+        frame, _ = predict_model(r["gpu_key"], r["model"], Step(r["batch"], r["seq"], r["mode"]),
+                                 fitted, launch_us=None, settings=folds.settings)
         raw, gpu_ms, _ = stream_terms(fitted, frame, LAUNCH_US, data,
                                       raw=frame["pred_ms"].to_numpy())
         # the measured code's batched GEMMs either copy their operands inside their node or

@@ -15,10 +15,12 @@ import numpy as np
 import pandas as pd
 
 from nslib.data.paper_results import KEYS
+from nslib.data.settings import Settings
 from nslib.evaluation.metrics import ape
 from nslib.kernels import sizes
 from nslib.model.operators import per_operator_class_ms
 from nslib.model.predict import predict_model
+from nslib.model.step import Step
 
 # nslib's per-class keys -> the paper's summary classes (the rest is "other")
 CLASS_OF = {c: c for c in sizes.CLASSES}
@@ -122,8 +124,9 @@ def operator_split(configs: pd.DataFrame, predictor="neusight", data=None,
     vector kernel under elementwise and compare two different partitions."""
     out = []
     for _, r in configs.iterrows():
-        frame, _ = predict_model(r["gpu_key"], r["model"], int(r["batch"]), int(r["seq"]),
-                                 r["mode"], predictor=predictor, data=data, quick=quick)
+        frame, _ = predict_model(r["gpu_key"], r["model"],
+                                 Step(int(r["batch"]), int(r["seq"]), r["mode"]), predictor,
+                                 settings=Settings(data=data, quick=quick))
         out.append(per_operator_class_ms(frame))
     return out
 

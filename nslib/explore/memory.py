@@ -4,21 +4,22 @@ from __future__ import annotations
 import pandas as pd
 
 from nslib.data.gpus import GPU
+from nslib.data.settings import Settings
 from nslib.model.memory import memory_of
+from nslib.model.step import Step
 
 # parts of the peak memory, in the order the memory bar stacks them
 MEMORY_PARTS = ("weights", "grads", "optimizer", "activations", "kv_cache", "framework", "comm")
 
 
-def memory_table(specs: list[GPU], labels: list[str], model, batch: int, seq: int,
-                 mode: str = "inf", data=None, optimizer: str = "adam",
-                 dtype: str = "fp32") -> pd.DataFrame:
-    """Peak memory of the step on each GPU (:func:`nslib.model.memory.memory_of`), GB: one row per
-    GPU label with the breakdown, ``total``, ``capacity`` and ``fits``."""
+def memory_table(specs: list[GPU], labels: list[str], model, step: Step, *,
+                 optimizer: str = "adam", settings: Settings | None = None) -> pd.DataFrame:
+    """Peak memory of ``step`` (a :class:`nslib.model.step.Step`) on each GPU
+    (:func:`nslib.model.memory.memory_of`), GB: one row per GPU label with the breakdown,
+    ``total``, ``capacity`` and ``fits``."""
     rows = []
     for spec, label in zip(specs, labels):
-        d = memory_of(spec, model, int(batch), int(seq), mode, optimizer, data=data,
-                      dtype=dtype).to_dict()
+        d = memory_of(spec, model, step, optimizer=optimizer, settings=settings).to_dict()
         rows.append({"gpu": label, **{k: d[k] for k in MEMORY_PARTS},
                      "total": d["total"], "capacity": d["capacity"], "fits": d["fits"]})
     return pd.DataFrame(rows).set_index("gpu")

@@ -13,7 +13,8 @@ import time
 import numpy as np
 import pandas as pd
 
-from nslib.model.serving import serving_forecast
+from nslib.data.settings import Settings
+from nslib.model.serving import Workload, serving_forecast
 
 # concurrency points of a curve: powers of two up to the chosen maximum, and the steps between
 POINTS_PER_OCTAVE = 2
@@ -25,21 +26,21 @@ def concurrencies(most: int) -> np.ndarray:
     return np.unique(np.round(np.geomspace(1, max(most, 1), max(n, 1))).astype(int))
 
 
-def serving_curves(gpus, model, tp: int = 1, engine: str = "vllm", isl: int = 1024,
-                   osl: int = 128, most: int = 256, quick: bool = False,
-                   data=None, concurrency=None) -> dict:
-    """``{"curves": frame, "notes": [...], "seconds": s}``: the frame has a ``gpu`` column
+def serving_curves(gpus, model, workload: Workload = Workload(), *, most: int = 256,
+                   concurrency=None, settings: Settings | None = None) -> dict:
+    """``{"curves": frame, "notes": [...], "seconds": s}`` of ``workload`` (a
+    :class:`nslib.model.serving.Workload`) on each GPU: the frame has a ``gpu`` column
     and the columns of :func:`nslib.model.serving.serving_forecast`; ``notes`` says which
     GPUs were left out and why, and where the KV cache makes requests queue. The curves run
     over ``concurrency`` (default :func:`concurrencies` up to ``most``)."""
+    tp = workload.tp
     t0 = time.perf_counter()
     conc = concurrencies(most) if concurrency is None else np.asarray(concurrency)
     parts, notes = [], []
     for g in gpus:
         name = getattr(g, "name", str(g))
         try:
-            f = serving_forecast(model, g, conc, isl, osl, tp=tp, framework_name=engine,
-                                 quick=quick, data=data)
+            f = serving_forecast(model, g, conc, workload, settings=settings)
         except (KeyError, ValueError) as e:
             notes.append(f"{name}: not forecast ({str(e).strip(chr(39))})")
             continue

@@ -11,9 +11,10 @@ from __future__ import annotations
 import html
 
 from nslib.data.serving_sample import model_configs
+from nslib.data.settings import Settings, settings_of
 from nslib.explore.gpus import explorer_gpus, hypothetical_gpu
 from nslib.explore.serving import serving_curves
-from nslib.model.serving import FRAMEWORKS
+from nslib.model.serving import FRAMEWORKS, Workload
 from nslib.viz.serving_plots import throughput_curves
 
 WIDTH = "420px"
@@ -21,6 +22,7 @@ WIDTH = "420px"
 SCALED = ("mem_bw", "bf16_gflops", "mem_gb")
 TP_CHOICES = (1, 2, 4, 8)
 MOST_CHOICES = (16, 64, 256, 1024)
+START = Workload(tp=2)   # what the controls start at
 TABLE_COLUMNS = ["gpu", "concurrency", "running", "ttft_ms", "tpot_ms", "tokens_per_s_gpu"]
 
 
@@ -29,11 +31,13 @@ class ServingExplorer:
     ``result`` holds the last :func:`serving_curves` dict, ``error`` the last error (or
     None)."""
 
-    def __init__(self, gpus=None, model="Qwen/Qwen3-32B", tp=2, engine="vllm", isl=1024,
-                 osl=128, most=256, quick=False, data=None, hypothetical=None, auto=True):
+    def __init__(self, gpus=None, model="Qwen/Qwen3-32B", workload: Workload = START, *,
+                 most=256, hypothetical=None, auto=True, settings: Settings | None = None):
         import ipywidgets as W
-        self.data, self.quick, self.result, self.error, self.figure = data, quick, None, None, None
-        self.gpus = {k: g for k, g in explorer_gpus(data).items() if g.bf16_gflops}
+        self.settings = settings_of(settings)
+        self.data, self.result, self.error, self.figure = self.settings.data, None, None, None
+        w = workload
+        self.gpus = {k: g for k, g in explorer_gpus(self.data).items() if g.bf16_gflops}
         opts = [(g.name, k) for k, g in self.gpus.items()]
         keys = [k for _, k in opts]
         chosen = [k for k, g in self.gpus.items()
@@ -53,10 +57,11 @@ class ServingExplorer:
         models = list(model_configs())
         self.model = W.Dropdown(options=models, value=model if model in models else models[0],
                                 description="model", layout=W.Layout(width=WIDTH))
-        self.engine = W.Dropdown(options=list(FRAMEWORKS), value=engine, description="engine")
-        self.tp = W.Dropdown(options=list(TP_CHOICES), value=tp, description="tp")
-        self.isl = W.BoundedIntText(value=isl, min=1, max=1 << 20, description="prompt")
-        self.osl = W.BoundedIntText(value=osl, min=1, max=1 << 20, description="output")
+        self.engine = W.Dropdown(options=list(FRAMEWORKS), value=w.framework,
+                                 description="engine")
+        self.tp = W.Dropdown(options=list(TP_CHOICES), value=w.tp, description="tp")
+        self.isl = W.BoundedIntText(value=w.isl, min=1, max=1 << 20, description="prompt")
+        self.osl = W.BoundedIntText(value=w.osl, min=1, max=1 << 20, description="output")
         self.most = W.Dropdown(options=list(MOST_CHOICES), value=most,
                                description="up to")
         self.message, self.output = W.HTML(), W.Output()
@@ -99,9 +104,9 @@ class ServingExplorer:
             gpus = self.chosen_gpus()
             if not gpus:
                 raise ValueError("select at least one GPU (or tick 'add a hypothetical GPU')")
-            res = serving_curves(gpus, self.model.value, self.tp.value, self.engine.value,
-                                 self.isl.value, self.osl.value, self.most.value,
-                                 quick=self.quick, data=self.data)
+            work = Workload(self.isl.value, self.osl.value, self.engine.value, self.tp.value)
+            res = serving_curves(gpus, self.model.value, work, most=self.most.value,
+                                 settings=self.settings)
             if res["curves"].empty:
                 raise ValueError("no GPU could be forecast: " + "; ".join(res["notes"]))
         except Exception as e:  # noqa: BLE001 - every failure becomes a message

@@ -10,16 +10,19 @@ import json
 
 from nslib.data.gpus import GPU
 from nslib.data.paths import data_root
+from nslib.data.settings import Settings, settings_of
 from nslib.explore.gpus import (INT_FIELDS, SLIDER_FIELDS, datasheet_summary, explorer_gpus,
                                 hypothetical_gpu)
 from nslib.explore.pasted import parse_pasted_config
 from nslib.explore.plots import plot_scenario
 from nslib.explore.whatif import TOP_KERNELS, scenario
-from nslib.kernels.dtypes import DTYPES, check_dtype
+from nslib.kernels.dtypes import DTYPES
 from nslib.model.inputs import MODES, resolve_gpu
+from nslib.model.step import Step, step_of
 from nslib.predictors import available
 
 PASTED = "(pasted config)"   # the model dropdown's entry for a pasted config
+START = Step(4, 1024)        # the workload the controls start at
 CONTROL_WIDTH = "420px"
 GPU_LIST_ROWS = 8            # at most this many GPUs visible in the list at once
 # the sliders' factors on the base GPU's datasheet: powers of two, from 1/8 to 16
@@ -55,17 +58,18 @@ class Explorer:
     ``seconds`` the time of the last update's prediction.
     """
 
-    def __init__(self, gpus=None, model="gpt2_large", batch=4, seq=1024, mode="inf",
-                 predictor="nslib", quick=False, data=None, top=TOP_KERNELS,
-                 hypothetical=None, auto=True, dtype="fp32"):
+    def __init__(self, gpus=None, model="gpt2_large", step: Step = START, predictor="nslib", *,
+                 top=TOP_KERNELS, hypothetical=None, auto=True,
+                 settings: Settings | None = None):
         import ipywidgets as W
 
-        self.data, self.quick, self.top = data, quick, top
+        self.settings, self.top = settings_of(settings), top
+        self.data, self.quick = self.settings.data, self.settings.quick
         self.result, self.error, self.seconds, self.figure = None, None, None, None
         self._busy = False
-        self.gpus = explorer_gpus(data)
+        self.gpus = explorer_gpus(self.data)
         self._gpu_controls(W, gpus, dict(hypothetical or {}))
-        self._workload_controls(W, model, batch, seq, mode, predictor, dtype)
+        self._workload_controls(W, model, step_of(step), predictor)
         self.message = W.HTML()
         self.output = W.Output()
         for w in (self.gpu_select, self.base_gpu, self.use_custom, self.custom_name,
@@ -109,7 +113,7 @@ class Explorer:
                         for f in SLIDER_FIELDS}
         self.custom_info = W.HTML()
 
-    def _workload_controls(self, W, model, batch, seq, mode, predictor, dtype) -> None:
+    def _workload_controls(self, W, model, step: Step, predictor) -> None:
         """The model (or a pasted config), batch, sequence, mode, dtype and predictor."""
         models = _model_names(self.data)
         start = model if isinstance(model, str) and model in models else PASTED
@@ -119,11 +123,11 @@ class Explorer:
                                  placeholder="paste a HuggingFace config.json here",
                                  layout=W.Layout(width=CONTROL_WIDTH, height="120px"),
                                  continuous_update=False)
-        self.batch = W.BoundedIntText(value=int(batch), min=1, max=MAX_BATCH, description="batch")
-        self.seq = W.BoundedIntText(value=int(seq), min=1, max=MAX_SEQ, description="seq")
-        self.mode = W.Dropdown(options=list(MODES), value=mode, description="mode")
-        self.dtype = W.Dropdown(options=list(DTYPES), value=check_dtype(dtype),
-                                description="dtype")
+        self.batch = W.BoundedIntText(value=step.batch, min=1, max=MAX_BATCH,
+                                      description="batch")
+        self.seq = W.BoundedIntText(value=step.seq, min=1, max=MAX_SEQ, description="seq")
+        self.mode = W.Dropdown(options=list(MODES), value=step.mode, description="mode")
+        self.dtype = W.Dropdown(options=list(DTYPES), value=step.dtype, description="dtype")
         preds = list(available())
         self.predictor = W.Dropdown(options=preds, value=predictor if predictor in preds
                                     else preds[0], description="predictor")
@@ -205,9 +209,12 @@ class Explorer:
         if not gpus:
             raise _UserError("select at least one GPU (or tick 'add a hypothetical GPU')")
         self._say(note="computing... (the first use of a predictor trains or loads it)")
-        return scenario([self.gpus[g] if isinstance(g, str) else g for g in gpus], model,
-                        self.batch.value, self.seq.value, self.mode.value, self.predictor.value,
-                        quick=self.quick, data=self.data, top=self.top, dtype=self.dtype.value)
+        try:
+            step = Step(self.batch.value, self.seq.value, self.mode.value, self.dtype.value)
+        except ValueError as e:
+            raise _UserError(str(e)) from None
+        return scenario([self.gpus[g] if isinstance(g, str) else g for g in gpus], model, step,
+                        self.predictor.value, top=self.top, settings=self.settings)
 
     def _draw(self, res: dict) -> None:
         """The scenario's figure and summary table into ``output``."""
@@ -244,18 +251,18 @@ class Explorer:
         return res
 
 
-def build_explorer(gpus=None, model="gpt2_large", batch=4, seq=1024, mode="inf",
-                   predictor="nslib", quick=False, data=None, top=TOP_KERNELS,
-                   hypothetical=None, auto=True, dtype="fp32") -> Explorer:
+def build_explorer(gpus=None, model="gpt2_large", step: Step = START, predictor="nslib", *,
+                   top=TOP_KERNELS, hypothetical=None, auto=True,
+                   settings: Settings | None = None) -> Explorer:
     """Build the explorer (display the returned object, or its ``widget``, in a notebook).
 
-    ``gpus``: names/aliases selected at start; ``hypothetical``: slider factors to start with,
-    e.g. ``{"mem_bw": 2}`` (ticks 'add a hypothetical GPU'); ``auto``: run the first update
-    now. See :class:`Explorer`.
+    ``gpus``: names/aliases selected at start; ``step``: the workload the controls start at (a
+    :class:`nslib.model.step.Step`); ``hypothetical``: slider factors to start with, e.g.
+    ``{"mem_bw": 2}`` (ticks 'add a hypothetical GPU'); ``auto``: run the first update now;
+    ``settings``: the data and training profile. See :class:`Explorer`.
     """
-    return Explorer(gpus=gpus, model=model, batch=batch, seq=seq, mode=mode, predictor=predictor,
-                    quick=quick, data=data, top=top, hypothetical=hypothetical, auto=auto,
-                    dtype=dtype)
+    return Explorer(gpus, model, step, predictor, top=top, hypothetical=hypothetical,
+                    auto=auto, settings=settings)
 
 
 def render(**kwargs) -> Explorer:

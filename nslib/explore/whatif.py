@@ -21,17 +21,17 @@ import numpy as np
 import pandas as pd
 
 from nslib.data.gpus import GPU
+from nslib.data.settings import Settings, settings_of
 from nslib.data.units import GIGA, S_PER_MS
-from nslib.explore.gpus import plain_number
 from nslib.explore.memory import memory_table, memory_warnings
 from nslib.explore.ranges import (clear_range_caches, data_key, kernel_warnings, kernel_waves,
                                   range_summary, training_ranges)
 from nslib.kernels import sizes
-from nslib.kernels.dtypes import check_dtype
 from nslib.kernels.sizes import MODEL_CLASSES
 from nslib.model.config import load_model_config
-from nslib.model.inputs import MODES, get_predictor, resolve_gpu
+from nslib.model.inputs import get_predictor, resolve_gpu
 from nslib.model.predict import predict_model, with_interval
+from nslib.model.step import Step, step_of
 from nslib.predictors.gpu_range import DatasheetRangeWarning, out_of_range, tensor_ranges
 
 # how many of the largest kernels a scenario lists per GPU
@@ -62,33 +62,29 @@ def _predictor(predictor, data, quick: bool):
 
 
 @dataclass(frozen=True)
-class _Step:
+class _OnGpu:
     """One GPU's step to predict: equal, and memoised, by the fields compared."""
     pred_key: object
     spec: GPU
     config: str               # the model config as sorted JSON
-    batch: int
-    seq: int
-    mode: str
-    extra_key: tuple          # the extra predict_model arguments, as (name, repr) pairs
+    step: Step
     model: object = field(compare=False)
     predictor: object = field(compare=False)
     data: object = field(compare=False)
-    extra: dict = field(compare=False)
 
     @property
     def dtype(self) -> str:
-        return self.extra.get("dtype", "fp32")
+        return self.step.dtype
 
 
 @lru_cache(maxsize=STEPS_KEPT)
-def _predicted(step: _Step) -> tuple[pd.DataFrame, dict, bool | str | None]:
+def _predicted(step: _OnGpu) -> tuple[pd.DataFrame, dict, bool | str | None]:
     """``(kernel frame, summary, waves)``; waves: True (frame has them), an error message, or
     None (16 bits: FP32 tiles and ranges say nothing of 16-bit kernels)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DatasheetRangeWarning)  # one line in the scenario
-        frame, summ = predict_model(step.spec, step.model, step.batch, step.seq, step.mode,
-                                    predictor=step.predictor, data=step.data, **step.extra)
+        frame, summ = predict_model(step.spec, step.model, step.step, step.predictor,
+                                    settings=Settings(data=step.data))
     if step.dtype != "fp32":
         return frame, summ, None
     try:
@@ -184,22 +180,17 @@ def dominance_warnings(specs: list[GPU], labels: list[str], e2e_ms: list[float],
     return out
 
 
-def _checked_gpus(gpus, batch, seq, mode: str) -> list:
-    """``gpus`` as a non-empty list; ValueError for a bad mode, no GPU, or a bad size."""
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+def _checked_gpus(gpus) -> list:
+    """``gpus`` as a non-empty list; ValueError for no GPU (the step checks its own sizes)."""
     if isinstance(gpus, (str, GPU)) or not hasattr(gpus, "__iter__"):
         gpus = [gpus]
     gpus = list(gpus)
     if not gpus:
         raise ValueError("no GPU selected: pass at least one GPU")
-    for name, v in (("batch", batch), ("seq", seq)):
-        if isinstance(v, bool) or not isinstance(plain_number(v), int) or v < 1:
-            raise ValueError(f"{name} must be a positive whole number, got {v!r}")
     return gpus
 
 
-def _on_gpu(step: _Step, label: str, ranges: dict, top: int) -> dict:
+def _on_gpu(step: _OnGpu, label: str, ranges: dict, top: int) -> dict:
     """One GPU's part of a scenario: its summary row, per-class ms, largest kernels, frame,
     datasheet figures out of range and a tiles-and-waves warning (or None)."""
     frame, summ, has_waves = _predicted(step)
@@ -237,27 +228,27 @@ def _summary(parts: list[dict], mem: pd.DataFrame) -> tuple[pd.DataFrame, pd.Dat
     return summary, pc[order]
 
 
-def _params(model, batch, seq, mode, predictor, pred, quick, dtype) -> dict:
+def _params(model, step: Step, predictor, pred, quick) -> dict:
     """What a scenario asked, as shown in its title."""
     return {"model": model if not isinstance(model, dict) else model.get("model_type", "config"),
-            "batch": int(batch), "seq": int(seq), "mode": mode,
+            "batch": step.batch, "seq": step.seq, "mode": step.mode,
             "predictor": predictor if isinstance(predictor, str)
-            else getattr(pred, "name", type(pred).__name__), "quick": quick, "dtype": dtype}
+            else getattr(pred, "name", type(pred).__name__), "quick": quick,
+            "dtype": step.dtype}
 
 
-def scenario(gpus, model, batch: int, seq: int, mode: str = "inf", predictor="nslib",
-             quick: bool = False, data=None, top: int = TOP_KERNELS, fused: bool = False,
-             dtype: str = "fp32") -> dict:
-    """Predict one model configuration on several GPUs.
+def scenario(gpus, model, step: Step, predictor="nslib", *, top: int = TOP_KERNELS,
+             settings: Settings | None = None) -> dict:
+    """Predict one model step (a :class:`nslib.model.step.Step`) on several GPUs.
 
     ``gpus``: a list of names/aliases, spec JSON paths or :class:`GPU` objects (hypothetical
     ones from :func:`nslib.explore.gpus.hypothetical_gpu`); ``model``: a config name, a JSON
-    path or a config dict; ``mode``: ``"inf"`` or ``"train"``; ``predictor``: a name (trained on
-    first use and kept in memory) or a fitted predictor; ``top``: how many of the largest
-    kernels per GPU; ``fused``: passed on to :func:`nslib.model.predict.predict_model`.
-    ``dtype``: ``fp32`` (the paper's setting) or ``bf16``/``fp16`` (the model traced in 16 bits,
-    its GEMMs and attention priced by the 16-bit tensor-core predictors; every GPU needs
-    ``Bf16FLOPs`` in its datasheet). The FP32 kernel range checks do not apply in 16 bits.
+    path or a config dict; ``predictor``: a name (trained on first use and kept in memory) or a
+    fitted predictor; ``top``: how many of the largest kernels per GPU; ``settings``: the data
+    and training profile. ``step.dtype``: ``fp32`` (the paper's setting) or ``bf16``/``fp16``
+    (the model traced in 16 bits, its GEMMs and attention priced by the 16-bit tensor-core
+    predictors; every GPU needs ``Bf16FLOPs`` in its datasheet). The FP32 kernel range checks
+    do not apply in 16 bits.
 
     Returns a dict: ``summary`` (one row per GPU: gpu, e2e_ms, fw_ms, bw_ms, n_kernels, the
     datasheet numbers, ``in_training_range``, ``memory_gb``, ``fits``), ``per_class`` (ms per
@@ -270,19 +261,16 @@ def scenario(gpus, model, batch: int, seq: int, mode: str = "inf", predictor="ns
     KeyError or FileNotFoundError for a bad mode, GPU, model or size (the explorer shows them).
     """
     t0 = time.perf_counter()
-    gpus = _checked_gpus(gpus, batch, seq, mode)
-    dtype = check_dtype(dtype)
-    extra = {} if dtype == "fp32" else {"dtype": dtype}
-    if fused:
-        extra["fused"] = fused
+    step, st = step_of(step), settings_of(settings)
+    data, quick = st.data, st.quick
+    gpus = _checked_gpus(gpus)
     specs = [resolve_gpu(g, data) for g in gpus]
     labels = _labels(specs)
     pred, pred_key = _predictor(predictor, data, quick)
     ranges = training_ranges(data)
     config = json.dumps(load_model_config(model, data), sort_keys=True, default=str)
-    extra_key = tuple(sorted((k, repr(v)) for k, v in extra.items()))
-    parts = [_on_gpu(_Step(pred_key, spec, config, int(batch), int(seq), mode, extra_key, model,
-                           pred, data, extra), label, ranges, top)
+    parts = [_on_gpu(_OnGpu(pred_key, spec, config, step, model, pred, data), label, ranges,
+                     top)
              for spec, label in zip(specs, labels)]
 
     outside = {label: p["issues"] for label, p in zip(labels, parts) if p["issues"]}
@@ -291,7 +279,7 @@ def scenario(gpus, model, batch: int, seq: int, mode: str = "inf", predictor="ns
     warns = ([line] if line else []) + [p["warning"] for p in parts if p["warning"]]
     warns += kernel_warnings(featured, ranges)
     warns += dominance_warnings(specs, labels, [p["row"]["e2e_ms"] for p in parts])
-    mem = memory_table(specs, labels, model, batch, seq, mode, data, dtype=dtype)
+    mem = memory_table(specs, labels, model, step, settings=st)
     warns += memory_warnings(mem)
     summary, per_class = _summary(parts, mem)
     return {"summary": summary, "per_class": per_class,
@@ -299,7 +287,7 @@ def scenario(gpus, model, batch: int, seq: int, mode: str = "inf", predictor="ns
             "warnings": warns, "frames": {label: p["frame"] for label, p in zip(labels, parts)},
             "range_details": [o.message() for items in outside.values() for o in items],
             "gpus": specs, "memory": mem,
-            "params": _params(model, batch, seq, mode, predictor, pred, quick, dtype),
+            "params": _params(model, step, predictor, pred, quick),
             "seconds": time.perf_counter() - t0}
 
 

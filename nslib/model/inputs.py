@@ -23,10 +23,9 @@ from nslib.data.paths import hash_files
 from nslib.kernels.dtypes import check_dtype
 from nslib.model.config import load_model_config
 from nslib.model.moe import expert_tokens
+from nslib.model.step import MODES, Step  # MODES: the one list of modes
 from nslib.model.trace import TRACE_VERSION, trace, warn_model_notes
 from nslib.predictors.training import trained
-
-MODES = ("inf", "train")
 
 
 def resolve_gpu(gpu: str | GPU | os.PathLike, data=None) -> GPU:
@@ -86,8 +85,8 @@ TUPLE_COLUMNS = ("inputs", "allocs", "frees")
 @lru_cache(maxsize=64)
 def _traced(key: str, config_json: str, batch: int, seq: int, mode: str,
             imbalance: float = 1.0, dtype: str = "fp32") -> pd.DataFrame:
-    return cached("traces", key, lambda: trace(json.loads(config_json), batch, seq, mode,
-                                               imbalance=imbalance, dtype=dtype, notes=False),
+    step = Step(batch, seq, mode, dtype, imbalance=imbalance)
+    return cached("traces", key, lambda: trace(json.loads(config_json), step, notes=False),
                   "model trace", TRACE_FORMAT)
 
 

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import pandas as pd
 
+from nslib.data.settings import Settings, settings_of
 from nslib.model.inputs import resolve_gpu
 from nslib.model.parallel import default_link
 from nslib.model.predict import predict_model
+from nslib.model.step import Parallel, Step
 from nslib.predictors.gpu_range import range_warnings_once
 
 # strategies of the what-if: "pp-m" is a pipeline with one sample per micro-batch (GPipe's
@@ -43,22 +45,23 @@ def whatif_points(degrees, link_bws) -> list[tuple[str, int, float | None]]:
 
 
 @range_warnings_once()
-def parallel_whatif(gpu, model, batch: int, seq: int, degrees, link_bws, predictor="nslib",
-                    data=None, quick: bool = False) -> tuple[pd.DataFrame, list[str]]:
-    """Predicted training steps at every :func:`whatif_points` point.
+def parallel_whatif(gpu, model, step: Step, degrees, link_bws, predictor="nslib", *,
+                    settings: Settings | None = None) -> tuple[pd.DataFrame, list[str]]:
+    """Predicted steps (``step``, a :class:`nslib.model.step.Step`, its batch the global one;
+    a training step as the what-if asks) at every :func:`whatif_points` point.
 
     Returns the frame (one row per point: ``strategy``, ``degree``, ``link_gbps`` (datasheet
     GB/s; the GPU's default link where none is set), ``step_ms``, ``comm_ms``) and the points
     skipped with the reason (a degree that does not divide the model raises ValueError).
     """
-    spec = resolve_gpu(gpu, data)
-    default_gbps = default_link(spec, data).bandwidth_gbps
+    st = settings_of(settings)
+    spec = resolve_gpu(gpu, st.data)
+    default_gbps = default_link(spec, st.data).bandwidth_gbps
     rows, skipped = [], []
     for strategy, degree, bw in whatif_points(degrees, link_bws):
         try:
-            _, s = predict_model(spec, model, batch, seq, "train", predictor=predictor,
-                                 data=data, quick=quick, link=bw,
-                                 **strategy_args(strategy, degree, batch))
+            par = Parallel(link=bw, **strategy_args(strategy, degree, step.batch))
+            _, s = predict_model(spec, model, step, predictor, parallel=par, settings=st)
         except ValueError as e:
             skipped.append(f"{strategy}{degree}{'' if bw is None else f' at {bw} GB/s'}: {e}")
             continue

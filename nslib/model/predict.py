@@ -1,23 +1,27 @@
 """Model-level prediction: trace a model into kernels, predict every kernel, sum.
 
-``predict_model(gpu, model, batch, seq, mode, predictor)`` returns the kernel frame (one row
-per launched kernel with ``pred_ms``) and a summary: ``e2e_ms``, ``fw_ms``, ``bw_ms`` and ms
-per kernel class. All kernels of a class are predicted in one batched call. ``fused=True``
-predicts the trace after :func:`nslib.model.fusion.fuse`; ``dp``/``tp``/``pp`` (with
-``microbatches`` and ``link``) a multi-GPU step through :mod:`nslib.model.parallel`.
+``predict_model(gpu, model, Step(batch, seq, mode), predictor)`` returns the kernel frame (one
+row per launched kernel with ``pred_ms``) and a summary: ``e2e_ms``, ``fw_ms``, ``bw_ms`` and
+ms per kernel class. All kernels of a class are predicted in one batched call. A fused
+:class:`~nslib.model.step.Step` predicts the trace after :func:`nslib.model.fusion.fuse`; a
+:class:`~nslib.model.step.Parallel` with a degree above 1 a multi-GPU step through
+:mod:`nslib.model.parallel`.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import pandas as pd
 
-from nslib.data.checks import check_float, check_int
+from nslib.data.checks import check_float
 from nslib.data.gpus import GPU
-from nslib.kernels.dtypes import check_dtype
+from nslib.data.settings import Settings, settings_of
 from nslib.model import predict16
 from nslib.model.fusion import fuse
 from nslib.model.config import load_model_config
-from nslib.model.inputs import MODES, get_predictor, kernel_frame, resolve_gpu, traced
+from nslib.model.inputs import get_predictor, kernel_frame, resolve_gpu, traced
 from nslib.model.parallel import predict_parallel
+from nslib.model.step import Parallel, Step, parallel_of, step_of
 from nslib.model.stream import LAUNCH_US, per_class_ms, step_ms
 from nslib.model.trace import model_notes
 from nslib.predictors.gpu_range import warn_out_of_range, warn_out_of_tensor_range
@@ -32,65 +36,58 @@ def summarize(frame: pd.DataFrame) -> dict:
             "n_kernels": int(len(frame))}
 
 
-def predict_model(gpu, model, batch: int, seq: int, mode: str = "inf",
-                  predictor="nslib", data=None, quick: bool = False, *,
-                  fused: bool = False, dp: int = 1, tp: int = 1, pp: int = 1,
-                  microbatches: int = 1, link=None, launch_us: float | None = LAUNCH_US,
-                  imbalance: float = 1.0, dtype: str = "fp32",
-                  tensor_predictor="nslib"):
-    """Predict one inference (``mode="inf"``) or training step (``"train"``) of ``model``.
+def predict_model(gpu, model, step: Step, predictor="nslib", *,
+                  parallel: Parallel | None = None, tensor_predictor="nslib",
+                  launch_us: float | None = LAUNCH_US, settings: Settings | None = None):
+    """Predict one step of ``model``: ``(kernels frame, summary dict)``.
 
     ``gpu``: name/alias, spec file or :class:`GPU`; ``model``: a config name in the data
-    (``gpt3_27``), a JSON path or a config dict; ``predictor``: a registered name (trained and
-    cached on first use) or a fitted predictor. Returns ``(kernels frame, summary dict)``.
+    (``gpt3_27``), a JSON path or a config dict; ``step``: a :class:`nslib.model.step.Step`
+    (batch, seq, mode ``inf``/``train``, dtype, fused, mixture-of-experts imbalance);
+    ``predictor``: a registered name (trained and cached on first use) or a fitted predictor.
 
-    ``fused``: merge elementwise/memory chains first (:func:`nslib.model.fusion.fuse`; the summary
-    gains ``fused`` and ``n_kernels_unfused``). ``dp``/``tp``/``pp`` (one of them > 1) and
-    ``microbatches`` (pipeline only): predict a step on that many GPUs with ``batch`` the
-    global batch, and ``link`` (None: the GPU's default; a bandwidth in GB/s; a
-    :class:`nslib.model.parallel.LinkSpec`) for the communication; see :mod:`nslib.model.parallel`.
-    The summary then gains ``comm_ms`` and ``parallel``.
+    ``step.fused``: merge elementwise/memory chains first (:func:`nslib.model.fusion.fuse`; the
+    summary gains ``fused`` and ``n_kernels_unfused``). ``parallel``: a
+    :class:`nslib.model.step.Parallel` with a degree above 1 predicts a step on that many GPUs,
+    ``step.batch`` the global batch, over its link (:mod:`nslib.model.parallel`); the summary
+    then gains ``comm_ms`` and ``parallel``.
 
     ``launch_us``: the launch gap (us) of kernels run back to back, each microbenchmark's
     dispatch floor off (:func:`nslib.model.stream.step_ms`); ``None`` sums the latencies as
-    they are (the original tool's; always so for ``plain_sum`` predictors). ``imbalance``:
-    top-k mixture-of-experts routing (:func:`nslib.model.moe.expert_tokens`; 1 = even).
+    they are (the original tool's; always so for ``plain_sum`` predictors).
 
-    ``dtype``: ``fp32`` (default, the paper's setting) or ``bf16``/``fp16``: traced in that
-    format with fused attention; tensor-core GEMMs and attention priced by ``tensor_predictor``
-    (a name of :func:`nslib.predictors.mixed_training.predictors`, or a ``(gemm, attention)``
-    pair of fitted ones), the rest by ``predictor`` at their real bytes
-    (:mod:`nslib.model.predict16`). Needs ``Bf16FLOPs``; one GPU unfused, or ``tp`` inference.
+    ``step.dtype`` ``bf16``/``fp16``: traced in that format with fused attention; tensor-core
+    GEMMs and attention priced by ``tensor_predictor`` (a name of
+    :func:`nslib.predictors.mixed_training.predictors`, or a ``(gemm, attention)`` pair of
+    fitted ones), the rest by ``predictor`` at their real bytes (:mod:`nslib.model.predict16`).
+    Needs ``Bf16FLOPs``; one GPU unfused, or tensor-parallel inference. ``settings``: the data
+    and training profile (:class:`nslib.data.settings.Settings`).
 
     The summary's ``warnings``: the model's notes, then the datasheet figures outside the
     training GPUs' range; ``interval_ms`` where a calibration is cached (:func:`with_interval`).
     """
-    batch, seq, dp, tp, pp, microbatches = _checked(mode, batch, seq, dp, tp, pp, microbatches,
-                                                    imbalance)
-    multi = dp != 1 or tp != 1 or pp != 1 or microbatches != 1
-    launch_us, link = _check_link_and_launch(launch_us, link)
-    spec = resolve_gpu(gpu, data)
+    step, par, s = step_of(step), parallel_of(parallel), settings_of(settings)
+    if step.imbalance != 1.0 and par.multi:
+        raise ValueError("imbalance applies to single-GPU predictions for now: drop "
+                         "dp/tp/pp or the imbalance")
+    if launch_us is not None:
+        launch_us = check_float("launch_us (microseconds)", launch_us, minimum=0)
+    spec = resolve_gpu(gpu, s.data)
     # the model's notes lead the summary's warnings (traced() issues them on every call)
-    notes = model_notes(load_model_config(model, data), seq)
-    if check_dtype(dtype) != "fp32" and tp > 1 and not (fused or dp > 1 or pp > 1):
-        return _predict_half_tp(gpu, spec, model, batch, seq, mode, predictor, data, quick,
-                                tp, link, launch_us, check_dtype(dtype), tensor_predictor,
-                                notes)
-    if check_dtype(dtype) != "fp32":
-        frame, summ = _predict_half(spec, model, batch, seq, mode, predictor, data, quick,
-                                    fused or multi, launch_us, imbalance, check_dtype(dtype),
-                                    tensor_predictor)
+    notes = model_notes(load_model_config(model, s.data), step.seq)
+    ask = _Ask(spec, model, step, predictor, tensor_predictor, launch_us, s)
+    if step.dtype != "fp32" and par.tp > 1 and not (step.fused or par.dp > 1 or par.pp > 1):
+        return _predict_half_tp(gpu, ask, par, notes)
+    if step.dtype != "fp32":
+        frame, summ = _predict_half(ask, step.fused or par.multi)
         return frame, {**summ, "warnings": notes + summ["warnings"]}
-    notes += warn_out_of_range(spec, data)
-    if multi:
-        frame, summ = predict_parallel(gpu, model, batch, seq, mode, predictor, data, quick,
-                                       fused=fused, dp=dp, tp=tp, pp=pp,
-                                       microbatches=microbatches, link=link,
-                                       launch_us=launch_us)
-        return frame, with_interval({**summ, "warnings": notes}, predictor, data, quick)
-    frame, summ = _predict_one(spec, model, batch, seq, mode, predictor, data, quick, fused,
-                               launch_us, imbalance, notes)
-    return frame, with_interval(summ, predictor, data, quick)
+    notes += warn_out_of_range(spec, s.data)
+    if par.multi:
+        frame, summ = predict_parallel(gpu, model, step, par, predictor, launch_us=launch_us,
+                                       settings=s)
+        return frame, with_interval({**summ, "warnings": notes}, predictor, s.data, s.quick)
+    frame, summ = _predict_one(ask, notes)
+    return frame, with_interval(summ, predictor, s.data, s.quick)
 
 
 def with_interval(summary: dict, predictor, data=None, quick: bool = False) -> dict:
@@ -109,76 +106,71 @@ def with_interval(summary: dict, predictor, data=None, quick: bool = False) -> d
     return {**summary, "interval_ms": list(bounds), "interval_coverage": cal.coverage}
 
 
-def _checked(mode, batch, seq, dp, tp, pp, microbatches, imbalance=1.0) -> tuple:
-    """The step's sizes as ints (ValueError naming a bad one, the mode, or an imbalance on
-    several GPUs)."""
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    if imbalance != 1.0 and not dp == tp == pp == microbatches == 1:
-        raise ValueError("imbalance applies to single-GPU predictions for now: drop "
-                         "dp/tp/pp or the imbalance")
-    return tuple(check_int(k, v) for k, v in (
-        ("batch", batch), ("seq", seq), ("dp", dp), ("tp", tp), ("pp", pp),
-        ("microbatches", microbatches)))
+@dataclass(frozen=True)
+class _Ask:
+    """One :func:`predict_model` call, resolved: the GPU's datasheet and the arguments."""
+    spec: GPU
+    model: object
+    step: Step
+    predictor: object
+    tensor_predictor: object
+    launch_us: float | None
+    settings: Settings
 
 
-def _check_link_and_launch(launch_us, link):
-    """``launch_us`` (us, or None) and ``link`` (a bandwidth in GB/s, or a spec), checked."""
-    if launch_us is not None:
-        launch_us = check_float("launch_us (microseconds)", launch_us, minimum=0)
-    if isinstance(link, (int, float)) and not isinstance(link, bool):
-        link = check_float("link bandwidth (GB/s)", link, positive=True)
-    return launch_us, link
-
-
-def _predict_one(spec: GPU, model, batch, seq, mode, predictor, data, quick, fused: bool,
-                 launch_us, imbalance, notes: list) -> tuple[pd.DataFrame, dict]:
+def _predict_one(ask: _Ask, notes: list) -> tuple[pd.DataFrame, dict]:
     """:func:`predict_model` on one GPU in FP32, fused or not."""
-    tr = traced(model, batch, seq, mode, data, imbalance)
-    frame = kernel_frame(fuse(tr, prologues=True) if fused else tr, spec)
-    pred = get_predictor(predictor, data, quick)
+    st, s = ask.step, ask.settings
+    tr = traced(ask.model, st.batch, st.seq, st.mode, s.data, st.imbalance)
+    frame = kernel_frame(fuse(tr, prologues=True) if st.fused else tr, ask.spec)
+    pred = get_predictor(ask.predictor, s.data, s.quick)
+    launch_us = ask.launch_us
     if getattr(pred, "plain_sum", False):  # the method's own aggregation (NeuSight's plain sum)
         launch_us = None
-    frame["pred_ms"] = step_ms(pred, frame, launch_us, data)
-    extra = {"fused": True, "n_kernels_unfused": int(len(tr))} if fused else {}
+    frame["pred_ms"] = step_ms(pred, frame, launch_us, s.data)
+    extra = {"fused": True, "n_kernels_unfused": int(len(tr))} if st.fused else {}
     return frame, {**summarize(frame), **extra, "launch_us": launch_us, "warnings": notes}
 
 
-def _predict_half_tp(gpu, spec: GPU, model, batch, seq, mode, predictor, data, quick, tp,
-                     link, launch_us, dtype, tensor_predictor, notes: list):
+def _predict_half_tp(gpu, ask: _Ask, par: Parallel, notes: list):
     """:func:`predict_model` of tensor-parallel 16-bit inference (predict_parallel refuses
     the other 16-bit multi-GPU cases)."""
-    predict16.datasheet_columns(spec)
-    notes = notes + warn_out_of_tensor_range(spec) + [f"vector kernels: {n}"
-                                                      for n in warn_out_of_range(spec, data)]
-    frame, summ = predict_parallel(gpu, model, batch, seq, mode, predictor, data, quick, tp=tp,
-                                   link=link, launch_us=launch_us, dtype=dtype,
-                                   tensor_predictor=tensor_predictor)
-    summ = {**summ, "dtype": dtype, "warnings": notes}
-    return frame, with_interval16(summ, frame, predictor, tensor_predictor, data, quick)
+    s = ask.settings
+    predict16.datasheet_columns(ask.spec)
+    notes = notes + warn_out_of_tensor_range(ask.spec) + [
+        f"vector kernels: {n}" for n in warn_out_of_range(ask.spec, s.data)]
+    tp_only = Parallel(tp=par.tp, link=par.link, vocab_parallel=par.vocab_parallel)
+    frame, summ = predict_parallel(gpu, ask.model, ask.step, tp_only, ask.predictor,
+                                   tensor_predictor=ask.tensor_predictor,
+                                   launch_us=ask.launch_us, settings=s)
+    summ = {**summ, "dtype": ask.step.dtype, "warnings": notes}
+    return frame, with_interval16(summ, frame, ask.predictor, ask.tensor_predictor, s.data,
+                                  s.quick)
 
 
-def _predict_half(spec: GPU, model, batch, seq, mode, predictor, data, quick, multi: bool,
-                  launch_us, imbalance, dtype, tensor_predictor):
+def _predict_half(ask: _Ask, multi: bool):
     """:func:`predict_model` in a 16-bit ``dtype`` (single GPU, unfused)."""
+    st, s, dtype = ask.step, ask.settings, ask.step.dtype
     if multi:
         raise ValueError(f"--dtype {dtype} predicts one GPU without fusion, or tensor-parallel "
                          f"inference (--tp), for now: drop --fused / --dp / --pp / "
                          f"--microbatches, or use --dtype fp32")
-    predict16.datasheet_columns(spec)  # a datasheet without Bf16FLOPs fails before the trace
+    predict16.datasheet_columns(ask.spec)  # a datasheet without Bf16FLOPs fails before the trace
     # tensor-core kernels against the 16-bit data's GPUs; vector kernels (FP32-trained
     # predictors) against the NeuSight training GPUs
-    notes = (warn_out_of_tensor_range(spec) +
-             [f"vector kernels: {n}" for n in warn_out_of_range(spec, data)])
-    frame = kernel_frame(traced(model, batch, seq, mode, data, imbalance, dtype), spec)
-    tensor = (predict16.tensor_predictors(tensor_predictor, quick)
-              if isinstance(tensor_predictor, str) else tuple(tensor_predictor))
-    pred = get_predictor(predictor, data, quick)
-    frame["pred_ms"] = predict16.stream_ms_half(pred, frame, spec, tensor, launch_us, data)
-    summ = {**summarize(frame), "launch_us": launch_us, "dtype": dtype,
-            "tensor_predictor": tensor_predictor if isinstance(tensor_predictor, str)
-            else type(tensor[0]).__name__, "warnings": notes}
-    return frame, with_interval16(summ, frame, predictor, tensor_predictor, data, quick)
+    notes = (warn_out_of_tensor_range(ask.spec) +
+             [f"vector kernels: {n}" for n in warn_out_of_range(ask.spec, s.data)])
+    frame = kernel_frame(traced(ask.model, st.batch, st.seq, st.mode, s.data, st.imbalance,
+                                dtype), ask.spec)
+    tp = ask.tensor_predictor
+    tensor = predict16.tensor_predictors(tp, s.quick) if isinstance(tp, str) else tuple(tp)
+    pred = get_predictor(ask.predictor, s.data, s.quick)
+    frame["pred_ms"] = predict16.stream_ms_half(pred, frame, ask.spec, tensor, ask.launch_us,
+                                                s.data)
+    summ = {**summarize(frame), "launch_us": ask.launch_us, "dtype": dtype,
+            "tensor_predictor": tp if isinstance(tp, str) else type(tensor[0]).__name__,
+            "warnings": notes}
+    return frame, with_interval16(summ, frame, ask.predictor, tp, s.data, s.quick)
 
 
 def with_interval16(summary: dict, frame: pd.DataFrame, predictor, tensor_predictor,

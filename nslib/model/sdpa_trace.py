@@ -18,6 +18,7 @@ not causal, as FlashAttention then runs the masked kernel).
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 ATTENTION_COLUMNS = ("kv_heads", "causal")
 BACKWARD_FLOPS = 2.5  # FlashAttention backward / forward FLOPs (5 products against 2)
@@ -32,14 +33,28 @@ def attention_pairs(q_len: float, kv_len: float, causal: bool) -> float:
     return q * kv_len - q * (q - 1) / 2.0
 
 
-def attention_cost(batch, q_len, kv_len, heads, kv_heads, head_dim, causal, elem: int,
+class AttentionDims(NamedTuple):
+    """The sizes of one attention call: ``batch`` (leading dims folded), query and key
+    lengths, query and key/value heads, head dim, and whether a causal mask applies."""
+    batch: int
+    q_len: int
+    kv_len: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    causal: bool
+
+
+def attention_cost(dims: AttentionDims, elem: int,
                    backward: bool = False) -> tuple[float, float]:
-    """(FLOP, minimum DRAM bytes) of one FlashAttention forward (or backward) call.
+    """(FLOP, minimum DRAM bytes) of one FlashAttention forward (or backward) call of
+    ``dims`` (:class:`AttentionDims`).
 
     Forward: ``4 * batch * heads * pairs * head_dim`` FLOP (scores and the weighted sum); bytes
     read Q, K, V and write O once (``elem`` bytes per element). Backward: 2.5 x the FLOP; reads
     Q, K, V, O, dO and writes dQ, dK, dV.
     """
+    batch, q_len, kv_len, heads, kv_heads, head_dim, causal = dims
     flops = 4.0 * batch * heads * attention_pairs(q_len, kv_len, causal) * head_dim
     q_side = batch * heads * q_len * head_dim
     kv_side = batch * kv_heads * kv_len * head_dim
@@ -48,13 +63,14 @@ def attention_cost(batch, q_len, kv_len, heads, kv_heads, head_dim, causal, elem
     return flops, float(elem * (2 * q_side + 2 * kv_side))
 
 
-def _dims(q, k, attn_mask, is_causal: bool) -> tuple:
-    """(batch, q_len, kv_len, heads, kv_heads, head_dim, causal) of an SDPA call on
-    ``(batch, heads, seq, head_dim)`` tensors (leading dims beyond two fold into the batch)."""
+def _dims(q, k, attn_mask, is_causal: bool) -> AttentionDims:
+    """The :class:`AttentionDims` of an SDPA call on ``(batch, heads, seq, head_dim)`` tensors
+    (leading dims beyond two fold into the batch)."""
     batch = math.prod(int(s) for s in q.shape[:-3]) if q.dim() > 3 else 1
     heads, q_len, head_dim = (int(s) for s in q.shape[-3:])
     kv_heads, kv_len = int(k.shape[-3]), int(k.shape[-2])
-    return batch, q_len, kv_len, heads, kv_heads, head_dim, bool(is_causal and attn_mask is None)
+    return AttentionDims(batch, q_len, kv_len, heads, kv_heads, head_dim,
+                         bool(is_causal and attn_mask is None))
 
 
 def _bound(args, kwargs) -> dict:
@@ -67,8 +83,7 @@ def _bound(args, kwargs) -> dict:
 
 def _record(tracer, dims, elem, ins, outs, backward: bool) -> None:
     batch, q_len, kv_len, heads, kv_heads, head_dim, causal = dims
-    flops, nbytes = attention_cost(batch, q_len, kv_len, heads, kv_heads, head_dim, causal,
-                                   elem, backward)
+    flops, nbytes = attention_cost(dims, elem, backward)
     kid = tracer.add_row("scaled_dot_product_attention" + (".backward" if backward else ""),
                          "attention", "attention_bw" if backward else "attention",
                          (batch, q_len, head_dim, kv_len, heads), flops, nbytes,

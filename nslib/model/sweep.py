@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from nslib.data.settings import Settings, settings_of
 from nslib.kernels import sizes
 from nslib.model.inputs import (LAW_POINTS, LAW_POINTS_ONE, get_predictor, kernel_frame,
                                 resolve_gpu, traced)
@@ -103,9 +104,9 @@ def _pair_kernels(laws: dict, pairs: np.ndarray) -> pd.DataFrame:
     return uniq.sum().reset_index().sort_values("pair", kind="stable", ignore_index=True)
 
 
-def sweep(model, mode: str, scenarios: pd.DataFrame, predictor="nslib", data=None,
-          quick: bool = False, launch_us: float | None = LAUNCH_US, memory: bool = True,
-          optimizer: str = "adam") -> pd.DataFrame:
+def sweep(model, mode: str, scenarios: pd.DataFrame, predictor="nslib", *,
+          launch_us: float | None = LAUNCH_US, memory: bool = True, optimizer: str = "adam",
+          settings: Settings | None = None) -> pd.DataFrame:
     """Predicted ``e2e_ms``, ``fw_ms``, ``bw_ms`` for each row of ``scenarios``.
 
     ``scenarios`` has columns ``gpu`` (name, alias or GPU), ``batch`` and ``seq``. Identical
@@ -117,7 +118,10 @@ def sweep(model, mode: str, scenarios: pd.DataFrame, predictor="nslib", data=Non
     the times of a scenario that does not fit are still given, as if it had the memory.
     With a cached calibration of ``predictor`` (``nslib calibrate``), ``interval_lo_ms`` and
     ``interval_hi_ms`` bound each step (:func:`nslib.model.predict.with_interval`).
+    ``settings``: the data and training profile.
     """
+    st = settings_of(settings)
+    data, quick = st.data, st.quick
     laws = {one: scaling_law(model, mode, data, batch_one=one)
             for one in pd.unique(scenarios["batch"] == 1)}
     pred = get_predictor(predictor, data, quick)
@@ -152,20 +156,22 @@ def sweep(model, mode: str, scenarios: pd.DataFrame, predictor="nslib", data=Non
             np.bincount(combo_row[mask], host_ms[mask], minlength=len(combos)))
         out[f"{phase}_ms"] = per_combo[combo_of]
     out["e2e_ms"] = out["fw_ms"] + out["bw_ms"]
-    _add_interval(out, predictor, data, quick, big["kernel_class"], pred_ms,
-                  combo_row, combo_of, len(combos))
+    _add_interval(out, predictor, st, big["kernel_class"], pred_ms,
+                  (combo_row, combo_of, len(combos)))
     out["warnings"] = [notes[g] for g in out["gpu"]]
     if memory:
         out = sweep_memory(model, mode, out, optimizer, data)
     return out
 
 
-def _add_interval(out: pd.DataFrame, predictor, data, quick, classes, pred_ms, combo_row,
-                  combo_of, n_combos: int) -> None:
+def _add_interval(out: pd.DataFrame, predictor, settings: Settings, classes, pred_ms,
+                  groups: tuple) -> None:
     """``interval_lo_ms``/``interval_hi_ms`` columns of ``out`` when ``predictor`` has a cached
-    calibration: as :func:`nslib.model.predict.with_interval`, per scenario."""
-    cal = calibration(predictor, data, quick, build=False) if isinstance(predictor, str) \
-        else None
+    calibration: as :func:`nslib.model.predict.with_interval`, per scenario. ``groups``:
+    (each kernel row's combination, each scenario's combination, how many combinations)."""
+    combo_row, combo_of, n_combos = groups
+    cal = calibration(predictor, settings.data, settings.quick, build=False) \
+        if isinstance(predictor, str) else None
     if cal is None:
         return
     lo, hi = cal.factors(list(classes))

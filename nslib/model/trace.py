@@ -38,7 +38,6 @@ import numpy as np
 import pandas as pd
 
 from nslib.kernels import sizes
-from nslib.kernels.dtypes import check_dtype
 from nslib.model.aten import tensors_in
 from nslib.model.blocks import block_index, check_layers, install_hooks
 from nslib.model.config import (MAX_POSITION_KEYS, MEASURED_ARCHITECTURE,
@@ -47,6 +46,7 @@ from nslib.model.config import (MAX_POSITION_KEYS, MEASURED_ARCHITECTURE,
 from nslib.model.moe import expert_tokens, patch_moe
 from nslib.model.recorder import TRACE_COLUMNS, Tracer, make_modes
 from nslib.model.sdpa_trace import ATTENTION_COLUMNS, sdpa_mode
+from nslib.model.step import Step, step_of
 from nslib.model.storages import MEMORY_COLUMNS
 
 __all__ = ["trace", "summarize", "logits_loss", "model_notes", "warn_model_notes",
@@ -55,16 +55,6 @@ __all__ = ["trace", "summarize", "logits_loss", "model_notes", "warn_model_notes
 
 # Bump when the rows trace() produces change, so caches of traces can key on it.
 TRACE_VERSION = 8
-
-
-def _check_args(batch, seq, mode):
-    """ValueError unless ``batch`` and ``seq`` are positive integers and ``mode`` is inf/train."""
-    for name, v in (("batch", batch), ("seq", seq)):
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v <= 0:
-            raise ValueError(f"{name} must be a positive integer, got {v!r}")
-    if mode not in ("inf", "train"):
-        raise ValueError(f"mode must be 'inf' (forward) or 'train' (forward + backward), "
-                         f"got {mode!r}")
 
 
 def _mark_storages(tracer: Tracer, model, inputs: dict) -> None:
@@ -203,10 +193,11 @@ def logits_loss(output):
     return loss
 
 
-def trace(config: dict, batch: int, seq: int, mode: str, *, grad_accumulation: bool = True,
-          architecture: str | None = None, imbalance: float = 1.0,
-          dtype: str = "fp32", notes: bool = True) -> pd.DataFrame:
-    """The kernels one forward (``mode="inf"``) or forward + backward (``"train"``) launches.
+def trace(config: dict, step: Step, *, grad_accumulation: bool = True,
+          architecture: str | None = None, notes: bool = True) -> pd.DataFrame:
+    """The kernels one step (a :class:`nslib.model.step.Step`: ``batch``, ``seq``, ``mode``,
+    ``dtype``, ``imbalance``) launches: a forward (mode ``inf``) or forward + backward
+    (``train``). The step's ``fused`` is not the tracer's (:func:`nslib.model.fusion.fuse`).
 
     ``config``: a HuggingFace config dict (or a name/path for :func:`load_model_config`).
     Inputs are built from the config: token ids of shape ``(batch, seq)`` (and decoder ids of
@@ -215,7 +206,7 @@ def trace(config: dict, batch: int, seq: int, mode: str, *, grad_accumulation: b
     window) and decoder ids ``(batch, seq)``; for vision models (ViT) images of shape
     ``(batch, num_channels, image_size, image_size)``, whose patch count sets the sequence
     (``seq`` is then unused). ``notes``: issue :func:`model_notes` as warnings (an unchecked
-    model type, an unused ``seq``). ``imbalance``: the routing of
+    model type, an unused ``seq``). ``step.imbalance``: the routing of
     top-k mixture-of-experts layers (:func:`expert_tokens`; 1 = balanced). ``grad_accumulation``:
     trace the add of each parameter gradient into an existing ``.grad`` (as the measured runs and
     the original opgraph). ``architecture``: a transformers class name to build instead of the
@@ -235,7 +226,7 @@ def trace(config: dict, batch: int, seq: int, mode: str, *, grad_accumulation: b
     whose gradient it computes; -1 for none: :mod:`nslib.model.operators`). Unknown aten ops
     give no row and one warning listing them.
 
-    ``dtype``: ``"fp32"`` (default: the paper's traces, eager attention) or ``"bf16"``/``"fp16"``:
+    ``step.dtype``: ``"fp32"`` (the paper's traces, eager attention) or ``"bf16"``/``"fp16"``:
     the model is built in that format with PyTorch's scaled-dot-product attention, each call of
     which is one row of class ``"attention"`` (:mod:`nslib.model.sdpa_trace`; the frame then ends
     with its :data:`ATTENTION_COLUMNS`, NaN on other rows), and ``bytes`` count every kernel's real
@@ -245,8 +236,9 @@ def trace(config: dict, batch: int, seq: int, mode: str, *, grad_accumulation: b
     """
     from transformers.utils import logging as hf_logging
 
-    _check_args(batch, seq, mode)
-    dtype = check_dtype(dtype)
+    step = step_of(step)
+    batch, seq, mode, imbalance, dtype = (step.batch, step.seq, step.mode, step.imbalance,
+                                          step.dtype)
     if not isinstance(config, dict):
         config = load_model_config(config)
     if architecture is None:

@@ -16,15 +16,19 @@ worst stage is the per-GPU figure. A tied embedding counts on the stage that rea
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pandas as pd
 
-from nslib.kernels.dtypes import bytes_per_elem, check_dtype
+from nslib.data.settings import Settings, settings_of
+from nslib.kernels.dtypes import bytes_per_elem
 from nslib.model.config import load_model_config
 from nslib.model.inputs import resolve_gpu, spec_path, traced
-from nslib.model.memory.step import (FP32_BYTES, GIB, Memory, check_step, framework_bytes,
-                                     kv_cache_bytes, saved_bytes, step_memory)
+from nslib.model.memory.step import (FP32_BYTES, GIB, Held, Memory, Share, check_step,
+                                     framework_bytes, kv_cache_bytes, saved_bytes, step_memory)
 from nslib.model.parallel import check_degrees, model_info, pipeline_stages, shard_tensor_parallel
+from nslib.model.step import Parallel, Step, parallel_of, step_of
 
 __all__ = ["tp_scales", "memory_of", "pipeline_memory"]
 
@@ -65,56 +69,61 @@ def tp_scales(trace: pd.DataFrame, n: int, info: dict, vocab_parallel: bool = Tr
     return np.nan_to_num(act, nan=1.0), np.nan_to_num(wsc, nan=1.0)
 
 
-def memory_of(gpu, model, batch: int, seq: int, mode: str = "inf", optimizer: str = "adam",
-              *, dp: int = 1, tp: int = 1, pp: int = 1, microbatches: int = 1,
-              vocab_parallel: bool = True, kv_cache: bool = False, data=None,
-              sharded: pd.DataFrame | None = None, imbalance: float = 1.0,
-              dtype: str = "fp32") -> Memory:
-    """Peak memory per GPU of one step of ``model`` (config name, path or dict) on ``gpu``
-    (name, spec file or :class:`nslib.data.gpus.GPU`): the worst GPU of a DP/TP/PP step, ``batch``
-    the global batch. ``kv_cache``: an inference that keeps every layer's keys and values
-    (generation). ``sharded``: see :func:`tp_scales`. ``imbalance``: mixture-of-experts routing
-    as :func:`nslib.model.inputs.traced` takes it. ``dtype``: ``fp32``, or ``bf16``/``fp16`` for a
-    16-bit step traced in that format (weights, gradients, activations and the KV cache at 2
-    bytes; training in mixed precision: FP32 optimizer states and an FP32 master copy of the
-    weights, as DeepSpeed's BF16 training keeps them; one GPU, or tensor-parallel inference).
-    Raises ValueError for
+def memory_of(gpu, model, step: Step, *, parallel: Parallel | None = None,
+              optimizer: str = "adam", kv_cache: bool = False,
+              sharded: pd.DataFrame | None = None, settings: Settings | None = None) -> Memory:
+    """Peak memory per GPU of one step (a :class:`nslib.model.step.Step`) of ``model`` (config
+    name, path or dict) on ``gpu`` (name, spec file or :class:`nslib.data.gpus.GPU`): the worst
+    GPU of the DP/TP/PP step ``parallel`` (a :class:`nslib.model.step.Parallel`; None: one
+    GPU), ``step.batch`` the global batch. ``kv_cache``: an inference that keeps every layer's
+    keys and values (generation). ``sharded``: see :func:`tp_scales`. ``step.imbalance``:
+    mixture-of-experts routing as :func:`nslib.model.inputs.traced` takes it. ``step.dtype``:
+    ``fp32``, or ``bf16``/``fp16`` for a 16-bit step traced in that format (weights, gradients,
+    activations and the KV cache at 2 bytes; training in mixed precision: FP32 optimizer states
+    and an FP32 master copy of the weights, as DeepSpeed's BF16 training keeps them; one GPU,
+    or tensor-parallel inference). ``settings``: where the data is. Raises ValueError for
     degrees that do not divide the model."""
+    step, par, data = step_of(step), parallel_of(parallel), settings_of(settings).data
+    batch, seq, mode, imbalance, dtype = (step.batch, step.seq, step.mode, step.imbalance,
+                                          step.dtype)
+    dp, tp, pp, microbatches = par.dp, par.tp, par.pp, par.microbatches
     check_step(mode, optimizer)
-    dtype = check_dtype(dtype)
     if dtype != "fp32" and not (dp == pp == microbatches == 1 and (tp == 1 or mode == "inf")):
         raise ValueError(f"memory of a multi-GPU {dtype} step is tensor-parallel inference "
                          "only for now: dp = pp = 1, and tp > 1 with mode inf")
     spec = resolve_gpu(gpu, data)
     fw, src = framework_bytes(spec, data, spec_path(gpu))
-    fixed = {"framework": fw, "capacity": float(spec.mem_gb) * GIB, "context_source": src}
+    fixed = Held(framework=fw, capacity=float(spec.mem_gb) * GIB, context_source=src)
     if dp == tp == pp == microbatches == 1:
         kv = _kv(model, batch, seq, mode, kv_cache, data, bytes_per_elem(dtype))
         trace = traced(model, batch, seq, mode, data, imbalance, dtype=dtype)
-        return step_memory(trace, mode, optimizer, kv_cache=kv,
-                           fp32_states=FP32_BYTES / bytes_per_elem(dtype), **fixed)
+        return step_memory(trace, mode, optimizer, held=replace(fixed, kv_cache=kv),
+                           fp32_states=FP32_BYTES / bytes_per_elem(dtype))
     info = model_info(model, mode, data)
     check_degrees(info, batch, dp, tp, pp, microbatches)
     if dp > 1:
         tr = traced(model, batch // dp, seq, mode, data, imbalance)
         buckets = float(tr["trainable"].sum()) if mode == "train" else 0.0
         kv = _kv(model, batch // dp, seq, mode, kv_cache, data)
-        return step_memory(tr, mode, optimizer, comm=buckets, kv_cache=kv, **fixed)
+        return step_memory(tr, mode, optimizer, held=replace(fixed, comm=buckets, kv_cache=kv))
     if tp > 1:
         tr = traced(model, batch, seq, mode, data, imbalance, dtype=dtype)
-        act, wsc = tp_scales(tr, tp, info, vocab_parallel, sharded)
+        act, wsc = tp_scales(tr, tp, info, par.vocab_parallel, sharded)
         kv = _kv(model, batch, seq, mode, kv_cache, data, bytes_per_elem(dtype)) / tp
-        return step_memory(tr, mode, optimizer, scale=act, wscale=wsc, kv_cache=kv, **fixed)
-    stages = pipeline_memory(gpu, model, batch, seq, mode, optimizer, pp=pp,
-                             microbatches=microbatches, kv_cache=kv_cache, data=data,
-                             imbalance=imbalance)
+        return step_memory(tr, mode, optimizer, held=replace(fixed, kv_cache=kv),
+                           share=Share(scale=act, wscale=wsc))
+    stages = pipeline_memory(gpu, model, step, parallel=par, optimizer=optimizer,
+                             kv_cache=kv_cache, settings=settings)
     return max(stages, key=lambda m: m.total)
 
 
-def pipeline_memory(gpu, model, batch: int, seq: int, mode: str = "train",
-                    optimizer: str = "adam", *, pp: int = 2, microbatches: int = 1,
-                    kv_cache: bool = False, data=None, imbalance: float = 1.0) -> list[Memory]:
-    """Peak memory of each of the ``pp`` pipeline stages (GPipe, see the module docstring)."""
+def pipeline_memory(gpu, model, step: Step, *, parallel: Parallel, optimizer: str = "adam",
+                    kv_cache: bool = False, settings: Settings | None = None) -> list[Memory]:
+    """Peak memory of each of the ``parallel.pp`` pipeline stages (GPipe, see the module
+    docstring) of ``step`` in ``parallel.microbatches`` micro-batches."""
+    step, par, data = step_of(step), parallel_of(parallel), settings_of(settings).data
+    batch, seq, mode, imbalance = step.batch, step.seq, step.mode, step.imbalance
+    pp, microbatches = par.pp, par.microbatches
     check_step(mode, optimizer)
     spec = resolve_gpu(gpu, data)
     info = model_info(model, mode, data)
@@ -133,9 +142,10 @@ def pipeline_memory(gpu, model, batch: int, seq: int, mode: str = "train",
         flight = (microbatches - 1) * saved
         if s > 0:
             flight += received * (microbatches if mode == "train" else 1)
-        out.append(step_memory(tr, mode, optimizer, select=sel, in_flight=flight, kv_cache=kv,
-                               framework=fw, capacity=float(spec.mem_gb) * GIB,
-                               context_source=src))
+        held = Held(framework=fw, kv_cache=kv, capacity=float(spec.mem_gb) * GIB,
+                    context_source=src)
+        out.append(step_memory(tr, mode, optimizer, held=held,
+                               share=Share(select=sel, in_flight=flight)))
     return out
 
 

@@ -47,7 +47,7 @@ from nslib.model.parallel import raw_spec
 __all__ = ["OPTIMIZERS", "CONTEXT_BASE_GB", "CONTEXT_THREADS_PER_SM", "CONTEXT_STACK_BYTES",
            "CUBLAS_WORKSPACE_BYTES", "FP32_BYTES", "GIB", "Memory", "storage_lifetimes",
            "live_bytes", "saved_bytes", "framework_bytes", "kv_cache_bytes", "check_step",
-           "step_memory"]
+           "step_memory", "Held", "Share"]
 
 # Bytes of an FP32 element: optimizer states, master weights and nslib's default traces.
 FP32_BYTES = bytes_per_elem("fp32")
@@ -229,28 +229,48 @@ def check_step(mode: str, optimizer: str) -> None:
         raise ValueError(f"unknown optimizer {optimizer!r}: use one of {sorted(OPTIMIZERS)}")
 
 
+@dataclass(frozen=True)
+class Held:
+    """Bytes one GPU holds for the whole step beside the kernels' live set: ``framework`` (the
+    CUDA context and library workspace; ``context_source`` says where the figure came from),
+    ``kv_cache``, ``comm`` (gradient buckets); and ``capacity``, the GPU's bytes, for
+    ``fits``."""
+    framework: float = 0.0
+    kv_cache: float = 0.0
+    comm: float = 0.0
+    capacity: float = 0.0
+    context_source: str = ""
+
+
+@dataclass(frozen=True, eq=False)
+class Share:
+    """The part of a trace one GPU of several holds: ``scale``/``select`` as in
+    :func:`live_bytes` (per-row activation scale; the rows of a pipeline stage); ``wscale``
+    (per row) scales the parameters that row reads first (tensor parallel); ``in_flight``:
+    activation bytes other micro-batches keep alive (pipeline), added to the live set."""
+    scale: object = None
+    wscale: object = None
+    select: object = None
+    in_flight: float = 0.0
+
+
 def step_memory(trace: pd.DataFrame, mode: str, optimizer: str = "adam", *,
-                framework: float = 0.0, capacity: float = 0.0, kv_cache: float = 0.0,
-                comm: float = 0.0, scale=None, wscale=None, select=None,
-                in_flight: float = 0.0, context_source: str = "",
-                storages: tuple | None = None, fp32_states: float = 1.0) -> Memory:
+                held: Held = Held(), share: Share = Share(), storages: tuple | None = None,
+                fp32_states: float = 1.0) -> Memory:
     """The peak of one GPU running ``trace`` (one step; ``mode`` "inf" or "train"), bytes.
 
-    ``optimizer``: a key of :data:`OPTIMIZERS` (training only). ``framework``, ``kv_cache``,
-    ``comm``: fixed bytes added to every point; ``capacity``: the GPU's bytes, for ``fits``.
-    ``scale``/``select``: as in :func:`live_bytes`; ``wscale`` (per row) scales the parameters
-    that row reads first; ``in_flight``: activation bytes other micro-batches keep alive
-    (pipeline), added to the kernels' live set. With ``select``, only the selected rows'
-    parameters count and the peak is taken over the selected rows. ``storages``: (first row,
-    last row, bytes) arrays to use instead of the trace's
-    (:func:`nslib.model.memory.laws.storage_law`).
+    ``optimizer``: a key of :data:`OPTIMIZERS` (training only). ``held``: the bytes added to
+    every point and the GPU's capacity (:class:`Held`); ``share``: the part of the trace this
+    GPU holds (:class:`Share`). With ``share.select``, only the selected rows' parameters
+    count and the peak is taken over the selected rows. ``storages``: (first row, last row,
+    bytes) arrays to use instead of the trace's (:func:`nslib.model.memory.laws.storage_law`).
     ``fp32_states``: FP32 bytes per parameter byte of the trace (2 for a 16-bit trace): the
     optimizer keeps its states in FP32 and, for a 16-bit trace, an FP32 master copy of the
     weights (mixed-precision training), counted in ``optimizer``."""
     check_step(mode, optimizer)
-    n = len(trace)
+    n, select = len(trace), share.select
     rows = np.ones(n, bool) if select is None else np.asarray(select, bool)
-    ws = np.ones(n) if wscale is None else np.asarray(wscale, float)
+    ws = np.ones(n) if share.wscale is None else np.asarray(share.wscale, float)
     weights = float((trace["params"].to_numpy(float) * ws)[rows].sum())
     trainable = float((trace["trainable"].to_numpy(float) * ws)[rows].sum())
     train = mode == "train"
@@ -259,8 +279,8 @@ def step_memory(trace: pd.DataFrame, mode: str, optimizer: str = "adam", *,
     master = fp32_states if train and fp32_states > 1 and optimizer != "none" else 0.0
     states, temps = states * fp32_states + master, temps * fp32_states
     grads = trainable if train else 0.0
-    live, held = _live(trace, scale, select, storages)
-    live = live + in_flight
+    live, kept = _live(trace, share.scale, select, storages)
+    live = live + share.in_flight
     cand = np.flatnonzero(rows)
     if not len(cand):
         raise ValueError("no kernel selected: the selection (pipeline stage) is empty")
@@ -270,10 +290,10 @@ def step_memory(trace: pd.DataFrame, mode: str, optimizer: str = "adam", *,
     opt = states * trainable
     # the optimizer step runs after the backward: only the held outputs are left, and the
     # step's temporaries join the states
-    if train and temps > 0 and held + temps * trainable > act:
-        act, opt = held, (states + temps) * trainable
+    if train and temps > 0 and kept + temps * trainable > act:
+        act, opt = kept, (states + temps) * trainable
         phase, kid, module = "step", -1, "optimizer"
     return Memory(weights=weights, grads=grads, optimizer=opt, activations=act,
-                  kv_cache=float(kv_cache), framework=float(framework), comm=float(comm),
-                  peak_phase=phase, peak_kid=kid, peak_module=module, capacity=float(capacity),
-                  context_source=context_source)
+                  kv_cache=float(held.kv_cache), framework=float(held.framework),
+                  comm=float(held.comm), peak_phase=phase, peak_kid=kid, peak_module=module,
+                  capacity=float(held.capacity), context_source=held.context_source)

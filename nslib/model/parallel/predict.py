@@ -20,6 +20,7 @@ from functools import lru_cache
 import numpy as np
 import pandas as pd
 
+from nslib.data.settings import Settings, settings_of
 from nslib.kernels import sizes
 from nslib.model import predict16
 from nslib.model.blocks import block_index
@@ -33,6 +34,7 @@ from nslib.model.parallel.pipeline import pipeline_stages
 from nslib.model.parallel.schedules import (dp_schedule, gradient_rows, insert_transfers,
                                             pp_schedule, tp_schedule)
 from nslib.model.parallel.tensor import shard_tensor_parallel
+from nslib.model.step import Parallel, Step, parallel_of, step_of
 from nslib.model.stream import LAUNCH_US, per_class_ms, step_ms
 
 __all__ = ["model_info", "check_degrees", "predict_parallel"]
@@ -144,7 +146,7 @@ def _predict_rows(frame: pd.DataFrame, spec, pred, link: LinkSpec,
 
 
 @dataclass(frozen=True)
-class _Step:
+class _Run:
     """What every strategy's step needs: the model and shape, the GPU, predictor and link."""
 
     model: object
@@ -172,7 +174,7 @@ class _Step:
                              self.tensor)
 
 
-def _dp_step(run: _Step, batch: int, n: int) -> tuple[pd.DataFrame, dict, dict]:
+def _dp_step(run: _Run, batch: int, n: int) -> tuple[pd.DataFrame, dict, dict]:
     """(frame, schedule, description) of one of ``n`` data-parallel GPUs (also one GPU)."""
     tr = run.prep(run.trace(batch // n))
     frame = run.predict(tr.assign(peers=np.nan))
@@ -184,7 +186,7 @@ def _dp_step(run: _Step, batch: int, n: int) -> tuple[pd.DataFrame, dict, dict]:
                                                        "buckets")})
 
 
-def _tp_step(run: _Step, batch: int, n: int,
+def _tp_step(run: _Run, batch: int, n: int,
              vocab_parallel: bool) -> tuple[pd.DataFrame, dict, dict]:
     """(frame, schedule, description) of one of ``n`` tensor-parallel GPUs."""
     tr = run.trace(batch)
@@ -195,7 +197,7 @@ def _tp_step(run: _Step, batch: int, n: int,
                                            allreduces=int((frame["cls"] == "comm").sum()))
 
 
-def _pp_step(run: _Step, batch: int, n: int,
+def _pp_step(run: _Run, batch: int, n: int,
              microbatches: int) -> tuple[pd.DataFrame, dict, dict]:
     """(frame of one micro-batch on every stage, schedule, description) of an ``n``-stage
     pipeline."""
@@ -211,45 +213,49 @@ def _pp_step(run: _Step, batch: int, n: int,
                                                        "transfer_ms")})
 
 
-def predict_parallel(gpu, model, batch: int, seq: int, mode: str = "train",
-                     predictor="nslib", data=None, quick: bool = False, *,
-                     fused: bool = False, dp: int = 1, tp: int = 1, pp: int = 1,
-                     microbatches: int = 1, link=None, vocab_parallel: bool = True,
-                     launch_us: float | None = LAUNCH_US, dtype: str = "fp32",
-                     tensor_predictor="nslib"):
-    """One step on ``dp``/``tp``/``pp`` GPUs: ``(frame, summary)`` as
+def predict_parallel(gpu, model, step: Step, parallel: Parallel, predictor="nslib", *,
+                     tensor_predictor="nslib", launch_us: float | None = LAUNCH_US,
+                     settings: Settings | None = None):
+    """One step on the GPUs of ``parallel`` (a :class:`nslib.model.step.Parallel`: ``dp``,
+    ``tp`` or ``pp`` GPUs, micro-batches, link): ``(frame, summary)`` as
     :func:`nslib.model.predict.predict_model` (which calls this when a degree is set).
 
-    ``batch`` is the global batch. The frame is what one GPU runs (for PP: one micro-batch on
-    every stage, with a ``stage`` column), comm rows included; the summary's ``e2e_ms`` is the
+    ``step.batch`` is the global batch. The frame is what one GPU runs (for PP: one micro-batch
+    on every stage, with a ``stage`` column), comm rows included; the summary's ``e2e_ms`` is the
     step time of the strategy's schedule, ``fw_ms``/``bw_ms`` its forward and backward
     parts, ``comm_ms`` the communication time, ``parallel`` the strategy, link and schedule.
-    ``launch_us`` as in :func:`nslib.model.predict.predict_model`. ``dtype`` ``bf16``/``fp16``
-    (tensor parallel inference only, for now): the 16-bit trace sharded, its tensor-core
-    kernels priced by ``tensor_predictor`` and its all-reduces at 2 bytes per element.
+    ``launch_us`` as in :func:`nslib.model.predict.predict_model`. ``step.dtype``
+    ``bf16``/``fp16`` (tensor parallel inference only, for now): the 16-bit trace sharded, its
+    tensor-core kernels priced by ``tensor_predictor`` and its all-reduces at 2 bytes per
+    element. ``settings``: the data and training profile.
     """
+    step, par, s = step_of(step), parallel_of(parallel), settings_of(settings)
+    data, batch, dtype = s.data, step.batch, step.dtype
+    dp, tp, pp = par.dp, par.tp, par.pp
     spec = resolve_gpu(gpu, data)
     spec_path = spec_path_of(gpu)
-    info = model_info(model, mode, data)
-    check_degrees(info, batch, dp, tp, pp, microbatches)
-    lk = resolve_link(link, spec, data, spec_path)
-    pred = get_predictor(predictor, data, quick)
+    info = model_info(model, step.mode, data)
+    check_degrees(info, batch, dp, tp, pp, par.microbatches)
+    lk = resolve_link(par.link, spec, data, spec_path)
+    pred = get_predictor(predictor, data, s.quick)
     tensor = None
     if dtype != "fp32":
-        if mode != "inf" or dp > 1 or pp > 1 or fused:
+        if step.mode != "inf" or dp > 1 or pp > 1 or step.fused:
             raise ValueError(f"--dtype {dtype} on several GPUs is tensor-parallel inference "
                              "for now: use --tp with --mode inf (no --dp, --pp, --fused), or "
                              "--dtype fp32")
         predict16.datasheet_columns(spec)
-        tensor = (predict16.tensor_predictors(tensor_predictor, quick)
+        tensor = (predict16.tensor_predictors(tensor_predictor, s.quick)
                   if isinstance(tensor_predictor, str) else tuple(tensor_predictor))
-    run = _Step(model, seq, mode, data, fused, info, spec, pred, lk, launch_us, dtype, tensor)
+    run = _Run(model, step.seq, step.mode, data, step.fused, info, spec, pred, lk, launch_us,
+               dtype, tensor)
     if dp > 1 or (tp == 1 and pp == 1):
         frame, sched, kind = _dp_step(run, batch, dp)
     elif tp > 1:
-        frame, sched, kind = _tp_step(run, batch, tp, vocab_parallel)
+        frame, sched, kind = _tp_step(run, batch, tp, par.vocab_parallel)
     else:
-        frame, sched, kind = _pp_step(run, batch, pp, microbatches)
+        frame, sched, kind = _pp_step(run, batch, pp, par.microbatches)
+    fused = step.fused
     desc = {"link": lk.to_dict(), "fused": bool(fused), "global_batch": int(batch), **kind}
     summary = {"e2e_ms": float(sched["e2e_ms"]), "fw_ms": float(sched["fw_ms"]),
                "bw_ms": float(sched["bw_ms"]), "per_class_ms": per_class_ms(frame),

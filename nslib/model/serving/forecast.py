@@ -1,4 +1,5 @@
-"""One call from a question to a table: ``serving_forecast(model, gpu, concurrency, isl, osl)``.
+"""One call from a question to a table: ``serving_forecast(model, gpu, concurrency,
+Workload(isl, osl))``.
 
 Resolves the model (a config name or path, or a HuggingFace id the project keeps a config for:
 :func:`nslib.data.serving_sample.model_configs`), builds the :class:`StepCost` once per model,
@@ -9,18 +10,36 @@ from __future__ import annotations
 
 import json
 import warnings
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
 from nslib.data.checks import check_int
 from nslib.data.serving_sample import model_configs
+from nslib.data.settings import Settings, settings_of
 from nslib.model.config import load_model_config
 from nslib.model.serving.schedule import framework, kv_capacity, serve
 from nslib.model.serving.steps import ScaledCost, ServingSetup, StepCost
 from nslib.predictors.intervals import calibration, tensor_calibration
 
 _COSTS: dict = {}
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What a server is asked: requests of ``isl`` prompt tokens and ``osl`` output tokens,
+    served by the engine ``framework`` (:data:`nslib.model.serving.FRAMEWORKS`) on ``tp``
+    tensor-parallel GPUs over ``link`` (GB/s; None: the datasheet's ``Link_Bw``)."""
+    isl: int = 1024
+    osl: int = 128
+    framework: str = "vllm"
+    tp: int = 1
+    link: float | None = None
+
+    def __post_init__(self):
+        for k in ("isl", "osl", "tp"):
+            object.__setattr__(self, k, check_int(k, getattr(self, k)))
 
 
 def resolve_model(model, data=None) -> dict:
@@ -67,11 +86,11 @@ def part_factors(predictor, tensor_predictor, quick: bool = False, data=None):
     return lo, hi, tensor.coverage
 
 
-def serving_forecast(model, gpu, concurrency, isl: int, osl: int, tp: int = 1,
-                     framework_name: str = "vllm", predictor: str = "nslib",
-                     tensor_predictor: str = "nslib", quick: bool = False, data=None,
-                     link=None) -> pd.DataFrame:
-    """One row per concurrency: ``concurrency, isl, osl, tp, framework, ttft_ms, tpot_ms,
+def serving_forecast(model, gpu, concurrency, workload: Workload = Workload(),
+                     predictor: str = "nslib", *, tensor_predictor: str = "nslib",
+                     settings: Settings | None = None) -> pd.DataFrame:
+    """``workload`` (a :class:`Workload`) at each ``concurrency`` (requests in flight), one row
+    per concurrency: ``concurrency, isl, osl, tp, framework, ttft_ms, tpot_ms,
     latency_ms, running, queue_ms, tokens_per_s, tokens_per_s_gpu, fits, kv_tokens``
     (:func:`nslib.model.serving.serve`); with cached calibrations (:func:`part_factors`),
     the bounds ``ttft_lo_ms, ttft_hi_ms, tpot_lo_ms, ...``, ``tokens_per_s_lo/_hi``: the
@@ -79,9 +98,10 @@ def serving_forecast(model, gpu, concurrency, isl: int, osl: int, tp: int = 1,
     conc = np.atleast_1d(np.asarray(concurrency))
     for v in conc:
         check_int("concurrency", v)
-    isl, osl = check_int("isl", isl), check_int("osl", osl)
-    fw = framework(framework_name)
-    cost = step_cost(model, gpu, tp, predictor, tensor_predictor, quick, data, link)
+    st, w = settings_of(settings), workload
+    isl, osl, quick, data = w.isl, w.osl, st.quick, st.data
+    fw = framework(w.framework)
+    cost = step_cost(model, gpu, w.tp, predictor, tensor_predictor, quick, data, w.link)
     if cost.setup.tp > 1 and "no Link_Bw" in cost.link.source:
         warnings.warn(f"{cost.spec.name}: {cost.link.source}", stacklevel=2)
     out = serve(cost, conc.astype(float), isl, osl, fw)
