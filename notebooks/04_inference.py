@@ -38,7 +38,7 @@ kernelbench_levels = [3, 2]  # its whole models (3) and fused chains (2); [] ski
 from nslib.viz.figures import save_figure, save_table
 from nslib.viz.scratch import notebook_out
 from nslib.data.settings import Settings
-from nslib.evaluation.model_level import report, time_breakdown
+from nslib.evaluation.model_level import report, saved_tables, time_breakdown
 from nslib.viz.plots import logo_heatmap, pred_vs_measured_bars, share_bars
 from nslib.predictors import available
 
@@ -52,8 +52,10 @@ if quick and models is None:
     models = ["bert_large", "gpt2_large"]
 
 # %%
-tables = report(mode, names, prefix, gpus=gpus, models=models, out=out,
-                logo_predictors=logo_predictors, settings=settings)
+tables = report(mode, names, gpus=gpus, models=models, logo_predictors=logo_predictors,
+                settings=settings)
+for stem, table, digits in saved_tables(tables):
+    save_table(table, f"{prefix}_{mode}_{stem}", out, digits=digits)
 results = tables["results"]
 results.loc[results["note"] != "", ["gpu", "tag", "predictor", "note"]]
 

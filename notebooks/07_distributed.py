@@ -60,7 +60,7 @@ from nslib.evaluation.parallel_eval import (parallel_error_table, parallel_summa
                                             parallel_table, scaling_table, with_strategy)
 from nslib.model.inputs import resolve_gpu
 from nslib.model.parallel import default_link
-from nslib.model.parallel_whatif import link_sweep_degree, parallel_whatif
+from nslib.explore.parallel import link_sweep_degree, parallel_whatif
 from nslib.model.step import Step
 from nslib.predictors import available
 from nslib.viz.variant_plots import parallel_bars, whatif_lines

@@ -52,7 +52,7 @@ from nslib.viz.scratch import notebook_out
 from nslib.model.inputs import resolve_gpu
 from nslib.explore.gpus import hypothetical_gpu
 from nslib.explore.plots import plot_scenario
-from nslib.explore.ranges import training_ranges
+from nslib.explore.ranges import explorer_ranges
 from nslib.explore.ui import build_explorer
 from nslib.explore.whatif import scenario
 from nslib.model.step import Step
@@ -66,7 +66,7 @@ specs = [resolve_gpu(g, data) for g in gpus]
 base = specs[0]
 custom = hypothetical_gpu(base, **{f: getattr(base, f) * k for f, k in what_if.items()})
 factors = [0.5, 1, 2, 4] if quick else [0.25, 0.5, 1, 1.5, 2, 3, 4, 8]
-ranges = training_ranges(data)
+ranges = explorer_ranges(data)
 custom.name
 
 # %% [markdown]

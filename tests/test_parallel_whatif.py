@@ -1,11 +1,11 @@
-"""nslib.model.parallel_whatif: the what-if grid by hand, and the engine on a tiny GPT-2 (4 heads,
+"""nslib.explore.parallel: the what-if grid by hand, and the engine on a tiny GPT-2 (4 heads,
 4 layers) with a constant-latency predictor: which points run, which are skipped and why, and
 what must hold between them."""
 import numpy as np
 import pytest
 
 from nslib.data.gpus import GPU
-from nslib.model.parallel_whatif import (STRATEGIES, link_sweep_degree, parallel_whatif,
+from nslib.explore.parallel import (STRATEGIES, link_sweep_degree, parallel_whatif,
                                          strategy_args, whatif_points)
 from nslib.model.predict import predict_model
 from nslib.model.step import Parallel, Step

@@ -10,7 +10,7 @@ from nslib.data.gpus import GPU, find_gpu, gpu_from_dict, load_gpus
 from nslib.data.settings import Settings
 from nslib.explore.gpus import explorer_gpus, hypothetical_gpu
 from nslib.explore.pasted import parse_pasted_config
-from nslib.explore.ranges import training_ranges
+from nslib.explore.ranges import explorer_ranges
 from nslib.explore.ui import build_explorer
 from nslib.explore.whatif import dominance_warnings, largest_kernels, scenario
 from nslib.kernels import measured, sizes
@@ -189,7 +189,7 @@ def test_in_range_gpu_has_no_gpu_warning_and_10x_peak_has_one(base):
 
 
 def test_kernels_larger_than_any_training_kernel_are_warned_about(base):
-    r = training_ranges()
+    r = explorer_ranges()
     assert r["dims"]["softmax"]["B"][1] < 64 * 4 * 512      # softmax rows = batch x heads x seq
     res = scenario([base], TINY, Step(64, 512, "inf"), settings=QUICK)
     assert any("softmax kernels are outside the training kernels' sizes" in w

@@ -27,7 +27,6 @@ from nslib.model.step import Step, split_options
 from nslib.model.stream import LAUNCH_US
 from nslib.predictors import predictor_class
 from nslib.predictors.gpu_range import range_warnings_once
-from nslib.viz.figures import save_table
 
 
 def label_configs(mode: str, data=None, gpus=None, models=None, variant: str = "") -> pd.DataFrame:
@@ -296,9 +295,9 @@ def variant_logo(kind: str, results: pd.DataFrame, predictors, *, models=None,
     return logo_table(results, held)
 
 
-def report(mode: str, predictors, prefix: str, *, gpus=None, models=None, out=None,
-           logo_predictors=(), settings: Settings | None = None) -> dict:
-    """Evaluate ``mode`` and save the model-level tables as ``<prefix>_<mode>_<name>``.
+def report(mode: str, predictors, *, gpus=None, models=None, logo_predictors=(),
+           settings: Settings | None = None) -> dict:
+    """Evaluate ``mode``: the model-level tables (:func:`saved_tables` names them for saving).
 
     Returns ``{"results", "paper", "summary", "per_class", "per_class_by_gpu", "aggregation"}``
     frames (see the functions above; ``per_class`` and ``per_class_by_gpu`` are
@@ -306,8 +305,8 @@ def report(mode: str, predictors, prefix: str, *, gpus=None, models=None, out=No
     predictor, ``aggregation`` :func:`aggregation_table`). ``logo_predictors`` (those of
     ``predictors`` to also price leave-one-GPU-out) add ``logo_results``, ``logo``
     (:func:`logo_table`) and ``logo_per_class_by_gpu`` (the first of them, with the mean over the
-    held-out GPUs and the worst), saved the same way
-    when any training GPU has labels of ``mode``. ``settings``: data, training profile and seed.
+    held-out GPUs and the worst) when any training GPU has labels of ``mode``. ``settings``:
+    data, training profile and seed.
     """
     s = settings_of(settings)
     results = evaluate_models(mode, predictors, gpus=gpus, models=models, settings=s)
@@ -317,19 +316,34 @@ def report(mode: str, predictors, prefix: str, *, gpus=None, models=None, out=No
               "per_class_by_gpu": per_class_by_gpu(per_class),
               "aggregation": aggregation_table(mode, predictors, gpus=gpus, models=models,
                                                results=results, settings=s)}
-    names = ["paper", "summary", "per_class", "per_class_by_gpu", "aggregation"]
     logo = [p for p in logo_predictors if p in list(predictors)]
     keys = training_gpu_keys(results, s.data) if logo and len(results) else []
     if keys:
         tables.update(_logo_tables(mode, logo, results, keys, models, s))
-        names += ["logo", "logo_per_class_by_gpu"]
-    save_table(results.drop(columns=["note", "held_out"]).set_index(["gpu", "config",
-                                                                     "predictor"]),
-               f"{prefix}_{mode}_results", out, digits=2)
-    for name in names:
-        stem = {"paper": "error_table", "per_class": "per_class_error"}.get(name, name)
-        save_table(tables[name], f"{prefix}_{mode}_{stem}", out)
     return tables
+
+
+# the tables of a report as the notebooks save them: (stem, table name, digits)
+_SAVED = (("results", "results", 2), ("error_table", "paper", 1), ("summary", "summary", 1),
+          ("per_class_error", "per_class", 1), ("per_class_by_gpu", "per_class_by_gpu", 1),
+          ("aggregation", "aggregation", 1), ("logo", "logo", 1),
+          ("logo_per_class_by_gpu", "logo_per_class_by_gpu", 1))
+
+
+def saved_tables(tables: dict) -> list[tuple[str, pd.DataFrame, int]]:
+    """``(file stem, frame, digits shown)`` of each table of a :func:`report` to save (the caller
+    saves them, e.g. as ``<prefix>_<mode>_<stem>``): the results by GPU, configuration and
+    predictor (without the notes), then the tables, the leave-one-GPU-out ones when present."""
+    out = []
+    for stem, name, digits in _SAVED:
+        if name not in tables:
+            continue
+        tab = tables[name]
+        if name == "results":
+            tab = tab.drop(columns=["note", "held_out"]).set_index(["gpu", "config",
+                                                                    "predictor"])
+        out.append((stem, tab, digits))
+    return out
 
 
 def _logo_tables(mode, predictors, results, keys, models, settings: Settings) -> dict:

@@ -6,6 +6,7 @@ ipywidgets explorer over them.
 - :mod:`nslib.explore.ranges`: what the predictors were trained on, and warnings beyond it;
 - :mod:`nslib.explore.memory`: will the step fit on each GPU;
 - :mod:`nslib.explore.whatif`: scenarios (one model on several GPUs) and their comparisons;
+- :mod:`nslib.explore.parallel`: a training step against the parallel degree and the link;
 - :mod:`nslib.explore.plots`: a scenario's figure;
 - :mod:`nslib.explore.ui`: the ipywidgets explorer.
 """

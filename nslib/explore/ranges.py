@@ -1,6 +1,6 @@
 """What the predictors were trained on, and the explorer's warnings when a question leaves it.
 
-:func:`training_ranges` reads the training GPUs' datasheet range and the training kernels' sizes
+:func:`explorer_ranges` reads the training GPUs' datasheet range and the training kernels' sizes
 and wave counts; :func:`kernel_waves` gives a traced model's kernels their tiles and waves;
 :func:`gpu_warning`, :func:`range_summary` and :func:`kernel_warnings` turn what lies outside
 into one-line messages.
@@ -44,7 +44,7 @@ def _dim(frame: pd.DataFrame, d: str) -> np.ndarray:
     return _elements(frame) if d == "elements" else frame[d].to_numpy(float)
 
 
-def training_ranges(data=None) -> dict:
+def explorer_ranges(data=None) -> dict:
     """What the predictors were trained on, from the training kernels (computed once per data).
 
     ``{"gpus": [Device names], "gpu": {feature: (min, max)}, "datasheet": ...,
@@ -53,11 +53,11 @@ def training_ranges(data=None) -> dict:
     :func:`nslib.predictors.gpu_range.training_ranges` (the one source of the GPU ranges);
     dims those of :data:`RANGE_DIMS`.
     """
-    return _training_ranges(data_key(data))
+    return _explorer_ranges(data_key(data))
 
 
 @lru_cache(maxsize=None)
-def _training_ranges(root: str) -> dict:
+def _explorer_ranges(root: str) -> dict:
     sheet = datasheet_ranges(root)
     gpu = {attr: tuple(sheet["ranges"][k]) for k, (attr, _) in CHECKED.items() if attr}
     dims, waves = {}, {}
@@ -84,7 +84,7 @@ def _training_tiles(root: str) -> TileLookup:
 
 def clear_range_caches() -> None:
     """Forget the training ranges and fallback tile lookups kept in memory."""
-    _training_ranges.cache_clear()
+    _explorer_ranges.cache_clear()
     _training_tiles.cache_clear()
 
 
@@ -198,5 +198,5 @@ def kernel_warnings(featured: dict[str, pd.DataFrame], ranges: dict) -> list[str
     return [line for line in lines if line]
 
 
-__all__ = ["RANGE_DIMS", "training_ranges", "tile_lookup", "kernel_waves",
+__all__ = ["RANGE_DIMS", "explorer_ranges", "tile_lookup", "kernel_waves",
            "gpu_warning", "range_summary", "kernel_warnings", "clear_range_caches"]

@@ -24,8 +24,8 @@ from nslib.data.gpus import GPU
 from nslib.data.settings import Settings, settings_of
 from nslib.data.units import GIGA, S_PER_MS
 from nslib.explore.memory import memory_table, memory_warnings
-from nslib.explore.ranges import (clear_range_caches, data_key, kernel_warnings, kernel_waves,
-                                  range_summary, training_ranges)
+from nslib.explore.ranges import (clear_range_caches, data_key, explorer_ranges, kernel_warnings,
+                                  kernel_waves, range_summary)
 from nslib.kernels import sizes
 from nslib.kernels.sizes import MODEL_CLASSES
 from nslib.model.config import load_model_config
@@ -267,7 +267,7 @@ def scenario(gpus, model, step: Step, predictor="nslib", *, top: int = TOP_KERNE
     specs = [resolve_gpu(g, data) for g in gpus]
     labels = _labels(specs)
     pred, pred_key = _predictor(predictor, data, quick)
-    ranges = training_ranges(data)
+    ranges = explorer_ranges(data)
     config = json.dumps(load_model_config(model, data), sort_keys=True, default=str)
     parts = [_on_gpu(_OnGpu(pred_key, spec, config, step, model, pred, data), label, ranges,
                      top)

@@ -74,20 +74,44 @@ def predict_model(gpu, model, step: Step, predictor="nslib", *,
         launch_us = check_float("launch_us (microseconds)", launch_us, minimum=0)
     spec = resolve_gpu(gpu, s.data)
     # the model's notes lead the summary's warnings (traced() issues them on every call)
-    notes = model_notes(load_model_config(model, s.data), step.seq)
-    ask = _Ask(spec, model, step, predictor, tensor_predictor, launch_us, s)
-    if step.dtype != "fp32" and par.tp > 1 and not (step.fused or par.dp > 1 or par.pp > 1):
-        return _predict_half_tp(gpu, ask, par, notes)
-    if step.dtype != "fp32":
-        frame, summ = _predict_half(ask, step.fused or par.multi)
-        return frame, {**summ, "warnings": notes + summ["warnings"]}
-    notes += warn_out_of_range(spec, s.data)
+    notes = model_notes(load_model_config(model, s.data), step.seq) + _range_notes(spec, step,
+                                                                                    par, s)
     if par.multi:
-        frame, summ = predict_parallel(gpu, model, step, par, predictor, launch_us=launch_us,
+        frame, summ = predict_parallel(gpu, model, step, par, predictor,
+                                       tensor_predictor=tensor_predictor, launch_us=launch_us,
                                        settings=s)
-        return frame, with_interval({**summ, "warnings": notes}, predictor, s.data, s.quick)
-    frame, summ = _predict_one(ask, notes)
-    return frame, with_interval(summ, predictor, s.data, s.quick)
+    else:
+        frame, summ = _predict_one(_Ask(spec, model, step, predictor, tensor_predictor,
+                                        launch_us, s))
+    summ = {**summ, "warnings": notes}
+    if step.dtype == "fp32":
+        return frame, with_interval(summ, predictor, s.data, s.quick)
+    summ = {**summ, "dtype": step.dtype, "tensor_predictor": _tensor_name(tensor_predictor)}
+    return frame, with_interval16(summ, frame, predictor, tensor_predictor, s.data, s.quick)
+
+
+def _range_notes(spec: GPU, step: Step, par: Parallel, settings: Settings) -> list[str]:
+    """The datasheet figures outside the training GPUs' range: the FP32 predictors' for an
+    FP32 step; for a 16-bit one the tensor-core predictors' (against the 16-bit data's GPUs),
+    then the vector kernels' (FP32-trained, against the NeuSight training GPUs). A 16-bit step
+    is one GPU unfused or tensor-parallel inference (ValueError naming the fix otherwise), and
+    needs ``Bf16FLOPs``: both fail here, before the trace."""
+    if step.dtype == "fp32":
+        return warn_out_of_range(spec, settings.data)
+    if step.fused or par.dp > 1 or par.pp > 1 or par.microbatches > 1:
+        raise ValueError(f"--dtype {step.dtype} predicts one GPU without fusion, or "
+                         f"tensor-parallel inference (--tp), for now: drop --fused / --dp / "
+                         f"--pp / --microbatches, or use --dtype fp32")
+    predict16.datasheet_columns(spec)
+    return warn_out_of_tensor_range(spec) + [f"vector kernels: {n}"
+                                             for n in warn_out_of_range(spec, settings.data)]
+
+
+def _tensor_name(tensor_predictor) -> str:
+    """The name of the 16-bit predictors: a registered name, or the fitted GEMM one's class."""
+    if isinstance(tensor_predictor, str):
+        return tensor_predictor
+    return type(tuple(tensor_predictor)[0]).__name__
 
 
 def with_interval(summary: dict, predictor, data=None, quick: bool = False) -> dict:
@@ -118,59 +142,26 @@ class _Ask:
     settings: Settings
 
 
-def _predict_one(ask: _Ask, notes: list) -> tuple[pd.DataFrame, dict]:
-    """:func:`predict_model` on one GPU in FP32, fused or not."""
+def _predict_one(ask: _Ask) -> tuple[pd.DataFrame, dict]:
+    """:func:`predict_model` on one GPU: the step traced in its dtype, fused when asked, its
+    kernels priced as a stream (16 bits: tensor-core GEMMs and attention by the 16-bit
+    predictors, :func:`nslib.model.predict16.stream_ms_half`)."""
     st, s = ask.step, ask.settings
-    tr = traced(ask.model, st.batch, st.seq, st.mode, s.data, st.imbalance)
+    tr = traced(ask.model, st.batch, st.seq, st.mode, s.data, st.imbalance, st.dtype)
     frame = kernel_frame(fuse(tr, prologues=True) if st.fused else tr, ask.spec)
     pred = get_predictor(ask.predictor, s.data, s.quick)
     launch_us = ask.launch_us
+    if st.dtype != "fp32":
+        tp = ask.tensor_predictor
+        tensor = predict16.tensor_predictors(tp, s.quick) if isinstance(tp, str) else tuple(tp)
+        frame["pred_ms"] = predict16.stream_ms_half(pred, frame, ask.spec, tensor, launch_us,
+                                                    s.data)
+        return frame, {**summarize(frame), "launch_us": launch_us}
     if getattr(pred, "plain_sum", False):  # the method's own aggregation (NeuSight's plain sum)
         launch_us = None
     frame["pred_ms"] = step_ms(pred, frame, launch_us, s.data)
     extra = {"fused": True, "n_kernels_unfused": int(len(tr))} if st.fused else {}
-    return frame, {**summarize(frame), **extra, "launch_us": launch_us, "warnings": notes}
-
-
-def _predict_half_tp(gpu, ask: _Ask, par: Parallel, notes: list):
-    """:func:`predict_model` of tensor-parallel 16-bit inference (predict_parallel refuses
-    the other 16-bit multi-GPU cases)."""
-    s = ask.settings
-    predict16.datasheet_columns(ask.spec)
-    notes = notes + warn_out_of_tensor_range(ask.spec) + [
-        f"vector kernels: {n}" for n in warn_out_of_range(ask.spec, s.data)]
-    tp_only = Parallel(tp=par.tp, link=par.link, vocab_parallel=par.vocab_parallel)
-    frame, summ = predict_parallel(gpu, ask.model, ask.step, tp_only, ask.predictor,
-                                   tensor_predictor=ask.tensor_predictor,
-                                   launch_us=ask.launch_us, settings=s)
-    summ = {**summ, "dtype": ask.step.dtype, "warnings": notes}
-    return frame, with_interval16(summ, frame, ask.predictor, ask.tensor_predictor, s.data,
-                                  s.quick)
-
-
-def _predict_half(ask: _Ask, multi: bool):
-    """:func:`predict_model` in a 16-bit ``dtype`` (single GPU, unfused)."""
-    st, s, dtype = ask.step, ask.settings, ask.step.dtype
-    if multi:
-        raise ValueError(f"--dtype {dtype} predicts one GPU without fusion, or tensor-parallel "
-                         f"inference (--tp), for now: drop --fused / --dp / --pp / "
-                         f"--microbatches, or use --dtype fp32")
-    predict16.datasheet_columns(ask.spec)  # a datasheet without Bf16FLOPs fails before the trace
-    # tensor-core kernels against the 16-bit data's GPUs; vector kernels (FP32-trained
-    # predictors) against the NeuSight training GPUs
-    notes = (warn_out_of_tensor_range(ask.spec) +
-             [f"vector kernels: {n}" for n in warn_out_of_range(ask.spec, s.data)])
-    frame = kernel_frame(traced(ask.model, st.batch, st.seq, st.mode, s.data, st.imbalance,
-                                dtype), ask.spec)
-    tp = ask.tensor_predictor
-    tensor = predict16.tensor_predictors(tp, s.quick) if isinstance(tp, str) else tuple(tp)
-    pred = get_predictor(ask.predictor, s.data, s.quick)
-    frame["pred_ms"] = predict16.stream_ms_half(pred, frame, ask.spec, tensor, ask.launch_us,
-                                                s.data)
-    summ = {**summarize(frame), "launch_us": ask.launch_us, "dtype": dtype,
-            "tensor_predictor": tp if isinstance(tp, str) else type(tensor[0]).__name__,
-            "warnings": notes}
-    return frame, with_interval16(summ, frame, ask.predictor, tp, s.data, s.quick)
+    return frame, {**summarize(frame), **extra, "launch_us": launch_us}
 
 
 def with_interval16(summary: dict, frame: pd.DataFrame, predictor, tensor_predictor,

@@ -100,7 +100,7 @@ def whatif_lines(whatif: pd.DataFrame, degrees, link_degree: int, default_gbps: 
                  title: str):
     """Left: step ms against ``degrees`` on the default link (``default_gbps``, datasheet
     GB/s), titled ``title``; right: against the link bandwidth at ``link_degree``.
-    ``whatif``: :func:`nslib.model.parallel_whatif.parallel_whatif`."""
+    ``whatif``: :func:`nslib.explore.parallel.parallel_whatif`."""
     fig, axes = plt.subplots(1, 2, figsize=(11, PANEL_HEIGHT))
     _degree_panel(axes[0], whatif, degrees, default_gbps, title)
     _link_panel(axes[1], whatif, link_degree, default_gbps)

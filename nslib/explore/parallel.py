@@ -1,6 +1,7 @@
 """What-if of a training step on several GPUs: predicted step time of one model and GPU, at a
 fixed global batch, against the parallel degree and the GPU-to-GPU link bandwidth
-(:mod:`nslib.model.parallel` through :func:`nslib.model.predict.predict_model`)."""
+(:mod:`nslib.model.parallel` through :func:`nslib.model.predict.predict_model`), the
+what-if of notebook 07."""
 from __future__ import annotations
 
 import pandas as pd
