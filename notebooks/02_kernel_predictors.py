@@ -173,9 +173,10 @@ for key, gpu in gpus.items():
     rows.append(f.assign(u=nslib_pred.utilisation(f)))
 curves = pd.concat(rows)
 fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
-sns.lineplot(data=curves, x="M", y="u", hue="gpu", marker="o", ax=axes[0])
+sns.lineplot(data=curves, x="M", y="u", hue="gpu", marker="o", errorbar=None, ax=axes[0])
 axes[0].set(xscale="log", xlabel="M = N = K", ylabel="predicted utilisation u")
-sns.lineplot(data=curves, x="waves", y="u", hue="gpu", marker="o", ax=axes[1], legend=False)
+sns.lineplot(data=curves, x="waves", y="u", hue="gpu", marker="o", errorbar=None, ax=axes[1],
+             legend=False)
 axes[1].set(xscale="log", xlabel="waves", ylabel="u")
 save_figure(fig, "02_utilisation_curves", out)
 

@@ -39,11 +39,18 @@ class Settings:
 DEFAULT = Settings()
 
 
+def one_of(value, cls: type, default, make: str):
+    """``value`` if it is a ``cls``, ``default`` when it is None (and a default exists); a
+    TypeError saying how to make one (``make``) otherwise. The API's objects (settings, a step,
+    its GPUs) are checked this one way."""
+    if value is None and default is not None:
+        return default
+    if not isinstance(value, cls):
+        raise TypeError(f"{cls.__name__.lower()} must be an nslib {cls.__name__} ({make}), not "
+                        f"{type(value).__name__}")
+    return value
+
+
 def settings_of(settings: Settings | None) -> Settings:
     """``settings``, or the default run when None; a TypeError naming the fix otherwise."""
-    if settings is None:
-        return DEFAULT
-    if not isinstance(settings, Settings):
-        raise TypeError(f"settings must be an nslib Settings (nslib.Settings(data=..., "
-                        f"quick=..., seed=...)), not {type(settings).__name__}")
-    return settings
+    return one_of(settings, Settings, DEFAULT, "Settings(data=..., quick=..., seed=...)")

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from nslib.data.checks import check_float, check_int
+from nslib.data.settings import one_of
 from nslib.kernels.dtypes import check_dtype
 from nslib.model.moe import expert_tokens
 
@@ -82,20 +83,12 @@ ONE_GPU = Parallel()
 
 def parallel_of(parallel: Parallel | None) -> Parallel:
     """``parallel``, or one GPU when None; a TypeError naming the fix otherwise."""
-    if parallel is None:
-        return ONE_GPU
-    if not isinstance(parallel, Parallel):
-        raise TypeError(f"parallel must be an nslib Parallel (Parallel(dp=..., tp=..., pp=..."
-                        f")), not {type(parallel).__name__}")
-    return parallel
+    return one_of(parallel, Parallel, ONE_GPU, "Parallel(dp=..., tp=..., pp=...)")
 
 
 def step_of(step) -> Step:
     """``step`` checked to be a :class:`Step` (a TypeError naming the fix otherwise)."""
-    if not isinstance(step, Step):
-        raise TypeError(f"step must be an nslib Step (Step(batch, seq, mode=...)), not "
-                        f"{type(step).__name__}")
-    return step
+    return one_of(step, Step, None, "Step(batch, seq, mode=...)")
 
 
 def split_options(batch: int, seq: int, mode: str = "inf", **options) -> tuple[Step, Parallel]:
