@@ -3,7 +3,10 @@ whose notebook, parameters and data are unchanged; then write the figure index."
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -15,8 +18,12 @@ from nslib.data.mixed_data import mixed_hash
 from nslib.data.paths import (PROJECT_ROOT, atomic_write_text, data_root, figures_dir, hash_files,
                               mixed_root)
 from nslib.kernels.measured import data_hash
-from nslib.viz.figures import save_figure
-from nslib.viz.layout import draw as draw_layout
+
+# the code's own picture (README), not a notebook's: its stage arrows are drawn in the order
+# of Python sets of module names, which follows the string hash seed, so it is drawn in a
+# child process with the seed fixed (the same code, the same picture)
+_LAYOUT = ("import sys; from nslib.viz.figures import save_figure; "
+           "from nslib.viz.layout import draw; save_figure(draw(), 'layout', sys.argv[1])")
 
 NOTEBOOKS = PROJECT_ROOT / "notebooks"
 RESULTS = PROJECT_ROOT / "results"
@@ -87,8 +94,10 @@ def run(quick: bool = False, force: bool = False, only=None, data=None, out=None
             continue
         t0 = time.time()
         try:
+            # the kernel's own start-up notes (its transport) are not the run's: errors only
             pm.execute_notebook(str(nb), str(res / f"{name}.ipynb"), parameters=full,
-                                kernel_name="python3", cwd=str(NOTEBOOKS), progress_bar=False)
+                                kernel_name="python3", cwd=str(NOTEBOOKS), progress_bar=False,
+                                extra_arguments=["--IPKernelApp.log_level=ERROR"])
         except pm.PapermillExecutionError as e:
             raise NotebookFailed(f"notebook {name} failed in cell {e.exec_count}: "
                                  f"{e.ename}: {e.evalue}") from None
@@ -96,7 +105,7 @@ def run(quick: bool = False, force: bool = False, only=None, data=None, out=None
         atomic_write_text(stamp, json.dumps({"key": key, "params": params, "data_hash": dhash,
                                              "seconds": secs}, indent=1))
         records.append({"notebook": name, "status": "ran", "seconds": secs})
-    save_figure(draw_layout(), "layout", figs)  # the code's own picture (README), not a notebook's
+    draw_layout(figs)
     write_index(figs, res, dhash)
     if readme is not None:
         write_headline(figs, readme, "quick" if quick else "full", dhash)
@@ -175,6 +184,12 @@ def write_headline(figs: Path, readme: Path, profile: str = "full", dhash: str =
     head, rest = text.split(_START, 1)
     atomic_write_text(readme, head + _START + "\n" + "\n".join(parts) + _END +
                       rest.split(_END, 1)[1])
+
+
+def draw_layout(figs) -> None:
+    """Draw the package layout figure into the folder ``figs`` (see :data:`_LAYOUT`)."""
+    subprocess.run([sys.executable, "-c", _LAYOUT, str(figs)], check=True,
+                   env={**os.environ, "PYTHONHASHSEED": "0"}, stdout=subprocess.DEVNULL)
 
 
 def write_index(figs: Path, res: Path, dhash: str) -> Path:

@@ -4,12 +4,12 @@ It lives inside the model stage because a multi-GPU step is one more way to pred
 :func:`nslib.model.predict.predict_model` dispatches to it and the memory model shards with it.
 Modules: :mod:`.links` (what a transfer costs), :mod:`.tensor` (a tensor-parallel GPU's
 trace), :mod:`.pipeline` (stages, GPipe), :mod:`.schedules` (communication rows, the DP/TP/PP
-step schedules), :mod:`.predict` (the step, :func:`predict_parallel`).
+step schedules), :mod:`.strategies` (each strategy's step, :func:`predict_parallel`).
 """
 from nslib.model.parallel.links import (FALLBACK_LINK_GBPS, LINK_LATENCY_US, LINK_UTILISATION,
                                         LinkSpec, default_link, raw_spec, resolve_link)
 from nslib.model.parallel.pipeline import gpipe_time, pipeline_stages
-from nslib.model.parallel.predict import check_degrees, model_info, predict_parallel
+from nslib.model.parallel.strategies import check_degrees, model_info, predict_parallel
 from nslib.model.parallel.schedules import dp_schedule, pp_schedule, tp_schedule
 from nslib.model.parallel.tensor import shard_tensor_parallel
 
