@@ -49,7 +49,7 @@ def evaluate_predictor(name: str, lookup: bool = False, data=None, **train_kw) -
 
 def logo_folds(name: str, data=None, progress: bool = False, **train_kw):
     """The leave-one-GPU-out folds of the FP32 training GPUs, the one fold loop of the kernel
-    tables: ``(held-out Device name, predictor name trained without it)`` for each training
+    tables: ``(held-out Device name, the predictor ``name`` trained without it)`` for each training
     GPU, each fold trained once and cached (``train_kw``: :func:`trained`'s ``quick``,
     ``seed``...)."""
     for g in tqdm(measured.gpu_splits(data)["train_gpus"], desc=f"{name} leave-one-GPU-out",

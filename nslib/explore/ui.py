@@ -64,7 +64,7 @@ class Explorer:
         import ipywidgets as W
 
         self.settings, self.top = settings_of(settings), top
-        self.data, self.quick = self.settings.data, self.settings.quick
+        self.data = self.settings.data
         self.result, self.error, self.seconds, self.figure = None, None, None, None
         self._busy = False
         self.gpus = explorer_gpus(self.data)
