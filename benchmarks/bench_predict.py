@@ -52,8 +52,8 @@ def main(argv=None) -> int:
     from nslib.data.paths import cache_dir
     from nslib.data.settings import Settings
     from nslib.model.sweep import sweep
-    from nslib.predictors.training import trained
-    trained(a.predictor, quick=a.quick)  # train once, outside the timings
+    from nslib.predictors import trained
+    trained(a.predictor, Settings(quick=a.quick))  # train once, outside the timings
     real = cache_dir()
     cold = Path(tempfile.mkdtemp(prefix="nslib-bench-"))
     for sub in ("predictors", "tables"):  # warm predictors and tables, cold traces

@@ -20,12 +20,15 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args(argv)
     from nslib.evaluation.kernel_level import evaluate_predictor
-    from nslib.predictors.training import train_frame, trained
+    from nslib.data.settings import Settings
+    from nslib.predictors import trained
+    from nslib.predictors.training import train_frame
+    settings = Settings(quick=a.quick, seed=a.seed)
     train_frame()  # build the tables outside the timing
     t0 = time.time()
-    trained(a.predictor, quick=a.quick, seed=a.seed, retrain=True)
+    trained(a.predictor, settings, retrain=True)
     secs = time.time() - t0
-    tab = evaluate_predictor(a.predictor, quick=a.quick, seed=a.seed)
+    tab = evaluate_predictor(a.predictor, settings=settings)
     profile = "quick" if a.quick else "default"
     print(f"{a.predictor} ({profile} profile, seed {a.seed}): trained all classes in "
           f"{secs:.1f} s ({secs / 60:.1f} min)")

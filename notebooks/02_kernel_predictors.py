@@ -21,7 +21,7 @@
 # `u = gamma * (1 - alpha / waves)`, both in (0, 1)); the latency is the waves times the
 # roofline time of one wave divided by `u`. nslib's design replaces that law with kernel laws
 # (`series` for GEMMs, `stream` for memory-bound classes) whose learned efficiencies keep
-# every prediction no faster than the kernel's roofline (`nslib/predictors/DECISIONS.md`).
+# every prediction no faster than the kernel's roofline (`docs/decisions.md`).
 # Trained on the five training GPUs, tested on held-out kernels of those GPUs and of GPUs
 # never seen. Beside it: the roofline, and the same network with a free latency output (the
 # unbounded MLP), to show what the bound buys. NeuSight as published (`neusight`) is
@@ -46,12 +46,15 @@ from nslib.evaluation.metrics import ape, class_table, gpu_table
 from nslib.viz.figures import save_figure, save_table
 from nslib.viz.scratch import notebook_out
 from nslib.evaluation.kernel_level import predict_test
-from nslib.predictors.training import kernel_eval_frame, trained
+from nslib.data.settings import Settings
+from nslib.predictors import trained
+from nslib.predictors.training import kernel_eval_frame
 
 out = notebook_out(out)   # run by hand: figures/interactive/, never the tracked figures/
 
 splits = measured.gpu_splits(data)
-train_kw = dict(data=data, quick=quick, seed=seed, epochs=epochs)
+settings = Settings(data=data, quick=quick, seed=seed)  # made once, passed down
+overrides = {} if epochs is None else {"epochs": epochs}  # the training's, from the parameters
 splits
 
 # %% [markdown]
@@ -61,8 +64,8 @@ splits
 # %%
 import time
 t0 = time.time()
-nslib_pred = trained("nslib", **train_kw)
-mlp = trained("mlp", **train_kw)
+nslib_pred = trained("nslib", settings, **overrides)
+mlp = trained("mlp", settings, **overrides)
 print(f"trained or loaded in {time.time() - t0:.1f} s")
 
 # %% [markdown]
@@ -71,7 +74,7 @@ print(f"trained or loaded in {time.time() - t0:.1f} s")
 
 # %%
 names = ["roofline", "nslib", "mlp"]
-preds = {n: predict_test(n, **train_kw) for n in names}
+preds = {n: predict_test(n, settings=settings, **overrides) for n in names}
 table = pd.concat({n: class_table(p, p["pred_ms"], splits["train_gpus"], splits["new_gpus"])
                    [["train_gpus", "new_gpus"]] for n, p in preds.items()}, axis=1)
 save_table(table, "02_kernel_error_by_class", out)
@@ -89,13 +92,13 @@ per_gpu
 # this one: each training GPU is held out in turn, the predictor is trained on the other four
 # and predicts the held-out GPU's test kernels with looked-up tiles, as a GPU never profiled.
 # The new GPUs' columns (predicted by the predictor trained on all five) are reported, not
-# used (`nslib eval-kernels --logo`; the choices and their evidence: `nslib/predictors/DECISIONS.md`).
+# used (`nslib eval-kernels --logo`; the choices and their evidence: `docs/decisions.md`).
 
 # %%
 from nslib.evaluation.kernel_level import LOGO_MEAN, evaluate_logo
 from nslib.viz.plots import logo_heatmap
 
-logo = {n: evaluate_logo(n, **train_kw) for n in names}
+logo = {n: evaluate_logo(n, settings, **overrides) for n in names}
 logo_table = pd.concat({n: t[[LOGO_MEAN, "worst held-out GPU"]] for n, t in logo.items()},
                        axis=1)
 save_table(logo_table, "02_logo_summary", out)
@@ -116,7 +119,7 @@ from nslib.evaluation.extrapolation import property_checks
 from nslib.predictors.gpu_range import training_ranges
 
 balance = training_ranges(data)["ranges"]["FLOP/byte"][1]   # FLOP/byte, training GPUs
-props = pd.concat({n: property_checks(trained(n, **train_kw), train_balance=balance)
+props = pd.concat({n: property_checks(trained(n, settings, **overrides), train_balance=balance)
                    for n in ["nslib", "mlp"]}, names=["predictor"]).reset_index(0)
 prop_table = props.groupby(["predictor", "check"])["ok"].agg(["sum", "size"])
 prop_table.columns = ["kernels passing", "kernels checked"]
@@ -252,7 +255,7 @@ from nslib.evaluation import kernelbench as kbe
 
 kb_names = ["nslib", "neusight", "roofline", "habitat", "li"]
 try:
-    kb_res = kbe.evaluate(kb_names, root=kernelbench, **train_kw)
+    kb_res = kbe.evaluate(kb_names, root=kernelbench, settings=settings, **overrides)
 except DataNotFoundError as e:
     kb_res = None
     print(f"KernelBench timings not found; this section is skipped. {e}")

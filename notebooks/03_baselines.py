@@ -43,10 +43,12 @@ from nslib.evaluation.metrics import ape, class_table
 from nslib.viz.figures import save_figure, save_table
 from nslib.viz.scratch import notebook_out
 from nslib.evaluation.kernel_level import predict_test
+from nslib.data.settings import Settings
 from nslib.predictors import available
 
 out = notebook_out(out)   # run by hand: figures/interactive/, never the tracked figures/
 
+settings = Settings(data=data, quick=quick, seed=seed)  # made once, passed down
 splits = measured.gpu_splits(data)
 names = [p for p in predictors if p in available()]
 missing = sorted(set(predictors) - set(names))
@@ -56,7 +58,7 @@ print("predictors:", names, "| not available:", missing)
 # ## One table: rows predictors, columns class x (training GPUs, new GPUs)
 
 # %%
-preds = {n: predict_test(n, data=data, quick=quick, seed=seed) for n in names}
+preds = {n: predict_test(n, settings=settings) for n in names}
 table = pd.concat({n: class_table(p, p["pred_ms"], splits["train_gpus"], splits["new_gpus"])
                    [["train_gpus", "new_gpus"]].stack() for n, p in preds.items()}, axis=1).T
 save_table(table, "03_baselines_kernel_error", out)
@@ -71,7 +73,7 @@ table.round(1)
 # %%
 from nslib.evaluation.kernel_level import LOGO_MEAN, evaluate_logo
 
-logo = {n: evaluate_logo(n, data=data, quick=quick, seed=seed)
+logo = {n: evaluate_logo(n, settings)
         for n in logo_predictors if n in names}
 logo_table = pd.concat({n: t[[LOGO_MEAN, "worst held-out GPU"]].stack()
                         for n, t in logo.items()}, axis=1).T

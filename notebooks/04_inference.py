@@ -200,7 +200,7 @@ kb_steps = {}
 for level in kernelbench_levels:
     try:
         kb_steps[level] = kbm.evaluate(["nslib", "roofline"], root=kernelbench, level=level,
-                                       quick=quick, seed=seed)
+                                       settings=settings)
     except DataNotFoundError as e:
         print(f"KernelBench timings not found; this section is skipped. {e}")
         break

@@ -25,7 +25,7 @@
 #   same training GPUs (its features, wave law, published network settings, tile lookup and
 #   plain-sum aggregation; `nslib.predictors.neusight`);
 # - **nslib** (`nslib`): nslib's own design (physical kernel laws, split-K, dispatch floors),
-#   which the paper never ran; why it differs: `nslib/predictors/DECISIONS.md`;
+#   which the paper never ran; why it differs: `docs/decisions.md`;
 # - **baselines reproduced**: Roofline, Habitat and Li et al. as nslib implements them.
 #
 # Every number below is computed from the data and the summary files; the readings at the end

@@ -7,7 +7,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from nslib.predictors.attention import (ATTENTION, PREDICTORS, TensorAttention,
+from nslib.predictors import predictor_class
+from nslib.predictors.attention import (ATTENTION, TensorAttention,
                                         attention_roofline_ms, floor_ms)
 from nslib.predictors.attention_kind import launch_geometry
 
@@ -99,7 +100,7 @@ def test_never_below_floor_and_save_load(trained, table, tmp_path):
     assert np.isfinite(pred).all()
     assert (pred >= floor_ms(table) * (1 - 1e-12)).all()
     path = trained.save(tmp_path / "attention.npz")
-    again = PREDICTORS["nslib"].load(path)
+    again = predictor_class("nslib", "attention").load(path)
     np.testing.assert_array_equal(again.predict(table), pred)
 
 

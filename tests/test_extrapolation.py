@@ -9,12 +9,13 @@ import pytest
 
 from nslib.evaluation.extrapolation import kernel_frame, property_checks
 from nslib.predictors.gpu_range import training_ranges
-from nslib.predictors.training import trained
+from nslib.data.settings import Settings
+from nslib.predictors import trained
 
 
 @pytest.fixture(scope="module")
 def checks(data_dir):
-    pred = trained("nslib", progress=False)
+    pred = trained("nslib", Settings(progress=False))
     return property_checks(pred, train_balance=training_ranges()["ranges"]["FLOP/byte"][1])
 
 
@@ -54,7 +55,7 @@ def _gemm(pred, M, N, K, **gpu):
 
 @pytest.mark.parametrize("gpu", DATASHEETS)
 def test_matrix_vector_is_near_bytes_over_bandwidth(data_dir, gpu):
-    pred = trained("nslib", progress=False)
+    pred = trained("nslib", Settings(progress=False))
     for M, N, K in ((8192, 65536, 1), (1, 16384, 16384)):
         t, roof, mem_ms = _gemm(pred, M, N, K, **gpu)
         assert roof <= t <= 3.0 * mem_ms + 0.06, (M, N, K, t, mem_ms)  # + a launch
@@ -63,6 +64,6 @@ def test_matrix_vector_is_near_bytes_over_bandwidth(data_dir, gpu):
 @pytest.mark.parametrize("gpu", DATASHEETS)
 def test_long_reduction_splits_over_the_sms(data_dir, gpu):
     from nslib.evaluation.extrapolation import GEMM_FACTOR
-    pred = trained("nslib", progress=False)
+    pred = trained("nslib", Settings(progress=False))
     t, roof, _ = _gemm(pred, 256, 524288, 256, **gpu)
     assert roof <= t <= GEMM_FACTOR * roof + 0.06, (t, roof)

@@ -12,7 +12,8 @@ import pytest
 from nslib.kernels import measured, sizes
 from nslib.predictors.features import tile_features
 from nslib.predictors.network import make_mlp
-from nslib.predictors.training import trained
+from nslib.data.settings import Settings
+from nslib.predictors import trained
 from nslib.predictors.wave_laws import FORMS, OUTPUTS, wave_context, wave_ms
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -24,7 +25,7 @@ TINY = {"model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_head": 4, "vocab_si
 @pytest.fixture(scope="module")
 def shipped(data_dir):
     """The default NeuSight predictor (quick profile), trained and cached."""
-    return trained("nslib", quick=True, progress=False)
+    return trained("nslib", Settings(quick=True, progress=False))
 
 
 def _torch_raw(weights: list, z: np.ndarray) -> np.ndarray:

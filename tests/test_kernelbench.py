@@ -14,6 +14,7 @@ from kernelbench_fixture import fake_root
 
 from nslib.data import kernelbench as kb
 from nslib.data.paths import DataNotFoundError
+from nslib.data.settings import Settings
 from nslib.evaluation import kernelbench as ev
 from nslib.kernels import sizes
 from nslib.model.module_trace import ProblemError, problem_trace
@@ -132,7 +133,7 @@ def test_family_rules():
 
 
 def test_evaluate_with_the_data(fake, data_dir):
-    res = ev.evaluate(["roofline"], root=fake, progress=False)
+    res = ev.evaluate(["roofline"], root=fake, settings=Settings(progress=False))
     frame = res["frame"]
     # the roofline's GPU time (never under the launch gap) plus the harness bound
     from nslib.model.stream import LAUNCH_US

@@ -15,6 +15,7 @@ import torch.nn as nn
 
 from nslib.cli import main
 from nslib.data import kernelbench as kb
+from nslib.data.settings import Settings
 from nslib.evaluation import kernelbench_models as km
 from nslib.model.module_trace import ProblemError, problem_trace, trace_module
 from nslib.model.stream import host_bound
@@ -144,7 +145,8 @@ def campaign(tmp_path):
 
 
 def test_level3_scored_with_unpriced_listed(campaign, data_dir):
-    steps = km.evaluate(["roofline"], root=campaign, level=3, progress=False)
+    steps = km.evaluate(["roofline"], root=campaign, level=3,
+                        settings=Settings(progress=False))
     by = steps.set_index("problem")
     assert by.loc["2_LSTM.py", "n_kernels"] == 1 + 2 * 10
     assert by.loc["3_Bessel.py", "reason"] == "aten ops without a kernel mapping"

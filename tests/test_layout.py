@@ -5,7 +5,8 @@ import ast
 
 import pytest
 
-from nslib.viz.layout import STAGES, import_graph, imports, modules, stage, stage_edges
+from nslib.data.sources import import_graph, imports, modules
+from nslib.viz.layout import STAGES, stage, stage_edges
 
 MAX_FUNCTION_LINES = 60
 MAX_MODULE_LINES = 400

@@ -10,11 +10,11 @@ import pytest
 from nslib.data.settings import Settings
 from nslib.evaluation.kernel_level import LOGO_MEAN, logo_json, logo_table, predict_logo
 from nslib.kernels import measured
-from nslib.predictors import training
+from nslib.predictors import trained, training
 
 
 def test_roofline_logo_covers_every_gpu_and_matches_by_hand(data_dir):
-    frame = predict_logo("roofline", progress=False)
+    frame = predict_logo("roofline", Settings(progress=False))
     splits = measured.gpu_splits()
     held = sorted(frame.loc[frame["held_out"], "gpu"].unique())
     assert held == splits["train_gpus"]
@@ -42,12 +42,12 @@ def test_each_fold_trains_without_its_gpu_and_looks_its_tiles_up(data_dir, monke
             calls.append((self.held, tuple(sorted(frame["gpu"].unique())), lookup))
             return np.ones(len(frame))
 
-    def fake_trained(name, data=None, exclude_gpus=(), **kw):
+    def fake_trained(name, settings=None, exclude_gpus=(), **kw):
         seen.append(tuple(exclude_gpus))
         return Spy(tuple(exclude_gpus))
 
     monkeypatch.setattr("nslib.evaluation.kernel_level.trained", fake_trained)
-    predict_logo("linreg", progress=False)
+    predict_logo("linreg", Settings(progress=False))
     splits = measured.gpu_splits()
     assert sorted(seen) == sorted([(g,) for g in splits["train_gpus"]] + [()])
     for held, gpus, lookup in calls:
@@ -62,17 +62,17 @@ def test_folds_have_their_own_cache_key_and_unknown_gpus_are_refused(data_dir, m
                         lambda name, params, data=None: keys.append(params) or "k")
     monkeypatch.setattr(training, "read_cache_entry", lambda *a, **k: SimpleNamespace())
     gpu = measured.gpu_splits()["train_gpus"][0]
-    fold = training.trained("linreg", exclude_gpus=[gpu])
-    whole = training.trained("linreg")
+    fold = trained("linreg", exclude_gpus=[gpu])
+    whole = trained("linreg")
     assert keys[0]["exclude_gpus"] == [gpu] and "exclude_gpus" not in keys[1]
     # the predictor says what its training left out, wherever it is passed on fitted; the
     # roofline fits nothing, but its dispatch floors read the training kernels too
     assert fold.excluded_gpus == (gpu,) and whole.excluded_gpus == ()
-    assert training.trained("roofline", exclude_gpus=[gpu]).excluded_gpus == (gpu,)
-    assert training.trained("roofline").excluded_gpus == ()
+    assert trained("roofline", exclude_gpus=[gpu]).excluded_gpus == (gpu,)
+    assert trained("roofline").excluded_gpus == ()
     for name in ("linreg", "roofline"):
         with pytest.raises(ValueError, match="not training GPUs"):
-            training.trained(name, exclude_gpus=["No Such GPU"])
+            trained(name, exclude_gpus=["No Such GPU"])
 
 
 def test_train_frame_excludes_a_gpu(data_dir):
@@ -118,10 +118,10 @@ def test_model_level_folds_price_each_training_gpu_without_it(data_dir, monkeypa
     from nslib.model.stream import probe_kernels
     asked = []
 
-    def fake_trained(name, data=None, exclude_gpus=(), **kw):
+    def fake_trained(name, settings=None, exclude_gpus=(), **kw):
         asked.append(tuple(exclude_gpus))
         # any fitted predictor, marked by `trained` as a fold's: the wiring is checked
-        return training.trained("roofline", exclude_gpus=exclude_gpus)
+        return trained("roofline", exclude_gpus=exclude_gpus)
 
     monkeypatch.setattr(folds_mod, "trained", fake_trained)
     import nslib.model.stream as stream
@@ -183,7 +183,7 @@ def test_model_logo_table_by_hand():
 
 def test_folds_take_fitted_predictors_only_under_the_paper_protocol(data_dir):
     from nslib.evaluation.folds import Folds
-    fitted = training.trained("roofline")
+    fitted = trained("roofline")
     gpu = measured.gpu_splits()["train_gpus"][0]
     assert Folds(logo=False).predictor(fitted, gpu) is fitted
     with pytest.raises(ValueError, match="name"):

@@ -12,7 +12,9 @@ from nslib.model.stream import step_ms
 from nslib.predictors import available, get, predictor_class
 from nslib.predictors.features import FEATURES, tile_features
 from nslib.predictors.neusight import PUBLISHED_CONFIG_FILES, NeuSight
-from nslib.predictors.training import params_for, trained
+from nslib.data.settings import Settings
+from nslib.predictors import trained
+from nslib.predictors.training import params_for
 from nslib.predictors.wave_laws import wave_context, wave_ms
 
 
@@ -101,7 +103,7 @@ def test_names_say_which_method_is_the_papers(data_dir):
 
 
 def test_trained_takes_the_published_settings_and_round_trips(data_dir, small, tmp_path):
-    pred = trained("neusight", quick=True, progress=False)
+    pred = trained("neusight", Settings(quick=True, progress=False))
     folder = data_root() / "data" / "predictor" / "configs"
     for cls, stem in PUBLISHED_CONFIG_FILES.items():
         raw = json.loads((folder / f"{stem}.json").read_text())

@@ -6,7 +6,8 @@ import pandas as pd
 import pytest
 
 from nslib.kernels.tc_tiles import choose_tiles
-from nslib.predictors.tc_gemm import GEMM, PREDICTORS, TensorGemm, gemm_terms, law_ms
+from nslib.predictors import predictor_class
+from nslib.predictors.tc_gemm import GEMM, TensorGemm, gemm_terms, law_ms
 
 # a datasheet outside the training range (B200-like): 2.25 PFLOP/s, 7.7 TB/s, 126 MB L2
 FAST = {"gpu": "fast", "num_sm": 148, "peak_gflops": 80000.0, "bf16_gflops": 2.25e6,
@@ -82,7 +83,7 @@ def test_save_load_round_trip(trained, table, tmp_path):
     path = trained.save(tmp_path / "gemm.npz")
     again = TensorGemm.load(path)
     np.testing.assert_allclose(again.predict(table), trained.predict(table), rtol=1e-12)
-    assert again.config == trained.config and PREDICTORS["nslib"] is TensorGemm
+    assert again.config == trained.config and predictor_class("nslib", "gemm") is TensorGemm
 
 
 def test_bad_input_is_a_clear_error(trained, table):

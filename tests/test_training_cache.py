@@ -7,8 +7,11 @@ import shutil
 
 import pytest
 
+from nslib.data.settings import Settings
 from nslib.kernels import measured
-from nslib.predictors import training
+from nslib.predictors import trained, training
+
+QUIET = Settings(progress=False)
 
 
 @pytest.mark.parametrize("name,quick", [("nslib", False), ("nslib", True),
@@ -51,24 +54,24 @@ def tiny_training(data_dir, tmp_path, monkeypatch):
 
 
 def test_training_is_announced_and_cached(tiny_training, capsys):
-    training.trained("linreg", out=tiny_training, progress=False)
+    trained("linreg", QUIET, out=tiny_training)
     err = capsys.readouterr().err
     assert "training the linreg predictor (full profile, key k1)" in err
     assert "no cached weights for this training data" in err and "Roughly" in err
     assert (tiny_training / "linreg-k1.npz").is_file()
     meta = json.loads((tiny_training / "linreg-k1.json").read_text())
     assert meta["profile"] == "full" and meta["train_hash"] == "h1"
-    training.trained("linreg", out=tiny_training, progress=False)
+    trained("linreg", QUIET, out=tiny_training)
     assert capsys.readouterr().err == ""  # cached: silent
     assert training._rough_time("linreg", False, tiny_training).endswith(" s")
 
 
 def test_damaged_weights_are_retrained_with_a_note(tiny_training, capsys):
-    training.trained("linreg", out=tiny_training, progress=False)
+    trained("linreg", QUIET, out=tiny_training)
     path = tiny_training / "linreg-k1.npz"
     path.write_bytes(path.read_bytes()[:40])
     capsys.readouterr()
-    pred = training.trained("linreg", out=tiny_training, progress=False)
+    pred = trained("linreg", QUIET, out=tiny_training)
     err = capsys.readouterr().err
     assert "cached linreg predictor linreg-k1.npz is damaged" in err and "training" in err
     assert pred.predict(measured.kernel_table("layernorm", "test")).shape[0] > 0
@@ -82,10 +85,10 @@ def test_unfinished_fit_is_never_saved(tiny_training, monkeypatch):
         raise KeyboardInterrupt
     monkeypatch.setattr(LinearRegression, "fit", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        training.trained("linreg", out=tiny_training, progress=False)
+        trained("linreg", QUIET, out=tiny_training)
     assert not tiny_training.exists() or not any(tiny_training.iterdir())
     with pytest.raises(ValueError, match="epochs must be positive"):
-        training.trained("habitat", out=tiny_training, epochs=0)
+        trained("habitat", out=tiny_training, epochs=0)
     assert not tiny_training.exists() or not any(tiny_training.iterdir())
 
 
@@ -125,11 +128,12 @@ def test_training_key_ignores_the_test_split(monkeypatch, data_dir):
 def test_train_all_trains_every_learning_predictor(monkeypatch):
     from nslib.predictors import available
     seen = []
-    monkeypatch.setattr(training, "trained", lambda name, **kw: seen.append((name, kw)))
-    names = training.train_all(quick=True)
+    monkeypatch.setattr(training, "cached_fit",
+                        lambda name, settings=None, **kw: seen.append((name, settings)))
+    names = training.train_all(Settings(quick=True))
     assert [n for n, _ in seen] == names
     assert set(names) == set(available()) - {"roofline"}
-    assert all(kw["quick"] for _, kw in seen)
+    assert all(s.quick for _, s in seen)
 
 
 def test_damaged_trace_is_rebuilt_with_a_note(monkeypatch, tmp_path, capsys):

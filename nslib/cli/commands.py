@@ -9,6 +9,7 @@ import sys
 import pandas as pd
 
 from nslib.data.checks import arg_int
+from nslib.data.settings import Settings
 
 
 def _gpus(args) -> int:
@@ -60,27 +61,33 @@ def _fetch(args) -> int:
 
 
 def _predictors(args) -> int:
-    from nslib.predictors import available
-    for name, desc in available().items():
-        print(f"{name:10s} {desc}")
+    from nslib.predictors import KINDS, available
+    for kind in KINDS:
+        print(f"{kind} kernels:")
+        for name, desc in available(kind).items():
+            print(f"  {name:12s} {desc}")
     return 0
 
 
-def _train_kw(args) -> dict:
-    return {"quick": args.quick, "seed": args.seed, "epochs": args.epochs}
+def _settings(args, progress: bool = True) -> tuple[Settings, dict]:
+    """The run's settings from the flags, and the training overrides (``--epochs``)."""
+    return (Settings(quick=args.quick, seed=args.seed, progress=progress),
+            {} if getattr(args, "epochs", None) is None else {"epochs": args.epochs})
 
 
 def _train(args) -> int:
-    from nslib.predictors.training import train_all, trained
+    from nslib.predictors import trained
+    from nslib.predictors.training import train_all
+    settings, overrides = _settings(args)
     if args.all:
-        if args.epochs is not None or args.predictor:
+        if overrides or args.predictor:
             raise ValueError("--all trains every predictor with its own defaults: drop "
                              "--epochs and --predictor, or train one with --predictor NAME")
-        names = train_all(quick=args.quick, seed=args.seed, retrain=args.retrain, out=args.out)
+        names = train_all(settings, retrain=args.retrain, out=args.out)
         print(f"trained {', '.join(names)}; cached for every command and notebook")
         return 0
     args.predictor = args.predictor or "nslib"
-    trained(args.predictor, out=args.out, retrain=args.retrain, **_train_kw(args))
+    trained(args.predictor, settings, out=args.out, retrain=args.retrain, **overrides)
     print(f"trained {args.predictor}; cached for every command and notebook")
     return 0
 
@@ -114,7 +121,8 @@ def _eval_kernelbench(args) -> int:
                          "--logo, --lookup and --test-gpus")
     root = args.kernelbench or None
     names = [args.predictor] + [b for b in ("roofline",) if b != args.predictor]
-    res = evaluate(names, root=root, progress=not args.json, **_train_kw(args))
+    settings, overrides = _settings(args, progress=not args.json)
+    res = evaluate(names, root=root, settings=settings, **overrides)
     if args.json:
         print(json.dumps(table_json(res[args.predictor]), indent=1))
         return 0
@@ -141,8 +149,9 @@ def _eval_kernels(args) -> int:
                          "test GPUs are the data's own split")
     from nslib.evaluation.kernel_level import evaluate_logo, evaluate_predictor, logo_json
     from nslib.evaluation.metrics import table_json
+    settings, overrides = _settings(args)
     if args.logo:
-        tab = evaluate_logo(args.predictor, **_train_kw(args))
+        tab = evaluate_logo(args.predictor, settings, **overrides)
         if args.json:
             print(json.dumps(logo_json(tab), indent=1))
         else:
@@ -151,7 +160,7 @@ def _eval_kernels(args) -> int:
                   "new GPUs by the one trained on all of them")
             print(tab.round(1).to_string())
         return 0
-    tab = evaluate_predictor(args.predictor, lookup=args.lookup, **_train_kw(args))
+    tab = evaluate_predictor(args.predictor, args.lookup, settings, **overrides)
     if args.json:
         print(json.dumps(table_json(tab), indent=1))
     else:

@@ -11,6 +11,7 @@ import json
 import pandas as pd
 
 from nslib.data.checks import arg_int
+from nslib.data.settings import Settings
 
 
 def _eval_kernelbench_models(args) -> int:
@@ -21,7 +22,8 @@ def _eval_kernelbench_models(args) -> int:
                          "--models and --mode")
     names = list(dict.fromkeys(args.predictor + ["roofline"]))
     steps = km.evaluate(names, root=args.kernelbench or None, level=args.level,
-                        progress=not args.json, quick=args.quick, seed=args.seed)
+                        settings=Settings(quick=args.quick, seed=args.seed,
+                                          progress=not args.json))
     if args.json:
         print(json.dumps(km.summary_json(steps, args.predictor[0]), indent=1))
         return 0
@@ -40,7 +42,6 @@ def _eval_kernelbench_models(args) -> int:
 def _eval_models(args) -> int:
     if args.kernelbench is not None:
         return _eval_kernelbench_models(args)
-    from nslib.data.settings import Settings
     from nslib.evaluation.model_level import evaluate_models, logo_table, training_gpu_keys
     from nslib.predictors import available
     unknown = [p for p in args.predictor if p not in available()]

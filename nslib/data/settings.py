@@ -19,12 +19,14 @@ class Settings:
 
     ``data``: the NeuSight data folder (``None``: ``NSLIB_DATA``, then ``../shared/neusight``);
     ``quick``: the quick training profile (tests, ``--quick``); ``seed``: the predictors'
-    training seed (same seed, same weights, same tables); ``progress``: show progress bars.
+    training seed (same seed, same weights, same tables); ``progress``: show progress bars;
+    ``mixed``: the 16-bit data folder (``None``: ``NSLIB_MIXED``, then ``../shared/mixed``).
     """
     data: str | os.PathLike | None = None
     quick: bool = False
     seed: int = 0
     progress: bool = True
+    mixed: str | os.PathLike | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "quick", bool(self.quick))

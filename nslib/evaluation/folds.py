@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from nslib.data.settings import Settings, settings_of
 from nslib.kernels import measured
-from nslib.predictors.training import trained
+from nslib.predictors import trained
 
 PAPER, LOGO = "paper protocol", "leave-one-GPU-out"
 
@@ -48,6 +48,6 @@ class Folds:
             # fold's training is announced on stderr by `trained` either way. A fold's predictor
             # records its held-out GPU (`excluded_gpus`): the dispatch floors leave it out too
             s = self.settings
-            self._memo[key] = trained(name, data=s.data, quick=s.quick, seed=s.seed,
-                                      exclude_gpus=held, progress=not held and s.progress)
+            self._memo[key] = trained(name, s.but(progress=not held and s.progress),
+                                      exclude_gpus=held)
         return self._memo[key]

@@ -66,7 +66,8 @@ def ensemble_spread_coverage(name: str = "nslib", data=None, quick: bool = False
     range, % of the members' mean) and ``members``."""
     frame = kernel_eval_frame(data)
     rows = []
-    for g, pred in logo_folds(name, data, quick=quick, seed=seed):
+    for g, pred in logo_folds(name, Settings(data=data, quick=quick, seed=seed,
+                                             progress=False)):
         for cls, preds in members(pred).items():
             sub = frame[(frame["gpu"] == g) & (frame["cls"] == cls)]
             if not len(sub):

@@ -6,9 +6,11 @@ import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
+from nslib.data.settings import Settings, settings_of
 from nslib.evaluation.metrics import ape, class_table, order_classes
 from nslib.kernels import measured
-from nslib.predictors.training import kernel_eval_frame, trained
+from nslib.predictors import trained
+from nslib.predictors.training import kernel_eval_frame
 
 LOGO_MEAN = "mean (training GPUs held out)"
 WORST = "worst held-out GPU"
@@ -27,37 +29,42 @@ def predict_rows(pred, frame: pd.DataFrame, unseen: np.ndarray) -> np.ndarray:
     return out
 
 
-def predict_test(name: str, lookup: bool = False, data=None, **train_kw) -> pd.DataFrame:
-    """The test kernels with a ``pred_ms`` column from predictor ``name``.
+def predict_test(name: str, lookup: bool = False, settings: Settings | None = None,
+                 **overrides) -> pd.DataFrame:
+    """The test kernels with a ``pred_ms`` column from predictor ``name`` (trained with
+    ``settings`` and the training ``overrides`` of :func:`nslib.predictors.trained`).
 
     Kernels of GPUs that are not training GPUs take looked-up tiles (as on a GPU never
     profiled); ``lookup=True`` looks up every kernel's tile.
     """
-    frame = kernel_eval_frame(data)
-    splits = measured.gpu_splits(data)
-    pred = trained(name, data=data, **train_kw)
+    s = settings_of(settings)
+    frame = kernel_eval_frame(s.data)
+    splits = measured.gpu_splits(s.data)
+    pred = trained(name, s, **overrides)
     unseen = ~frame["gpu"].isin(splits["train_gpus"]).to_numpy() | lookup
     return frame.assign(pred_ms=predict_rows(pred, frame, unseen))
 
 
-def evaluate_predictor(name: str, lookup: bool = False, data=None, **train_kw) -> pd.DataFrame:
+def evaluate_predictor(name: str, lookup: bool = False, settings: Settings | None = None,
+                       **overrides) -> pd.DataFrame:
     """Per-class mean APE (%) on training GPUs and new GPUs, as ``nslib eval-kernels`` prints."""
-    frame = predict_test(name, lookup=lookup, data=data, **train_kw)
-    splits = measured.gpu_splits(data)
+    frame = predict_test(name, lookup, settings, **overrides)
+    splits = measured.gpu_splits(settings_of(settings).data)
     return class_table(frame, frame["pred_ms"], splits["train_gpus"], splits["new_gpus"])
 
 
-def logo_folds(name: str, data=None, progress: bool = False, **train_kw):
+def logo_folds(name: str, settings: Settings | None = None, **overrides):
     """The leave-one-GPU-out folds of the FP32 training GPUs, the one fold loop of the kernel
-    tables: ``(held-out Device name, the predictor ``name`` trained without it)`` for each training
-    GPU, each fold trained once and cached (``train_kw``: :func:`trained`'s ``quick``,
-    ``seed``...)."""
-    for g in tqdm(measured.gpu_splits(data)["train_gpus"], desc=f"{name} leave-one-GPU-out",
-                  disable=not progress):
-        yield g, trained(name, data=data, exclude_gpus=[g], progress=False, **train_kw)
+    tables: ``(held-out Device name, the predictor ``name`` trained without it)`` for each
+    training GPU, each fold trained once and cached (``overrides``: training parameters of
+    :func:`nslib.predictors.trained`); ``settings.progress`` shows a bar over the folds."""
+    s = settings_of(settings)
+    for g in tqdm(measured.gpu_splits(s.data)["train_gpus"], desc=f"{name} leave-one-GPU-out",
+                  disable=not s.progress):
+        yield g, trained(name, s.but(progress=False), exclude_gpus=[g], **overrides)
 
 
-def predict_logo(name: str, data=None, progress: bool = True, **train_kw) -> pd.DataFrame:
+def predict_logo(name: str, settings: Settings | None = None, **overrides) -> pd.DataFrame:
     """Leave-one-GPU-out predictions of the test kernels of every GPU with measured kernels.
 
     Each training GPU is held out in turn: the predictor is trained on the other training GPUs
@@ -66,10 +73,11 @@ def predict_logo(name: str, data=None, progress: bool = True, **train_kw) -> pd.
     training GPU, as in the paper's protocol. Adds ``pred_ms`` and ``held_out`` (True for the
     training GPUs' folds, False for the new GPUs).
     """
-    frame = kernel_eval_frame(data)
-    new = measured.gpu_splits(data)["new_gpus"]
-    everyone = trained(name, data=data, progress=False, **train_kw)  # prices the new GPUs
-    folds = [([g], pred, True) for g, pred in logo_folds(name, data, progress, **train_kw)]
+    s = settings_of(settings)
+    frame = kernel_eval_frame(s.data)
+    new = measured.gpu_splits(s.data)["new_gpus"]
+    everyone = trained(name, s.but(progress=False), **overrides)  # prices the new GPUs
+    folds = [([g], pred, True) for g, pred in logo_folds(name, s, **overrides)]
     parts = []
     for gpus, pred, held in folds + [(new, everyone, False)]:
         sub = frame[frame["gpu"].isin(gpus)]
@@ -103,6 +111,6 @@ def logo_json(tab: pd.DataFrame) -> dict:
             for cls, row in tab.iterrows()}
 
 
-def evaluate_logo(name: str, data=None, **train_kw) -> pd.DataFrame:
+def evaluate_logo(name: str, settings: Settings | None = None, **overrides) -> pd.DataFrame:
     """:func:`logo_table` of :func:`predict_logo`: what ``nslib eval-kernels --logo`` prints."""
-    return logo_table(predict_logo(name, data=data, **train_kw))
+    return logo_table(predict_logo(name, settings, **overrides))

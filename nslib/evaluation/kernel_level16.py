@@ -14,8 +14,10 @@ from tqdm.auto import tqdm
 
 from nslib.data.gpus import gpu_matches, load_mixed_gpus
 from nslib.data.mixed_data import measured_gpus
+from nslib.data.settings import Settings
 from nslib.evaluation.metrics import ape
-from nslib.predictors.mixed_training import KINDS, kind_table, trained_tensor
+from nslib.predictors import trained
+from nslib.predictors.mixed_training import KINDS, kind_table
 
 
 def resolve_gpus(table: pd.DataFrame, names, mixed=None) -> list[str]:
@@ -70,11 +72,12 @@ def logo_frame(kind: str, names, seed: int = 0, quick: bool = False, mixed=None,
     ``pred_<name>`` column (ms) per predictor, each GPU's rows predicted by the predictor
     trained on the others."""
     table = kind_table(kind, quick, mixed)
+    settings = Settings(quick=quick, seed=seed, progress=progress, mixed=mixed)
     preds = {}
     for name in names:  # the training table stays free of prediction columns
         preds[f"pred_{name}"] = logo_over(
-            table, lambda held, name=name: trained_tensor(kind, name, seed, quick, held, mixed,
-                                                          progress, table))
+            table, lambda held, name=name: trained(name, settings, kind=kind, exclude_gpus=held,
+                                                   table=table))
     return table.assign(**preds)
 
 
@@ -85,9 +88,10 @@ def test_gpus_frame(kind: str, names, test_gpus, seed: int = 0, quick: bool = Fa
     table = kind_table(kind, quick, mixed)
     rows = table["gpu"].isin(test_gpus).to_numpy()
     out = table[rows].reset_index(drop=True)
+    settings = Settings(quick=quick, seed=seed, progress=progress, mixed=mixed)
     for name in names:
-        out[f"pred_{name}"] = trained_tensor(kind, name, seed, quick, list(test_gpus), mixed,
-                                             progress, table).predict(out)
+        out[f"pred_{name}"] = trained(name, settings, kind=kind, exclude_gpus=list(test_gpus),
+                                      table=table).predict(out)
     return out
 
 

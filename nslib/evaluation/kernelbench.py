@@ -27,8 +27,9 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from nslib.data import kernelbench as kb
+from nslib.data.settings import Settings, settings_of
 from nslib.evaluation.kernel_level import predict_rows
-from nslib.evaluation.metrics import ape, gpu_table, order_classes
+from nslib.evaluation.metrics import gpu_table, order_classes
 from nslib.kernels import sizes
 from nslib.model.aten import NORM
 from nslib.model.module_trace import ProblemError, problem_trace
@@ -145,22 +146,25 @@ def error_table(frame: pd.DataFrame, pred_ms) -> pd.DataFrame:
     return tab.rename_axis(None).assign(**{MEAN: tab.mean(axis=1)})
 
 
-def evaluate(predictors, root=None, level: int = 1, data=None, progress: bool = True,
-             **train_kw) -> dict[str, pd.DataFrame]:
+def evaluate(predictors, root=None, level: int = 1, settings: Settings | None = None,
+             **overrides) -> dict[str, pd.DataFrame]:
     """``{predictor name: error_table}`` for registered predictors trained on the NeuSight
     training GPUs. A KernelBench GPU whose ``Device`` is a training GPU's (the T4) is that GPU
     measured again by another harness; the others were never trained on. The frame with a
     ``pred_<name>`` column per predictor is under the key ``"frame"``, the skipped problems of
-    :func:`problem_rows` under ``"skipped"``."""
-    from nslib.predictors.training import trained
+    :func:`problem_rows` under ``"skipped"``. Predictors train with ``settings`` and the
+    training ``overrides`` of :func:`nslib.predictors.trained`."""
+    from nslib.predictors import trained
 
+    s = settings_of(settings)
+    data, progress = s.data, s.progress
     frame, skipped = problem_rows(root, level, progress=progress)
     if not len(frame):
         raise ValueError("no KernelBench problem maps to one kernel of an nslib class: check "
                          "the folder (see `nslib eval-kernels --kernelbench DIR`)")
     out = {}
     for name in [predictors] if isinstance(predictors, str) else predictors:
-        pred = trained(name, data=data, progress=progress, **train_kw)
+        pred = trained(name, s, **overrides)
         frame[f"pred_{name}"] = predict(pred, frame, data)
         out[name] = error_table(frame, frame[f"pred_{name}"])
     out["frame"], out["skipped"] = frame, skipped

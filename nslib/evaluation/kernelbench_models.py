@@ -21,6 +21,7 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from nslib.data import kernelbench as kb
+from nslib.data.settings import Settings, settings_of
 from nslib.evaluation import kernelbench as level1
 from nslib.evaluation.metrics import ape
 from nslib.model.inputs import kernel_frame
@@ -98,19 +99,22 @@ def price(pred, steps: pd.DataFrame, harness: pd.Series, root=None, data=None,
     return out
 
 
-def evaluate(predictors=("nslib", "roofline"), root=None, level: int = 3, data=None,
-             progress: bool = True, **train_kw) -> pd.DataFrame:
+def evaluate(predictors=("nslib", "roofline"), root=None, level: int = 3,
+             settings: Settings | None = None, **overrides) -> pd.DataFrame:
     """:func:`problem_steps` with ``pred_<name>`` (ms) and ``err_<name>`` (APE, %) per
-    predictor (registered names, trained on the NeuSight training GPUs)."""
-    from nslib.predictors.training import trained
+    predictor (registered names, trained on the NeuSight training GPUs with ``settings`` and
+    the training ``overrides``)."""
+    from nslib.predictors import trained
 
+    s = settings_of(settings)
+    data, progress = s.data, s.progress
     if level not in (2, 3):
         raise ValueError(f"level must be 2 (fused chains) or 3 (whole models), not {level}")
     steps = problem_steps(root, level, progress)
     # each campaign's per-call cost, bounded on its level-1 problems (once for every predictor)
     harness = level1.harness_ms(level1.problem_rows(root, 1, progress=False)[0])
     for name in [predictors] if isinstance(predictors, str) else predictors:
-        pred = trained(name, data=data, progress=progress, **train_kw)
+        pred = trained(name, s, **overrides)
         steps[f"pred_{name}"] = price(pred, steps, harness, root, data)
         steps[f"err_{name}"] = ape(steps[f"pred_{name}"], steps["latency_ms"])
     return steps

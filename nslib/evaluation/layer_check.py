@@ -33,11 +33,12 @@ import pandas as pd
 
 from nslib.data import mixed_data
 from nslib.data.gpus import load_mixed_gpus
+from nslib.data.settings import Settings
 from nslib.kernels import sizes
 from nslib.model import predict16
 from nslib.model.stream import LAUNCH_US
-from nslib.predictors.mixed_training import kind_table, trained_tensor
-from nslib.predictors.training import trained
+from nslib.predictors import trained
+from nslib.predictors.mixed_training import kind_table
 
 ELEM = 2  # fp16 bytes per element
 GEMM_OPS = ("attn_pre_proj", "attn_post_proj", "mlp_up_proj", "mlp_down_proj")
@@ -108,23 +109,23 @@ def layer_predictions(table: pd.DataFrame | None = None, predictor="nslib",
 
     ``table``: rows of the layer table (default: all of it); ``predictor``: the FP32 kernel
     predictor (name or fitted); ``tensor_predictor``: the 16-bit GEMM predictor's name in
-    :func:`nslib.predictors.mixed_training.trained_tensor`, or a fitted one; ``leave_out``: train it
+    :func:`nslib.predictors.trained`, or a fitted one; ``leave_out``: train it
     without the GPU being checked (leave-one-GPU-out, when that GPU has GEMM tables).
     """
     if table is None:
         table = mixed_data.layer_table(mixed)
     frame = layer_kernels(table)
     measured = set(kind_table("gemm", quick, mixed)["gpu"]) if leave_out else set()
-    pred = (trained(predictor, data=data, quick=quick, progress=True)
-            if isinstance(predictor, str) else predictor)
+    settings = Settings(data=data, quick=quick, mixed=mixed)
+    pred = trained(predictor, settings) if isinstance(predictor, str) else predictor
     gpus = {g.name: g for g in load_mixed_gpus(mixed).values()}
     frame["pred_ms"] = np.nan
     for name, rows in frame.groupby("gpu", sort=False).groups.items():
         gpu = gpus[name]
         gemm = tensor_predictor
         if isinstance(gemm, str):
-            gemm = trained_tensor("gemm", gemm, quick=quick, mixed=mixed,
-                                  exclude_gpus=[name] if name in measured else [])
+            gemm = trained(gemm, settings, kind="gemm",
+                           exclude_gpus=[name] if name in measured else [])
         sub = frame.loc[rows].assign(**gpu.columns())
         frame.loc[rows, "pred_ms"] = predict16.stream_ms_half(pred, sub, gpu, (gemm, None),
                                                               launch_us, data)

@@ -29,8 +29,7 @@ from nslib.evaluation.metrics import ape
 from nslib.kernels import measured, sizes
 from nslib.model.predict import predict_model
 from nslib.model.step import Step
-from nslib.predictors.mixed_training import trained_tensor
-from nslib.predictors.training import trained
+from nslib.predictors import trained
 
 DEFAULT_ROOT = Path(__file__).resolve().parents[2] / "datasets" / "measured"
 FP32_PREDICTORS = ("nslib", "neusight", "roofline", "habitat", "li")
@@ -74,7 +73,7 @@ def fp32_kernels(folder, predictors=FP32_PREDICTORS, data=None, quick: bool = Fa
     frame = pd.concat(parts, ignore_index=True)
     unseen = np.ones(len(frame), bool)  # never profiled: tiles are looked up
     for name in predictors:
-        pred = trained(name, data=data, quick=quick, seed=seed, progress=False)
+        pred = trained(name, Settings(data=data, quick=quick, seed=seed, progress=False))
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # range notes: the check reports the errors
             frame[f"pred_{name}"] = predict_rows(pred, frame, unseen)
@@ -92,7 +91,8 @@ def tensor_kernels(folder, predictors=TENSOR_PREDICTORS, mixed=None, quick: bool
     for kind, table in tables.items():
         table = table.assign(kind=kind)
         for name in predictors:
-            model = trained_tensor(kind, name, seed, quick, (), mixed, False)
+            model = trained(name, Settings(quick=quick, seed=seed, progress=False, mixed=mixed),
+                            kind=kind)
             table[f"pred_{name}"] = model.predict(table.reset_index(drop=True))
         parts.append(table)
     frame = pd.concat(parts, ignore_index=True)

@@ -106,7 +106,7 @@ def vector_tile(n_out: np.ndarray, grid_blocks: np.ndarray) -> np.ndarray:
     return 2.0 ** np.ceil(np.log2(np.maximum(n_out / grid_blocks, 1.0)))
 
 
-# split-K, as the library chooses it (DECISIONS.md 13): slices of at least SPLIT_MIN_SLICE
+# split-K, as the library chooses it (docs/decisions.md 13): slices of at least SPLIT_MIN_SLICE
 # elements of the reduction, at most SPLIT_MAX, the fewest whose wave-quantised time is within
 # SPLIT_TOLERANCE of the best split's. Of the settings tried (64-2048 elements, 5-30%), these
 # agree best with the splits the training GPUs' cuBLAS launched (grid z of the training GEMMs)

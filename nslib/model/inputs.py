@@ -20,12 +20,13 @@ from nslib.data.checks import check_int
 from nslib.data.gpus import GPU, load_gpu_file
 from nslib.data.registry import find_any
 from nslib.data.paths import hash_files
+from nslib.data.settings import Settings
 from nslib.kernels.dtypes import check_dtype
 from nslib.model.config import load_model_config
 from nslib.model.moe import expert_tokens
 from nslib.model.step import MODES, Step  # MODES: the one list of modes
 from nslib.model.trace import TRACE_VERSION, trace, warn_model_notes
-from nslib.predictors.training import trained
+from nslib.predictors import trained
 
 
 def resolve_gpu(gpu: str | GPU | os.PathLike, data=None) -> GPU:
@@ -126,7 +127,7 @@ def get_predictor(predictor, data=None, quick: bool = False, seed: int = 0):
     if not isinstance(predictor, str):
         return predictor
     # training on first use is announced and shows its bars (minutes of silence look a hang)
-    return trained(predictor, data=data, quick=quick, seed=seed, progress=True)
+    return trained(predictor, Settings(data=data, quick=quick, seed=seed))
 
 
 

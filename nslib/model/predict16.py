@@ -4,7 +4,7 @@ A 16-bit trace (:func:`nslib.model.trace.trace` with ``dtype``) holds three kind
 
 - 16-bit GEMMs (``linear``/``bmm`` rows counted at 2 bytes per element, see
   :func:`nslib.kernels.sizes.elem_bytes`): priced by the 16-bit GEMM predictor
-  (:func:`nslib.predictors.mixed_training.trained_tensor` kind ``"gemm"``: ``[m x k] @ [k x n]``).
+  (:func:`nslib.predictors.trained` kind ``"gemm"``: ``[m x k] @ [k x n]``).
   The trace's ``(B, M, N, K)`` means ``B`` products of ``M x N`` by ``N x K``, so ``m = B * M``,
   ``k = N``, ``n = K``: a batched GEMM is priced as one GEMM with all its rows (same FLOPs;
   it reads the ``N x K`` operand once instead of ``B`` times, which only matters for the small
@@ -30,10 +30,11 @@ import numpy as np
 import pandas as pd
 
 from nslib.data.mixed_data import gpu_frame
+from nslib.data.settings import Settings
 from nslib.kernels import sizes
 from nslib.model.sdpa_trace import BACKWARD_FLOPS
 from nslib.model.stream import stream_ms
-from nslib.predictors.mixed_training import trained_tensor
+from nslib.predictors import trained
 
 TENSOR_KINDS = ("gemm", "attention")
 
@@ -104,8 +105,9 @@ def tensor_ms(frame: pd.DataFrame, gpu, gemm_pred, attn_pred) -> np.ndarray:
 
 def tensor_predictors(name: str, quick: bool = False, mixed=None):
     """(GEMM predictor, attention predictor) ``name`` trained on every measured GPU (cached,
-    :func:`nslib.predictors.mixed_training.trained_tensor`)."""
-    return tuple(trained_tensor(kind, name, quick=quick, mixed=mixed) for kind in TENSOR_KINDS)
+    :func:`nslib.predictors.trained`)."""
+    return tuple(trained(name, Settings(quick=quick, mixed=mixed), kind=kind)
+                 for kind in TENSOR_KINDS)
 
 
 def stream_ms_half(pred, frame: pd.DataFrame, gpu, tensor_preds, launch_us, data=None):

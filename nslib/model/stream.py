@@ -41,7 +41,7 @@ from nslib.kernels import measured, sizes
 # mean end-to-end errors moved by under half a point between 3 and 6 us when this was tried.
 LAUNCH_US = 3.0
 _PROBE_COLS = ["cls", "op", "B", "M", "N", "K", "H"]
-# vector classes dispatched like an elementwise op: they share its floor (DECISIONS.md 9)
+# vector classes dispatched like an elementwise op: they share its floor (docs/decisions.md 9)
 HOST_LIKE_ELEMENTWISE = ("elementwise", "softmax", "layernorm")
 
 

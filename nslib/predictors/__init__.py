@@ -1,47 +1,106 @@
-"""Kernel latency predictors, by name: ``get(name)`` builds one, ``available()`` lists them."""
+"""Kernel latency predictors, by kind and name: one registry and one way to get them trained.
+
+Kinds: ``fp32`` (NeuSight's five FP32 kernel classes), ``gemm`` and ``attention`` (16-bit
+tensor-core GEMMs and FlashAttention). ``get(name, kind=...)`` builds a predictor,
+``available(kind)`` lists them, and ``trained(name, settings, kind=...)`` returns one trained on
+the measured GPUs (from the cache when its code, data and parameters are unchanged).
+"""
 from __future__ import annotations
 
 from importlib import import_module
 
 from nslib.predictors.base import Predictor, PredictorFileError
 
-# name -> (module, class); modules import lazily so listing predictors stays cheap
+KINDS = ("fp32", "gemm", "attention")
+# the module that trains (and caches) each kind's predictors
+_TRAINING = {"fp32": "training", "gemm": "mixed_training", "attention": "mixed_training"}
+_TENSOR_BASELINES = {"roofline": "Roofline", "roofline_eff": "RooflineEfficiency",
+                     "xgboost": "XGBoostBaseline", "mlp": "MLPBaseline"}
+# (kind, name) -> (module, class); modules import lazily so listing predictors stays cheap
 _REGISTRY = {
-    "roofline": ("roofline", "Roofline"),
-    "nslib": ("nslib_design", "NslibDesign"),
-    "neusight": ("neusight", "NeuSight"),
-    "mlp": ("mlp", "UnboundedMLP"),
-    "habitat": ("habitat", "Habitat"),
-    "li": ("li", "LiEtAl"),
-    "linreg": ("regression", "LinearRegression"),
-    "xgboost": ("regression", "XGBoost"),
+    ("fp32", "roofline"): ("roofline", "Roofline"),
+    ("fp32", "nslib"): ("nslib_design", "NslibDesign"),
+    ("fp32", "neusight"): ("neusight", "NeuSight"),
+    ("fp32", "mlp"): ("mlp", "UnboundedMLP"),
+    ("fp32", "habitat"): ("habitat", "Habitat"),
+    ("fp32", "li"): ("li", "LiEtAl"),
+    ("fp32", "linreg"): ("regression", "LinearRegression"),
+    ("fp32", "xgboost"): ("regression", "XGBoost"),
+    ("gemm", "nslib"): ("tc_gemm", "TensorGemm"),
+    ("attention", "nslib"): ("attention", "TensorAttention"),
+    **{(k, n): ("tensor_baselines", c) for k in ("gemm", "attention")
+       for n, c in _TENSOR_BASELINES.items()},
 }
 
 
-def register(name: str, module: str, cls: str) -> None:
+def check_kind(kind: str) -> str:
+    """``kind`` if it is one of :data:`KINDS`, else a ValueError listing them."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown predictor kind {kind!r}; known: {', '.join(KINDS)}")
+    return kind
+
+
+def register(name: str, module: str, cls: str, kind: str = "fp32") -> None:
     """Add a predictor to the registry (module is relative to nslib.predictors)."""
-    _REGISTRY[name] = (module, cls)
+    _REGISTRY[(check_kind(kind), name)] = (module, cls)
 
 
-def predictor_class(name: str) -> type[Predictor]:
-    """The class registered under ``name``; unknown names list the known ones."""
-    if name not in _REGISTRY:
-        raise KeyError(f"unknown predictor {name!r}; known: {', '.join(_REGISTRY)}")
-    module, cls = _REGISTRY[name]
+def names(kind: str = "fp32") -> list[str]:
+    """The registered predictor names of ``kind``, in registration order."""
+    check_kind(kind)
+    return [n for k, n in _REGISTRY if k == kind]
+
+
+def predictor_class(name: str, kind: str = "fp32") -> type[Predictor]:
+    """The class registered under ``name`` for ``kind``; unknown names list the known ones."""
+    if (check_kind(kind), name) not in _REGISTRY:
+        raise KeyError(f"unknown {kind} predictor {name!r}; known: {', '.join(names(kind))}")
+    module, cls = _REGISTRY[(kind, name)]
     return getattr(import_module(f".{module}", __name__), cls)
 
 
-def get(name: str, **params) -> Predictor:
-    """A new (untrained) predictor ``name`` built with ``params``."""
-    return predictor_class(name)(**params)
+def get(name: str, kind: str = "fp32", **params) -> Predictor:
+    """A new (untrained) predictor ``name`` of ``kind`` built with ``params`` (16-bit ones as
+    their trainer builds them: ``seed`` and ``quick``)."""
+    if check_kind(kind) != "fp32":
+        return import_module(f".{_TRAINING[kind]}", __name__).make(kind, name, **params)
+    return predictor_class(name, kind)(**params)
 
 
-def available() -> dict[str, str]:
-    """``{name: one-line description}`` for every registered predictor."""
+def available(kind: str = "fp32") -> dict[str, str]:
+    """``{name: one-line description}`` for every registered predictor of ``kind``."""
     out = {}
-    for n in _REGISTRY:
+    for n in names(kind):
         try:
-            out[n] = predictor_class(n).description
+            out[n] = predictor_class(n, kind).description
         except (ImportError, AttributeError):  # a predictor module not built yet
             continue
     return out
+
+
+def trained(name: str, settings=None, *, kind: str = "fp32", exclude_gpus=(),
+            retrain: bool = False, out=None, table=None, **overrides) -> Predictor:
+    """Predictor ``name`` of ``kind`` trained on every measured GPU of the kind's data except
+    ``exclude_gpus`` (Device names: a leave-one-GPU-out fold), cached by content.
+
+    ``settings``: the run's :class:`nslib.data.settings.Settings` (data folders, quick profile,
+    seed, progress bars); ``retrain``: fit again even when cached; ``out``: the folder to
+    cache in (FP32; default the cache); ``table``: the kind's measured table when the caller
+    holds it (16-bit); ``overrides``: training parameters (FP32: ``epochs``, a class's
+    settings). A cached predictor is loaded without training.
+    """
+    trainer = import_module(f".{_TRAINING[check_kind(kind)]}", __name__)
+    if kind == "fp32":
+        if table is not None:
+            raise ValueError("table= applies to the 16-bit kinds; the FP32 predictors read "
+                             "their training kernels from the data")
+        return trainer.cached_fit(name, settings, exclude_gpus=exclude_gpus, retrain=retrain,
+                                  out=out, **overrides)
+    if retrain or out is not None or overrides:
+        raise ValueError("retrain, out and training overrides apply to the FP32 predictors; "
+                         "the 16-bit ones train with their own settings")
+    return trainer.cached_fit(kind, name, settings, exclude_gpus=exclude_gpus, table=table)
+
+
+__all__ = ["Predictor", "PredictorFileError", "KINDS", "get", "available", "names",
+           "predictor_class", "register", "trained", "check_kind"]

@@ -17,12 +17,13 @@ CTAs per SM and key splits of FlashAttention's launch and the working set over t
 (standardised, clipped to the training range). Peak, bandwidth and clock enter only through the physical
 terms, so the prediction is never below the floor ``max(FLOP / peak, bytes beyond L2 /
 bandwidth)`` and a faster datasheet moves it the way the hardware would. Choices and evidence:
-DECISIONS.md, "FlashAttention". Loss: mean absolute log error (the metric is MAPE).
+docs/decisions.md, "FlashAttention". Loss: mean absolute log error (the metric is MAPE).
 """
 from __future__ import annotations
 
 import sys
 import time
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
@@ -31,11 +32,12 @@ from nslib.data.units import GHZ_PER_MHZ, GIGA, MEGA, MIB, MS_PER_S
 from nslib.predictors.attention_kind import (ATTENTION, attention_roofline_ms, check_frame,
                                              launch_geometry)
 from nslib.predictors.base import Predictor
-from nslib.predictors.fitting import fit_mlp, log_error
+from nslib.predictors.fitting import Fit, fit_mlp, log_error
 from nslib.predictors.network import mlp_forward
 from nslib.predictors.scaling import fit_scaling, standardise
 
-__all__ = ["ATTENTION", "attention_roofline_ms", "floor_ms", "TensorAttention", "PREDICTORS"]
+__all__ = ["ATTENTION", "attention_roofline_ms", "floor_ms", "TensorAttention",
+           "AttentionConfig"]
 
 C_MAX_MS = 0.05      # the launch overhead is at most 50 us (measured floors: 7-11 us)
 GPU_INPUTS = ("l2_mb", "clock_mhz")  # datasheet columns the predictor needs beyond the roofline
@@ -117,31 +119,51 @@ def _law(raw, terms, lib, law="max"):
                            terms[:, 4] / lam)
 
 
+@dataclass(frozen=True)
+class AttentionConfig:
+    """Settings of :class:`TensorAttention`: ``max_rows`` training rows per phase (a random
+    subsample, seeded; ``balance``: an equal share per GPU), ``epochs``, the network (``layers``
+    of ``hidden`` units, learning rate ``lr``) and its inputs (``features``); ``shared``: one MLP
+    for both phases (phase as an extra input; default one per phase); ``overhead``: "both"
+    (fixed time plus SM cycles), "cycles" or "fixed"; ``law``: the terms' "sum" or "max";
+    ``l2``: the L2-aware memory terms and floor; ``gpu_weights``: every training GPU weighs the
+    same in the loss."""
+
+    max_rows: int = 4000
+    epochs: int = 20
+    hidden: int = 64
+    layers: int = 3
+    lr: float = 3e-3
+    features: tuple = FEATURES
+    shared: bool = False
+    overhead: str = "both"
+    law: str = "sum"
+    l2: bool = True
+    balance: bool = False
+    gpu_weights: bool = True
+
+
 class TensorAttention(Predictor):
-    """nslib's bounded FlashAttention predictor (module docstring). ``quick``: a small
-    subsample and few epochs, for tests; ``max_rows``: training rows per phase (a random
-    subsample, seeded; ``balance``: an equal share per GPU); ``shared``: one MLP for both
-    phases (phase as an extra input; default one per phase); ``gpu_weights``: every training
-    GPU weighs the same in the loss; ``l2``: the L2-aware memory terms and floor; ``overhead``:
-    "both" (fixed time plus SM cycles), "cycles" or "fixed"."""
+    """nslib's bounded FlashAttention predictor (module docstring), set by an
+    :class:`AttentionConfig` (``config``, with ``changes`` to its fields). ``quick``: a small
+    subsample and few epochs, for tests."""
 
     name = "nslib"
     description = "FlashAttention: learned utilisation of the tensor-core/bandwidth roofline"
 
-    def __init__(self, seed: int = 0, quick: bool = False, max_rows: int = 4000,
-                 epochs: int = 20, hidden: int = 64, layers: int = 3, lr: float = 3e-3,
-                 features=FEATURES, shared: bool = False, overhead: str = "both",
-                 law: str = "sum", l2: bool = True, balance: bool = False,
-                 gpu_weights: bool = True):
-        if law not in ("sum", "max") or overhead not in ("cycles", "fixed", "both"):
-            raise ValueError(f"law must be 'sum' or 'max' (got {law!r}), overhead 'cycles' or "
-                             f"'fixed' (got {overhead!r})")
-        self.seed, self.hidden, self.layers, self.lr = seed, hidden, layers, lr
-        self.max_rows = 2000 if quick else max_rows
-        self.epochs = 10 if quick else epochs
-        self.features, self.shared = tuple(features), bool(shared)
-        self.overhead, self.law = overhead, law
-        self.l2, self.balance, self.gpu_weights = bool(l2), bool(balance), bool(gpu_weights)
+    def __init__(self, seed: int = 0, quick: bool = False,
+                 config: AttentionConfig | None = None, **changes):
+        cfg = replace(config or AttentionConfig(), **changes)
+        if cfg.law not in ("sum", "max") or cfg.overhead not in ("cycles", "fixed", "both"):
+            raise ValueError(f"law must be 'sum' or 'max' (got {cfg.law!r}), overhead 'cycles' "
+                             f"or 'fixed' (got {cfg.overhead!r})")
+        self.seed, self.hidden, self.layers, self.lr = seed, cfg.hidden, cfg.layers, cfg.lr
+        self.max_rows = 2000 if quick else cfg.max_rows
+        self.epochs = 10 if quick else cfg.epochs
+        self.features, self.shared = tuple(cfg.features), bool(cfg.shared)
+        self.overhead, self.law = cfg.overhead, cfg.law
+        self.l2, self.balance = bool(cfg.l2), bool(cfg.balance)
+        self.gpu_weights = bool(cfg.gpu_weights)
         self.models: dict[str, list] = {}
         self.norm: dict[str, tuple] = {}
         self.train_seconds = 0.0
@@ -203,13 +225,13 @@ class TensorAttention(Predictor):
         feats = self._x(df)
         self.norm[grp] = fit_scaling(feats)
         law = self.law
+        fit = Fit(hidden=self.hidden, layers=self.layers, epochs=self.epochs, batch=BATCH,
+                  lr=self.lr, n_out=self._n_out(),
+                  head=lambda raw, terms: _law(raw, terms, torch, law), loss=log_error,
+                  val_frac=0.0, seed=seed)
         weights = fit_mlp(standardise(feats, self.norm[grp]), df["latency_ms"].to_numpy(float),
-                          hidden=self.hidden, layers=self.layers, epochs=self.epochs,
-                          batch=BATCH, lr=self.lr, n_out=self._n_out(),
-                          ctx=physical_terms(df, self.overhead, self.l2),
-                          head=lambda raw, terms: _law(raw, terms, torch, law),
-                          loss=log_error, weights=self._row_weights(df), val_frac=0.0,
-                          seed=seed, progress=False)
+                          fit, ctx=physical_terms(df, self.overhead, self.l2),
+                          weights=self._row_weights(df), progress=False)
         self.models[grp] = [w.astype(np.float64) for w in weights]
 
     def predict(self, frame: pd.DataFrame) -> np.ndarray:
@@ -251,6 +273,3 @@ class TensorAttention(Predictor):
             if w[0].shape[1] != n_in or w[-1].shape[0] != self._n_out():
                 raise ValueError(f"{g}: weights take {w[0].shape[1]} inputs and give "
                                  f"{w[-1].shape[0]} outputs, not {n_in} and {self._n_out()}")
-
-
-PREDICTORS = {"nslib": TensorAttention}

@@ -146,3 +146,13 @@ def by_class(frame: pd.DataFrame):
     for c in pd.unique(cls):
         idx = np.flatnonzero(cls == c)
         yield c, idx, frame.iloc[idx]
+
+
+def with_defaults(who: str, defaults: dict, params: dict) -> dict:
+    """``defaults`` updated by ``params`` (a predictor's settings); a name not among the
+    defaults is a TypeError naming it and the known ones."""
+    unknown = sorted(set(params) - set(defaults))
+    if unknown:
+        raise TypeError(f"{who} has no setting {', '.join(unknown)}; known: "
+                        f"{', '.join(defaults)}")
+    return {**defaults, **params}

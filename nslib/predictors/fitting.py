@@ -10,6 +10,7 @@ scored on (``val_loss``) and when training stops early (``patience``) are the ca
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import partial
 from typing import Callable
 
@@ -104,32 +105,53 @@ class _BestEpoch:
             model.load_state_dict(self.state)
 
 
-def train_mlp(x: np.ndarray, target: np.ndarray, *, hidden: int = 64, layers: int = 3,
-              epochs: int = 40, batch: int = 512, lr: float = 2e-3, n_out: int | None = None,
-              head: Callable | None = None, ctx: np.ndarray | None = None,
-              loss: Callable = mse, val_loss: Callable | None = None,
-              weights: np.ndarray | None = None, val_frac: float = 0.1,
-              split: Callable | None = None, patience: int | None = None,
-              weight_decay: float = 1e-4, schedule: str = "cosine", seed: int = 0,
-              progress: bool = True, desc: str = "mlp"):
-    """Train an MLP on inputs ``x`` (n, d) for ``target`` (n, ...); return ``(torch network,
-    validation loss per epoch)``.
+@dataclass(frozen=True)
+class Fit:
+    """How one MLP is trained (:func:`train_mlp`): the network (``layers`` of ``hidden`` units,
+    ``n_out`` raw outputs, default the target's width), AdamW (``lr`` per step, ``batch`` rows,
+    ``weight_decay``, ``epochs``, a ``cosine`` or ``onecycle`` schedule), the objective (the
+    per-row ``loss`` of ``head(raw, ctx)``'s prediction, or of the raw outputs without a head)
+    and the validation: ``split(rng, n)`` gives the (validation, training) rows (default
+    :func:`random_split` with ``val_frac``); with validation rows the epoch with the best
+    weighted mean ``val_loss`` (default ``loss``) is kept, training stopping ``patience`` epochs
+    after it; without, every epoch runs and the last is kept. ``seed``: same seed, same
+    weights."""
 
-    ``head(raw, ctx_batch)`` maps raw outputs (``n_out`` columns; default the target's width)
-    in float64 and the rows' context ``ctx`` to predictions; the ``weights``-weighted mean of
-    ``loss(pred, target)`` is minimised. ``split(rng, n)`` gives the (validation, training)
-    rows (default :func:`random_split` with ``val_frac``); with validation rows the epoch with
-    the best weighted mean ``val_loss`` (default ``loss``) on them is kept, training stopping
-    ``patience`` epochs after it; without, every epoch runs and the last is kept.
-    Deterministic for a given ``seed``.
+    hidden: int = 64
+    layers: int = 3
+    n_out: int | None = None
+    epochs: int = 40
+    batch: int = 512
+    lr: float = 2e-3
+    weight_decay: float = 1e-4
+    schedule: str = "cosine"
+    loss: Callable = mse
+    val_loss: Callable | None = None
+    val_frac: float = 0.1
+    split: Callable | None = None
+    patience: int | None = None
+    head: Callable | None = None
+    seed: int = 0
+
+
+def train_mlp(x: np.ndarray, target: np.ndarray, fit: Fit = Fit(), *,
+              ctx: np.ndarray | None = None, weights: np.ndarray | None = None,
+              progress: bool = True, desc: str = "mlp"):
+    """Train an MLP on inputs ``x`` (n, d) for ``target`` (n, ...) as ``fit`` says; return
+    ``(torch network, validation loss per epoch)``.
+
+    ``ctx``: per-row context the head reads (float64); ``weights``: per-row weights of the
+    loss (default all 1). Deterministic for a given ``fit.seed``.
     """
     import torch
     from tqdm.auto import tqdm
-    rng = np.random.default_rng(seed)
-    torch.manual_seed(seed)
+    rng = np.random.default_rng(fit.seed)
+    torch.manual_seed(fit.seed)
+    head = fit.head
     xt, yt, ct, wt = _tensors(x, target, ctx, weights, head)
-    model = make_mlp(xt.shape[1], layers, hidden, n_out or (1 if yt.ndim == 1 else yt.shape[1]))
-    val, tr = (split or partial(random_split, val_frac=val_frac))(rng, len(xt))
+    model = make_mlp(xt.shape[1], fit.layers, fit.hidden,
+                     fit.n_out or (1 if yt.ndim == 1 else yt.shape[1]))
+    val, tr = (fit.split or partial(random_split, val_frac=fit.val_frac))(rng, len(xt))
 
     def cost(idx, per_row):
         raw = model(xt[idx])
@@ -138,13 +160,15 @@ def train_mlp(x: np.ndarray, target: np.ndarray, *, hidden: int = 64, layers: in
 
     # fused: one kernel for the whole update (2.3x faster per step for an 8 x 512 network on
     # 2 CPU cores, where the per-tensor update dominated)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay, fused=True)
-    sched, per_batch = _scheduler(opt, schedule, lr, epochs, int(np.ceil(len(tr) / batch)))
-    kept = _BestEpoch(patience)
-    bar = tqdm(range(epochs), desc=desc, disable=not progress, leave=False)
+    opt = torch.optim.AdamW(model.parameters(), lr=fit.lr, weight_decay=fit.weight_decay,
+                            fused=True)
+    sched, per_batch = _scheduler(opt, fit.schedule, fit.lr, fit.epochs,
+                                  int(np.ceil(len(tr) / fit.batch)))
+    kept = _BestEpoch(fit.patience)
+    bar = tqdm(range(fit.epochs), desc=desc, disable=not progress, leave=False)
     for _ in bar:
-        for b in torch.from_numpy(tr[rng.permutation(len(tr))]).split(batch):
-            err = cost(b, loss)
+        for b in torch.from_numpy(tr[rng.permutation(len(tr))]).split(fit.batch):
+            err = cost(b, fit.loss)
             opt.zero_grad()
             err.backward()
             opt.step()
@@ -154,7 +178,7 @@ def train_mlp(x: np.ndarray, target: np.ndarray, *, hidden: int = 64, layers: in
             sched.step()
         if len(val):
             with torch.no_grad():  # no dropout or batch norm: no eval()
-                err = float(cost(torch.from_numpy(val), val_loss or loss))
+                err = float(cost(torch.from_numpy(val), fit.val_loss or fit.loss))
             bar.set_postfix(val=f"{err:.4f}")
             if kept.stop_after(err, model):
                 break
@@ -162,7 +186,7 @@ def train_mlp(x: np.ndarray, target: np.ndarray, *, hidden: int = 64, layers: in
     return model, kept.history
 
 
-def fit_mlp(x: np.ndarray, target: np.ndarray, **settings) -> list[np.ndarray]:
-    """:func:`train_mlp`'s network (``settings`` its keywords) as numpy weights
-    (:func:`nslib.predictors.network.mlp_weights`)."""
-    return mlp_weights(train_mlp(x, target, **settings)[0])
+def fit_mlp(x: np.ndarray, target: np.ndarray, fit: Fit = Fit(), **rows) -> list[np.ndarray]:
+    """:func:`train_mlp`'s network (``rows``: its keywords ``ctx``, ``weights``, ``progress``,
+    ``desc``) as numpy weights (:func:`nslib.predictors.network.mlp_weights`)."""
+    return mlp_weights(train_mlp(x, target, fit, **rows)[0])

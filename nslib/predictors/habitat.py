@@ -47,8 +47,8 @@ from scipy.spatial import cKDTree
 
 from nslib.kernels import sizes
 from nslib.kernels.measured import GEMM_DIMS
-from nslib.predictors.base import Predictor, by_class
-from nslib.predictors.fitting import log_space_ape, mse, random_split, train_mlp
+from nslib.predictors.base import Predictor, by_class, with_defaults
+from nslib.predictors.fitting import Fit, log_space_ape, mse, random_split, train_mlp
 from nslib.predictors.network import make_mlp
 from nslib.predictors.scaling import mean_std
 
@@ -78,17 +78,20 @@ class Habitat(Predictor):
     description = ("Habitat: MLP on dims + GPU features for GEMMs; wave scaling from a "
                    "reference GPU for vector ops")
 
-    def __init__(self, seed: int = 0, reference: str | None = None, layers: int = 4,
-                 hidden: int = 256, lr: float = 1e-3, weight_decay: float = 1e-4,
-                 batch: int = 512, epochs: int = 60, patience: int = 8, val_frac: float = 0.2,
-                 threads: int = 1):
-        """``threads``: torch CPU threads while training (restored afterwards). One is the
-        default: on a shared 2-core machine two OpenMP threads ran an epoch 10x slower, and
-        one thread also makes the fit independent of the machine's core count."""
+    # the fit's settings: ``reference`` GPU of the vector ops (None: the training GPU with the
+    # highest memory bandwidth), the GEMM MLP (layers x hidden, AdamW lr / weight decay, batch,
+    # epochs, early stop ``patience`` epochs after the best validation MAPE on a ``val_frac``
+    # share) and ``threads``: torch CPU threads while training (restored afterwards). One is
+    # the default: on a shared 2-core machine two OpenMP threads ran an epoch 10x slower, and
+    # one thread also makes the fit independent of the machine's core count.
+    DEFAULTS = {"reference": None, "layers": 4, "hidden": 256, "lr": 1e-3,
+                "weight_decay": 1e-4, "batch": 512, "epochs": 60, "patience": 8,
+                "val_frac": 0.2, "threads": 1}
+
+    def __init__(self, seed: int = 0, **params):
+        """``params``: changes to :attr:`DEFAULTS`; an unknown name is a TypeError."""
         self.seed = seed
-        self.params = {"reference": reference, "layers": layers, "hidden": hidden, "lr": lr,
-                       "weight_decay": weight_decay, "batch": batch, "epochs": epochs,
-                       "patience": patience, "val_frac": val_frac, "threads": threads}
+        self.params = with_defaults("Habitat", self.DEFAULTS, params)
         self.models: dict[str, torch.nn.Module] = {}
         self.norm: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         self.history: dict[str, list] = {}
@@ -120,13 +123,13 @@ class Habitat(Predictor):
         raw = gemm_inputs(df)
         mean, std = mean_std(raw)
         self.norm[cls] = (mean, std)
-        model, hist = train_mlp(
-            (raw - mean) / std, np.log(df["latency_ms"].to_numpy(float))[:, None],
-            hidden=p["hidden"], layers=p["layers"], epochs=p["epochs"], batch=p["batch"],
-            lr=p["lr"], weight_decay=p["weight_decay"], n_out=1, loss=mse,
-            val_loss=log_space_ape, patience=p["patience"], seed=seed,
-            split=partial(random_split, val_frac=p["val_frac"], validate_on_train=True),
-            progress=progress, desc=f"{self.name} {cls}")
+        fit = Fit(hidden=p["hidden"], layers=p["layers"], epochs=p["epochs"], batch=p["batch"],
+                  lr=p["lr"], weight_decay=p["weight_decay"], n_out=1, loss=mse,
+                  val_loss=log_space_ape, patience=p["patience"], seed=seed,
+                  split=partial(random_split, val_frac=p["val_frac"], validate_on_train=True))
+        model, hist = train_mlp((raw - mean) / std,
+                                np.log(df["latency_ms"].to_numpy(float))[:, None], fit,
+                                progress=progress, desc=f"{self.name} {cls}")
         model.eval()
         self.models[cls] = model
         self.history[cls] = hist

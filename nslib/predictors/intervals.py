@@ -37,9 +37,11 @@ from nslib import __version__
 from nslib.data.cache import JSON, cached, read_cache_entry
 from nslib.data.mixed_data import measured_gpus, mixed_hash
 from nslib.data.paths import cache_dir, hash_files
+from nslib.data.settings import Settings
 from nslib.kernels import measured
-from nslib.predictors.mixed_training import KINDS, kind_table, trained_tensor
-from nslib.predictors.training import cache_key, kernel_eval_frame, params_for, trained
+from nslib.predictors import trained
+from nslib.predictors.mixed_training import KINDS, kind_table
+from nslib.predictors.training import cache_key, kernel_eval_frame, params_for
 
 COVERAGE = 0.8     # default central coverage of an interval
 # kernel classes of a model frame priced like a measured class (memory copies as elementwise)
@@ -59,8 +61,8 @@ def logo_residuals(name: str = "nslib", data=None, quick: bool = False, seed: in
         frame = kernel_eval_frame(data)
         parts = []
         for g in measured.gpu_splits(data)["train_gpus"]:
-            pred = trained(name, data=data, quick=quick, seed=seed, exclude_gpus=[g],
-                           progress=progress)
+            pred = trained(name, Settings(data=data, quick=quick, seed=seed, progress=progress),
+                           exclude_gpus=[g])
             sub = frame[frame["gpu"] == g]
             if not len(sub):
                 continue
@@ -206,13 +208,14 @@ def tensor_residuals(name: str = "nslib", quick: bool = False, seed: int = 0, mi
                      progress: bool = False) -> pd.DataFrame:
     """``gpu, cls, pred_ms, latency_ms, r`` of the 16-bit kinds (``cls`` ``gemm`` or
     ``attention``): each measured GPU's rows predicted by the kind's predictor trained on the
-    other GPUs (:func:`nslib.predictors.mixed_training.trained_tensor`, cached per fold)."""
+    other GPUs (:func:`nslib.predictors.trained`, cached per fold)."""
     parts = []
     for kind in KINDS:
         table = kind_table(kind, quick, mixed)
         for g in measured_gpus(table):
             rows = table[table["gpu"] == g].reset_index(drop=True)
-            pred = trained_tensor(kind, name, seed, quick, [g], mixed, progress, table)
+            pred = trained(name, Settings(quick=quick, seed=seed, progress=progress, mixed=mixed),
+                           kind=kind, exclude_gpus=[g], table=table)
             parts.append(pd.DataFrame({"gpu": g, "cls": kind,
                                        "pred_ms": np.asarray(pred.predict(rows), float),
                                        "latency_ms": rows["latency_ms"].to_numpy(float)}))

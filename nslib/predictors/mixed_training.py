@@ -1,8 +1,9 @@
 """Train the 16-bit kernel predictors (BF16 GEMMs, FlashAttention) and cache them by content.
 
 Two kinds, each with its table and its bounded nslib predictor plus the generic baselines of
-:mod:`nslib.predictors.tensor_baselines`. :func:`trained_tensor` returns a predictor trained on
-every measured GPU but the excluded ones, from the cache when the table files, datasheets, the
+:mod:`nslib.predictors.tensor_baselines` (all in the registry of :mod:`nslib.predictors`).
+:func:`cached_fit` (what :func:`nslib.predictors.trained` runs for a 16-bit kind) returns a
+predictor trained on every measured GPU but the excluded ones, from the cache when the table files, datasheets, the
 parameters and the code that trains it are unchanged. :func:`kind_table` is the table a kind
 trains and is evaluated on (the quick profile keeps a fixed, seeded subsample per GPU).
 """
@@ -21,11 +22,12 @@ from nslib.data import mixed_data
 from nslib.data.cache import read_cache_entry
 from nslib.data.checks import check_int
 from nslib.data.paths import cache_dir, hash_files
-from nslib.predictors import tensor_baselines
+from nslib.data.settings import Settings, settings_of
+from nslib.data.sources import dependencies
+from nslib.predictors import names as registered, predictor_class, tensor_baselines
 from nslib.predictors.training import fit_and_save
-from nslib.viz.layout import dependencies
 
-# kind name -> (module, kind object, nslib class in the module's PREDICTORS, table)
+# kind name -> (module of its nslib predictor, kind object, table)
 KINDS = {"gemm": ("nslib.predictors.tc_gemm", "GEMM", mixed_data.gemm_table),
          "attention": ("nslib.predictors.attention", "ATTENTION", mixed_data.attention_table)}
 QUICK_ROWS = 1500  # rows per GPU in the quick profile (tests, --quick)
@@ -45,9 +47,9 @@ def kind_object(kind: str):
 
 
 def predictors(kind: str) -> dict[str, type]:
-    """Predictor classes of ``kind`` by name: the kind's own (``nslib``) and the baselines."""
-    module = importlib.import_module(KINDS[check_kind(kind)][0])
-    return {**module.PREDICTORS, **tensor_baselines.BASELINES}
+    """Predictor classes of ``kind`` by name (the registry's): the kind's own (``nslib``) and
+    the baselines."""
+    return {n: predictor_class(n, check_kind(kind)) for n in registered(kind)}
 
 
 def kind_table(kind: str, quick: bool = False, mixed=None) -> pd.DataFrame:
@@ -69,7 +71,7 @@ def make(kind: str, name: str, seed: int = 0, quick: bool = False):
         raise ValueError(f"unknown {kind} predictor {name!r}; known: {', '.join(classes)}")
     seed = check_int("seed", seed, minimum=0)
     cls = classes[name]
-    if name in tensor_baselines.BASELINES:
+    if issubclass(cls, tensor_baselines.KindPredictor):
         extra = {"epochs": 8} if quick and name == "mlp" else {}
         extra.update({"rounds": 60} if quick and name == "xgboost" else {})
         return cls(kind_object(kind), seed=seed, **extra)
@@ -103,11 +105,14 @@ def _rough_time(folder: Path, kind: str, name: str, quick: bool) -> str:
     return f"{secs:.0f} s" if secs < 90 else f"{secs / 60:.0f} min"
 
 
-def trained_tensor(kind: str, name: str = "nslib", seed: int = 0, quick: bool = False,
-                   exclude_gpus=(), mixed=None, progress: bool = True, table=None):
-    """Predictor ``name`` of ``kind`` trained on every measured GPU except ``exclude_gpus``
-    (Device names), cached by content (see module doc). A cached predictor is loaded without
-    reading the tables; ``table``: the kind's :func:`kind_table` when the caller holds it."""
+def cached_fit(kind: str, name: str = "nslib", settings: Settings | None = None, *,
+               exclude_gpus=(), table=None):
+    """Predictor ``name`` of ``kind`` trained on every measured GPU of ``settings.mixed``
+    except ``exclude_gpus`` (Device names), with the settings' ``quick`` profile and ``seed``,
+    cached by content (see module doc). A cached predictor is loaded without reading the
+    tables; ``table``: the kind's :func:`kind_table` when the caller holds it."""
+    s = settings_of(settings)
+    seed, quick, mixed, progress = s.seed, s.quick, s.mixed, s.progress
     exclude = sorted(exclude_gpus)
     if table is None and exclude:
         table = kind_table(kind, quick, mixed)

@@ -19,7 +19,7 @@ For each kernel class an MLP maps log2 features of the kernel and of the GPU
 
 :class:`nslib.predictors.nslib_design.NslibDesign` (``nslib``) is nslib's own redesign on
 the same machinery (kernel laws, other features, row packing, split-K, dispatch floors); why it
-differs: DECISIONS.md beside this file. A class may train an ensemble of MLPs from different
+differs: docs/decisions.md. A class may train an ensemble of MLPs from different
 seeds; their utilisations are averaged.
 """
 from __future__ import annotations
@@ -35,7 +35,8 @@ from nslib.kernels import sizes
 from nslib.kernels.tiles import TileLookup
 from nslib.predictors.base import Predictor, by_class
 from nslib.predictors.features import FEATURES, RowPacking, tile_features
-from nslib.predictors.fitting import MEMBER_SEED_STRIDE, random_split, symmetric_error, train_mlp
+from nslib.predictors.fitting import (MEMBER_SEED_STRIDE, Fit, random_split, symmetric_error,
+                                      train_mlp)
 from nslib.predictors.network import mlp_forward, mlp_weights
 from nslib.predictors.scaling import fit_scaling, standardise
 from nslib.predictors.wave_laws import FORMS, KERNEL_LAWS, OUTPUTS, array_ops, wave_context, wave_ms
@@ -231,12 +232,13 @@ class NeuSight(Predictor):
         ctx, split = wave_context(df), validation_split(cfg, df)
         members, hists = [], []
         for k in range(cfg.ensemble):
-            model, hist = train_mlp(
-                x, target, hidden=cfg.hidden, layers=cfg.layers, epochs=cfg.epochs,
-                batch=cfg.batch, lr=cfg.lr, weight_decay=cfg.weight_decay,
-                n_out=OUTPUTS.get(cfg.form, 2), ctx=ctx, loss=symmetric_error, split=split,
-                head=lambda raw, c: self._wave_ms(raw, c, cfg.form),
-                seed=seed + MEMBER_SEED_STRIDE * k, progress=progress, desc=f"{self.name} {cls}")
+            fit = Fit(hidden=cfg.hidden, layers=cfg.layers, epochs=cfg.epochs, batch=cfg.batch,
+                      lr=cfg.lr, weight_decay=cfg.weight_decay, n_out=OUTPUTS.get(cfg.form, 2),
+                      loss=symmetric_error, split=split,
+                      head=lambda raw, c: self._wave_ms(raw, c, cfg.form),
+                      seed=seed + MEMBER_SEED_STRIDE * k)
+            model, hist = train_mlp(x, target, fit, ctx=ctx, progress=progress,
+                                    desc=f"{self.name} {cls}")
             members.append(mlp_weights(model))
             hists.append(hist)
         self.models[cls] = members

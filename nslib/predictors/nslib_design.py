@@ -2,7 +2,7 @@
 
 It keeps NeuSight's idea (a per-class MLP whose learned efficiency is bounded by the hardware)
 and changes what the MLP sees and how its outputs make a time, chosen on leave-one-GPU-out
-error over the training GPUs (DECISIONS.md beside this file):
+error over the training GPUs (docs/decisions.md):
 
 - kernel laws (:mod:`nslib.predictors.wave_laws`): ``series`` for GEMMs over the tile shape,
   the reduction per slice and the SM count (clipped to the training range); ``stream`` for

@@ -25,7 +25,7 @@ import torch
 from nslib.kernels import sizes
 from nslib.kernels.measured import GEMM_DIMS, VEC_DIMS
 from nslib.kernels.tiles import TileLookup
-from nslib.predictors.base import Predictor, by_class
+from nslib.predictors.base import Predictor, by_class, with_defaults
 from nslib.predictors.features import tile_features
 from nslib.predictors.fitting import random_split
 from nslib.predictors.scaling import mean_std
@@ -106,13 +106,16 @@ class XGBoost(_PerClassRegressor):
     name = "xgboost"
     description = "Gradient-boosted trees (XGBoost) on NeuSight's features + log dims/GPU specs"
 
-    def __init__(self, seed: int = 0, rounds: int = 600, lr: float = 0.1, max_depth: int = 8,
-                 subsample: float = 0.8, colsample: float = 0.8, patience: int = 30,
-                 val_frac: float = 0.2, n_jobs: int = 2):
+    # boosting rounds (at most; early stop ``patience`` rounds after the best validation
+    # error on a ``val_frac`` share), learning rate, tree depth, row and column subsampling,
+    # threads
+    DEFAULTS = {"rounds": 600, "lr": 0.1, "max_depth": 8, "subsample": 0.8, "colsample": 0.8,
+                "patience": 30, "val_frac": 0.2, "n_jobs": 2}
+
+    def __init__(self, seed: int = 0, **params):
+        """``params``: changes to :attr:`DEFAULTS`; an unknown name is a TypeError."""
         super().__init__(seed)
-        self.params = {"rounds": rounds, "lr": lr, "max_depth": max_depth,
-                       "subsample": subsample, "colsample": colsample, "patience": patience,
-                       "val_frac": val_frac, "n_jobs": n_jobs}
+        self.params = with_defaults("XGBoost", self.DEFAULTS, params)
         self.models: dict = {}
         self.best_rounds: dict[str, int] = {}
 

@@ -24,7 +24,7 @@ log2, clipped to the training range) to c (``exp(raw_a) * 2 us + exp(raw_b) * 40
 at the datasheet clock: a launch part and a prologue/k-loop latency part), gamma in (0, 1) and
 the other efficiencies: peak and bandwidth act only through the physical terms, so the law extrapolates
 to datasheets outside the training range (B200/GB200). Design choices and leave-one-GPU-out
-evidence: DECISIONS.md, "BF16 GEMMs".
+evidence: docs/decisions.md, "BF16 GEMMs".
 """
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ import pandas as pd
 from nslib.data.units import GIGA, KILO, MIB, MS_PER_S
 from nslib.kernels.tc_tiles import MACS, choose_tiles
 from nslib.predictors.base import Predictor
-from nslib.predictors.fitting import MEMBER_SEED_STRIDE, fit_mlp, log_error
+from nslib.predictors.fitting import MEMBER_SEED_STRIDE, Fit, fit_mlp, log_error
 from nslib.predictors.network import EXP_CLIP, SIGMOID_CLIP, mlp_forward
 from nslib.predictors.scaling import fit_scaling, standardise
 
@@ -96,7 +96,7 @@ def _check_frame(frame: pd.DataFrame, train: bool) -> None:
 # the law's terms: name -> (lower, upper) bound of the efficiency that divides it. ``dram``:
 # a GEMM streams its DRAM traffic at no less than half the bandwidth. ``flat`` (the FLOPs
 # unpadded at the peak) and ``sm`` (bytes per FP32 FLOP of the occupied SMs) are options the
-# default leaves out (DECISIONS.md, "BF16 GEMMs").
+# default leaves out (docs/decisions.md, "BF16 GEMMs").
 TERMS = {"comp": (0.0, 1.0), "flat": (0.0, 1.0), "dram": (0.5, 1.0), "l2": (0.5, 4.0),
          "tile": (1.0, 16.0),
          "sm": (0.0, 1.0)}
@@ -269,12 +269,12 @@ class TensorGemm(Predictor):
         """One MLP's weights, trained from ``seed`` on the |log error| of the law's time."""
         import torch
         terms, power = cfg.terms, cfg.power
-        return fit_mlp(x, y, hidden=cfg.hidden, layers=cfg.layers, epochs=cfg.epochs,
-                       batch=cfg.batch, lr=cfg.lr, weight_decay=cfg.weight_decay,
-                       n_out=1 + len(terms) + (cfg.fixed == "both"), ctx=ctx, weights=w,
-                       head=lambda raw, c: law_ms(raw, c, terms, power, torch),
-                       loss=log_error, val_frac=0.0, schedule="onecycle", seed=seed,
-                       progress=progress, desc="tc-gemm")
+        fit = Fit(hidden=cfg.hidden, layers=cfg.layers, epochs=cfg.epochs, batch=cfg.batch,
+                  lr=cfg.lr, weight_decay=cfg.weight_decay,
+                  n_out=1 + len(terms) + (cfg.fixed == "both"),
+                  head=lambda raw, c: law_ms(raw, c, terms, power, torch), loss=log_error,
+                  val_frac=0.0, schedule="onecycle", seed=seed)
+        return fit_mlp(x, y, fit, ctx=ctx, weights=w, progress=progress, desc="tc-gemm")
 
     def predict(self, frame: pd.DataFrame) -> np.ndarray:
         """Latency in ms of each GEMM (row order), never below its roofline."""
@@ -303,6 +303,3 @@ class TensorGemm(Predictor):
         if self.weights[0][0].shape[1] != n_in or self.norm[0].shape != (n_in,):
             raise ValueError(f"weights take {self.weights[0][0].shape[1]} inputs, the config "
                              f"names {n_in} features")
-
-
-PREDICTORS = {"nslib": TensorGemm}

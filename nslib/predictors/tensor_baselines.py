@@ -18,7 +18,7 @@ import pandas as pd
 
 from nslib.data.units import GIGA, MS_PER_S
 from nslib.predictors.base import Predictor
-from nslib.predictors.fitting import fit_mlp
+from nslib.predictors.fitting import Fit, fit_mlp
 from nslib.predictors.network import mlp_forward
 
 DATASHEET = ("num_sm", "bf16_gflops", "mem_bw", "l2_mb")  # learned baselines see these
@@ -45,14 +45,14 @@ def learned_inputs(kind, frame: pd.DataFrame) -> np.ndarray:
     return np.log2(np.concatenate(cols, axis=1))
 
 
-class _KindPredictor(Predictor):
+class KindPredictor(Predictor):
     """Holds the kind; the CLI and the registry make one per (kind, seed)."""
 
     def __init__(self, kind, seed: int = 0):
         self.kind, self.seed = kind, seed
 
 
-class Roofline(_KindPredictor):
+class Roofline(KindPredictor):
     name = "roofline"
     description = "Tensor-core roofline: max(FLOP / BF16 peak, bytes / bandwidth)"
 
@@ -60,7 +60,7 @@ class Roofline(_KindPredictor):
         return roofline_ms(self.kind, frame)
 
 
-class RooflineEfficiency(_KindPredictor):
+class RooflineEfficiency(KindPredictor):
     name = "roofline_eff"
     description = "Roofline divided by one efficiency fitted over the training GPUs"
 
@@ -89,7 +89,7 @@ class RooflineEfficiency(_KindPredictor):
         self.efficiency = float(state["efficiency"])
 
 
-class XGBoostBaseline(_KindPredictor):
+class XGBoostBaseline(KindPredictor):
     name = "xgboost"
     description = "XGBoost on log shapes and log datasheet figures, predicting log ms"
 
@@ -123,7 +123,7 @@ class XGBoostBaseline(_KindPredictor):
         self.booster.load_model(bytearray(np.asarray(state["booster"]).tobytes()))
 
 
-class MLPBaseline(_KindPredictor):
+class MLPBaseline(KindPredictor):
     name = "mlp"
     description = "Unbounded MLP on log shapes and log datasheet figures, predicting log ms"
 
@@ -139,8 +139,8 @@ class MLPBaseline(_KindPredictor):
         x = learned_inputs(self.kind, frame)
         self.mean, self.std = x.mean(0), np.maximum(x.std(0), MIN_STD)
         y = np.log(frame["latency_ms"].to_numpy(float))[:, None]
-        self.weights = fit_mlp((x - self.mean) / self.std, y, seed=self.seed,
-                               progress=progress, desc=f"mlp {self.kind.name}", **self.hp)
+        self.weights = fit_mlp((x - self.mean) / self.std, y, Fit(seed=self.seed, **self.hp),
+                               progress=progress, desc=f"mlp {self.kind.name}")
         return self
 
     def predict(self, frame: pd.DataFrame) -> np.ndarray:
@@ -153,6 +153,3 @@ class MLPBaseline(_KindPredictor):
     def set_state(self, state: dict) -> None:
         self.hp, self.weights = dict(state["hp"]), list(state["weights"])
         self.mean, self.std = np.asarray(state["mean"]), np.asarray(state["std"])
-
-
-BASELINES = {c.name: c for c in (Roofline, RooflineEfficiency, XGBoostBaseline, MLPBaseline)}

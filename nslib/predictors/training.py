@@ -1,8 +1,9 @@
 """Train predictors on the training GPUs' kernels, and cache them by content.
 
-``trained(name, ...)`` is what every command and notebook calls: it returns the predictor
-trained on the current data with the given parameters, loading it from the cache (or ``out``)
-when the data hash, the parameters and the library version match, training it otherwise.
+:func:`cached_fit` is what :func:`nslib.predictors.trained` (every command and notebook) runs
+for an FP32 predictor: it returns the predictor trained on the current data with the given
+parameters, loading it from the cache (or ``out``) when the data hash, the parameters, the
+library version and the code that trains it match, training it otherwise.
 """
 from __future__ import annotations
 
@@ -18,14 +19,15 @@ from nslib import __version__
 from nslib.data.cache import read_cache_entry
 from nslib.data.checks import check_int
 from nslib.data.paths import CacheError, atomic_write_text, cache_dir, hash_files
+from nslib.data.settings import Settings, settings_of
 from nslib.kernels import measured
 from nslib.predictors import available, get, predictor_class
-from nslib.viz.layout import dependencies
+from nslib.data.sources import dependencies
 
 # Per-predictor default parameters, and the quick profile used by tests and --quick runs.
 DEFAULTS: dict[str, dict] = {
     # nslib's design: ensembles of 3 (utilisations averaged) for bmm, linear and softmax; epochs
-    # per class. Set before the leave-one-GPU-out protocol and kept (DECISIONS.md).
+    # per class. Set before the leave-one-GPU-out protocol and kept (docs/decisions.md).
     "nslib": {"epochs": 30, "configs": {"bmm": {"ensemble": 3},
                                            "linear": {"epochs": 15, "ensemble": 3},
                                            "softmax": {"ensemble": 3},
@@ -100,16 +102,20 @@ def cache_key(name: str, params: dict, data=None) -> str:
     return hash_files(sources, extra=[name, params, measured.train_hash(data), __version__])
 
 
-def trained(name: str, data=None, quick: bool = False, seed: int = 0, out=None,
-            progress: bool = True, retrain: bool = False, exclude_gpus=(), **overrides):
-    """The predictor ``name`` trained on the training split (cached; see module doc).
+def cached_fit(name: str, settings: Settings | None = None, *, exclude_gpus=(),
+               retrain: bool = False, out=None, **overrides):
+    """The FP32 predictor ``name`` trained on the training split of ``settings.data`` with
+    its ``quick`` profile and ``seed`` (cached; see module doc): what
+    :func:`nslib.predictors.trained` returns for ``kind="fp32"``.
 
     ``exclude_gpus``: Device strings left out of training (a leave-one-GPU-out fold); the
     returned predictor records them as ``excluded_gpus``.
     Training (no cached weights for this data and these parameters) is announced on stderr
-    with what, why and roughly how long; ``progress`` shows the fit's bars. Weights are saved
-    only after a fit that finished.
+    with what, why and roughly how long; ``settings.progress`` shows the fit's bars. Weights
+    are saved only after a fit that finished.
     """
+    s = settings_of(settings)
+    data, quick, seed, progress = s.data, s.quick, s.seed, s.progress
     cls = predictor_class(name)
     params = params_for(name, quick, seed, **overrides)
     if hasattr(cls, "data_params"):  # settings the data holds (NeuSight's published configs)
@@ -185,11 +191,12 @@ def _rough_time(name: str, quick: bool, folder: Path) -> str:
     return f"{secs:.0f} s" if secs < 90 else f"{secs / 60:.0f} min"
 
 
-def train_all(quick: bool = False, seed: int = 0, retrain: bool = False, out=None) -> list[str]:
-    """Train (or find cached) every registered predictor that learns; returns their names."""
+def train_all(settings: Settings | None = None, retrain: bool = False, out=None) -> list[str]:
+    """Train (or find cached) every registered FP32 predictor that learns; returns their
+    names."""
     names = [n for n in available() if n != "roofline"]
     for n in names:
-        trained(n, quick=quick, seed=seed, retrain=retrain, out=out)
+        cached_fit(n, settings, retrain=retrain, out=out)
     return names
 
 
@@ -198,5 +205,5 @@ def kernel_eval_frame(data=None) -> pd.DataFrame:
     return pd.concat(measured.kernel_tables("test", data).values(), ignore_index=True)
 
 
-__all__ = ["trained", "train_all", "train_frame", "kernel_eval_frame", "params_for", "DEFAULTS",
+__all__ = ["cached_fit", "train_all", "train_frame", "kernel_eval_frame", "params_for", "DEFAULTS",
            "QUICK", "fit_and_save"]

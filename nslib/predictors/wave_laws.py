@@ -26,7 +26,7 @@ full wave's bytes):
 gamma, kappa, delta and c depend on the kernel's shape and SM count only (MLP inputs clipped
 to the training range), so peak and bandwidth act through the physical terms alone and more of
 either never makes a kernel slower (checked: :mod:`nslib.evaluation.extrapolation`). Why these
-laws: DECISIONS.md beside this file.
+laws: docs/decisions.md.
 """
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ ADDITIVE_MS = 0.01
 # Scale of the stream form's SM-side rate: bytes an SM moves per FLOP of its FP32 peak
 # (exp(raw) times this; 0.1 is ~18 GB/s for an SM of 180 GFLOP/s).
 KAPPA = 0.1
-# the series form's delta: at least this share of the bandwidth (why: DECISIONS.md)
+# the series form's delta: at least this share of the bandwidth (why: docs/decisions.md)
 MIN_GEMM_STREAM = 0.5
 CONTEXT = ("base", "waves", "mem_ms", "sm_ms", "comp_ms", "roof_ms")
 # laws whose time is built from whole-kernel terms and bounded by the kernel's own roofline

@@ -1,0 +1,81 @@
+"""The package's own code as a graph, read from the source: which modules import which, and
+the files a result computed by some modules can depend on (:func:`dependencies`, what every
+cache key hashes, so an edit anywhere in that code, and only there, invalidates the result).
+
+Imports are read with :mod:`ast` (nothing is imported), wherever they sit in a module. The
+stages drawn from this graph, and the test of their order, are :mod:`nslib.viz.layout`'s.
+"""
+from __future__ import annotations
+
+import ast
+from functools import lru_cache
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1]
+
+
+def modules(package: Path = PACKAGE) -> dict[str, Path]:
+    """``{dotted module name: file}`` of every module of the package (packages by __init__)."""
+    out = {}
+    for f in sorted(package.rglob("*.py")):
+        parts = f.relative_to(package.parent).with_suffix("").parts
+        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = f
+    return out
+
+
+def imports(name: str, path: Path, known: dict[str, Path]):
+    """``(line, imported module, [names imported from it])`` for each import of the package in
+    module ``name``; ``from pkg import sub`` of a submodule yields the submodule itself."""
+    root = name.split(".")[0]
+    is_pkg = path.name == "__init__.py"
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.split(".")[0] == root:
+                    yield node.lineno, a.name, []
+        elif isinstance(node, ast.ImportFrom):
+            mod = node.module or ""
+            if node.level:
+                base = name.split(".") if is_pkg else name.split(".")[:-1]
+                mod = ".".join(base[:len(base) - node.level + 1] + ([mod] if mod else []))
+            if mod.split(".")[0] != root:
+                continue
+            names = [a.name for a in node.names]
+            yield node.lineno, mod, [n for n in names if f"{mod}.{n}" not in known]
+            for n in names:
+                if f"{mod}.{n}" in known:
+                    yield node.lineno, f"{mod}.{n}", []
+
+
+def import_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
+    """``{module: {modules it imports}}`` within the package."""
+    known = modules(package)
+    return {m: {t for _, t, _ in imports(m, p, known) if t != m} for m, p in known.items()}
+
+
+@lru_cache(maxsize=1)
+def _known() -> dict[str, Path]:
+    return modules()
+
+
+@lru_cache(maxsize=None)
+def _imported(name: str) -> frozenset[str]:
+    """The package modules ``name`` imports (its file is parsed once per process)."""
+    known = _known()
+    return frozenset(t for _, t, _ in imports(name, known[name], known) if t != name)
+
+
+def dependencies(*names: str) -> list[Path]:
+    """The files of modules ``names`` (dotted) and of every package module they import,
+    transitively, sorted: the code a result computed by them can depend on (cache keys hash
+    it, so an edit anywhere in it, and only there, invalidates the result). Only the modules
+    reached are parsed: a cached prediction's start-up pays for its predictor's code alone."""
+    files = _known()
+    todo, seen = list(names), set()
+    while todo:
+        m = todo.pop()
+        if m in seen or m not in files:
+            continue
+        seen.add(m)
+        todo.extend(_imported(m))
+    return sorted(files[m] for m in seen)
