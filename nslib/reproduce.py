@@ -17,6 +17,7 @@ from nslib import __version__
 from nslib.data.mixed_data import mixed_hash
 from nslib.data.paths import (PROJECT_ROOT, atomic_write_text, data_root, figures_dir, hash_files,
                               mixed_root)
+from nslib.data.sources import code_digest
 from nslib.kernels.measured import data_hash
 
 # the code's own picture (README), not a notebook's: its stage arrows are drawn in the order
@@ -51,10 +52,11 @@ def declared(nb_path: Path) -> set[str]:
 
 
 def library_hash() -> str:
-    """Content hash of the library's source: a notebook whose code changed under it is not
-    up to date, whatever its own file says."""
+    """Digest of what the library computes (:func:`nslib.data.sources.code_digest`: its code,
+    not its prose): a notebook whose code changed under it is not up to date, whatever its
+    own file says."""
     lib = Path(__file__).resolve().parent
-    return hash_files(sorted(lib.rglob("*.py")))
+    return code_digest(sorted(lib.rglob("*.py")))
 
 
 def run(quick: bool = False, force: bool = False, only=None, data=None, out=None,

@@ -1,6 +1,7 @@
 """The package's own code as a graph, read from the source: which modules import which, and
-the files a result computed by some modules can depend on (:func:`dependencies`, what every
-cache key hashes, so an edit anywhere in that code, and only there, invalidates the result).
+the files a result computed by some modules can depend on (:func:`dependencies`), and a digest
+of what they compute (:func:`code_digest`): every cache key hashes it, so an edit of that code,
+and only of its code (not of its prose), invalidates the result.
 
 Imports are read with :mod:`ast` (nothing is imported), wherever they sit in a module. The
 stages drawn from this graph, and the test of their order, are :mod:`nslib.viz.layout`'s.
@@ -8,6 +9,8 @@ stages drawn from this graph, and the test of their order, are :mod:`nslib.viz.l
 from __future__ import annotations
 
 import ast
+import hashlib
+import os
 from functools import lru_cache
 from pathlib import Path
 
@@ -79,3 +82,34 @@ def dependencies(*names: str) -> list[Path]:
         seen.add(m)
         todo.extend(_imported(m))
     return sorted(files[m] for m in seen)
+
+
+def _without_docstrings(tree: ast.AST) -> ast.AST:
+    """``tree`` with the docstring of the module and of every class and function removed."""
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            first = node.body[0] if node.body else None
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and \
+                    isinstance(first.value.value, str):
+                node.body = node.body[1:] or [ast.Pass()]
+    return tree
+
+
+@lru_cache(maxsize=None)
+def _module_digest(path: str, size: int, mtime_ns: int) -> bytes:
+    """SHA-256 of one module's syntax tree without docstrings (line numbers, comments and
+    layout are not in the tree); the file's size and time stamp only key the memo."""
+    tree = _without_docstrings(ast.parse(Path(path).read_text()))
+    return hashlib.sha256(ast.dump(tree).encode()).digest()
+
+
+def code_digest(files) -> str:
+    """SHA-256 (hex, first 16 chars) of what the Python ``files`` compute, in order: each
+    module's name and syntax tree without comments, docstrings or layout. A cache keyed on it
+    survives an edit of the prose (a docstring, a comment, a line break) and nothing else."""
+    h = hashlib.sha256()
+    for f in files:
+        st = os.stat(f)
+        h.update(Path(f).name.encode())
+        h.update(_module_digest(str(Path(f).resolve()), st.st_size, st.st_mtime_ns))
+    return h.hexdigest()[:16]

@@ -30,11 +30,13 @@ from nslib.kernels import measured, sizes
 from nslib.model.predict import predict_model
 from nslib.model.step import Step
 from nslib.predictors import trained
+from nslib.predictors.intervals import calibration, tensor_calibration
 
 DEFAULT_ROOT = Path(__file__).resolve().parents[2] / "datasets" / "measured"
 FP32_PREDICTORS = ("nslib", "neusight", "roofline", "habitat", "li")
 TENSOR_PREDICTORS = ("nslib", "roofline", "roofline_eff", "xgboost")
 STEP_PREDICTORS = ("nslib", "neusight", "roofline")
+INTERVAL_PREDICTORS = ("nslib",)  # steps priced with their interval (calibrations built)
 
 
 def _is_collection(path: Path) -> bool:
@@ -118,12 +120,17 @@ def _step_prediction(gpu_file, row, name: str, data, quick: bool) -> tuple[float
     return float(summary["e2e_ms"]), float(lo), float(hi)
 
 
-def model_steps(folder, predictors=STEP_PREDICTORS, data=None,
-                quick: bool = False) -> pd.DataFrame:
+def model_steps(folder, predictors=STEP_PREDICTORS, data=None, quick: bool = False,
+                intervals=INTERVAL_PREDICTORS) -> pd.DataFrame:
     """The collected model steps (labels): ``tag, model, mode, seq, batch, dtype,
     latency_ms`` and a ``pred_<name>`` column per predictor (NaN where it cannot price the
     step, e.g. the paper's FP32 method on a 16-bit step), with ``lo_<name>``/``hi_<name>``
-    (the step's calibrated interval, ms) for predictors with a cached calibration."""
+    (the step's calibrated interval, ms) for the predictors in ``intervals``: their
+    calibrations are built first, so the table never depends on what a cache happens to
+    hold."""
+    for name in set(intervals) & set(predictors):
+        calibration(name, data=data, quick=quick)
+        tensor_calibration(name, quick=quick)
     root = roots(folder)[0]
     gpu = datasheet(folder)
     gpu_file = root / "data" / "device_configs" / f"{gpu.key}.json"
@@ -135,7 +142,7 @@ def model_steps(folder, predictors=STEP_PREDICTORS, data=None,
         got = np.array([_step_prediction(gpu_file, r, name, data, quick)
                         for _, r in labels.iterrows()], float).reshape(-1, 3)
         out[f"pred_{name}"] = got[:, 0]
-        if np.isfinite(got[:, 1:]).any():  # a calibrated interval (lo/hi_<name>, ms)
+        if name in intervals:  # the calibrated interval (lo/hi_<name>, ms)
             out[f"lo_{name}"], out[f"hi_{name}"] = got[:, 1], got[:, 2]
     return out
 

@@ -28,7 +28,6 @@ prediction as both bounds. Units: ms.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -38,8 +37,9 @@ from nslib.data.cache import JSON, cached, read_cache_entry
 from nslib.data.mixed_data import measured_gpus, mixed_hash
 from nslib.data.paths import cache_dir, hash_files
 from nslib.data.settings import Settings
+from nslib.data.sources import code_digest, dependencies
 from nslib.kernels import measured
-from nslib.predictors import trained
+from nslib.predictors import predictor_class, trained
 from nslib.predictors.mixed_training import KINDS, kind_table
 from nslib.predictors.training import cache_key, kernel_eval_frame, params_for
 
@@ -198,10 +198,11 @@ def _log_ratios(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def _tensor_key(name: str, quick: bool, seed: int, coverage, mixed=None) -> str:
-    # every predictor module's source: an edited 16-bit predictor never reuses stale bounds
-    sources = sorted(Path(__file__).resolve().parent.glob("*.py"))
-    return hash_files(sources, extra=[name, quick, seed, coverage, mixed_hash(mixed),
-                                      __version__, "tensor-calibration"])
+    # the code of this module and of the kinds' predictors: an edited 16-bit predictor never
+    # reuses stale bounds
+    sources = dependencies(__name__, *(predictor_class(name, k).__module__ for k in KINDS))
+    return hash_files([], extra=[code_digest(sources), name, quick, seed, coverage,
+                                 mixed_hash(mixed), __version__, "tensor-calibration"])
 
 
 def tensor_residuals(name: str = "nslib", quick: bool = False, seed: int = 0, mixed=None,

@@ -23,7 +23,7 @@ from nslib.data.cache import read_cache_entry
 from nslib.data.checks import check_int
 from nslib.data.paths import cache_dir, hash_files
 from nslib.data.settings import Settings, settings_of
-from nslib.data.sources import dependencies
+from nslib.data.sources import code_digest, dependencies
 from nslib.predictors import names as registered, predictor_class, tensor_baselines
 from nslib.predictors.training import fit_and_save
 
@@ -86,8 +86,8 @@ def _key(kind: str, name: str, seed: int, quick: bool, exclude: list, mixed) -> 
     sources = dependencies(predictors(kind)[name].__module__, KINDS[kind][0], __name__)
     data = mixed_data.table_files(kind, mixed)
     root = mixed_data.mixed_root(mixed)
-    return hash_files(sources + data, extra=[kind, name, seed, quick, exclude, __version__,
-                                             [str(p.relative_to(root)) for p in data]])
+    return hash_files(data, extra=[code_digest(sources), kind, name, seed, quick, exclude,
+                                   __version__, [str(p.relative_to(root)) for p in data]])
 
 
 def _rough_time(folder: Path, kind: str, name: str, quick: bool) -> str:

@@ -22,7 +22,7 @@ from nslib.data.paths import CacheError, atomic_write_text, cache_dir, hash_file
 from nslib.data.settings import Settings, settings_of
 from nslib.kernels import measured
 from nslib.predictors import available, get, predictor_class
-from nslib.data.sources import dependencies
+from nslib.data.sources import code_digest, dependencies
 
 # Per-predictor default parameters, and the quick profile used by tests and --quick runs.
 DEFAULTS: dict[str, dict] = {
@@ -94,12 +94,14 @@ def params_for(name: str, quick: bool = False, seed: int = 0, **overrides) -> di
 
 
 def cache_key(name: str, params: dict, data=None) -> str:
-    """Content key of a trained predictor: data hash, parameters, library version and the
-    source of the code that trains it (so an edited predictor never loads stale weights): the
+    """Content key of a trained predictor: data hash, parameters, library version and what
+    the code that trains it computes (:func:`nslib.data.sources.code_digest`, so an edited
+    predictor never loads stale weights, and edited prose never retrains one): the
     predictor's module, this one, and every module they import (features, laws, the fit loop,
     the kernel sizes, tiles and tables)."""
     sources = dependencies(predictor_class(name).__module__, __name__)
-    return hash_files(sources, extra=[name, params, measured.train_hash(data), __version__])
+    return hash_files([], extra=[code_digest(sources), name, params, measured.train_hash(data),
+                                 __version__])
 
 
 def cached_fit(name: str, settings: Settings | None = None, *, exclude_gpus=(),
