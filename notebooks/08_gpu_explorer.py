@@ -40,6 +40,7 @@ what_if = {"mem_bw": 2.0}   # factors on the first GPU's datasheet for a hypothe
 serving_model = "Qwen/Qwen3-32B"   # the serving view: a model with a config in the project
 serving_gpus = ["NVIDIA H100 80GB HBM3", "NVIDIA H200", "NVIDIA B200"]  # need Bf16FLOPs
 serving_tp = 2
+intervals = True   # calibrate the intervals first (leave-one-GPU-out folds; cached)
 
 # %%
 import matplotlib.pyplot as plt
@@ -57,6 +58,7 @@ from nslib.explore.ui import build_explorer
 from nslib.explore.whatif import scenario
 from nslib.model.step import Step
 from nslib.data.settings import Settings
+from nslib.predictors.intervals import calibration
 
 out = notebook_out(out)   # run by hand: figures/interactive/, never the tracked figures/
 settings = Settings(data=data, quick=quick, seed=seed)  # made once, passed down
@@ -67,6 +69,8 @@ base = specs[0]
 custom = hypothetical_gpu(base, **{f: getattr(base, f) * k for f, k in what_if.items()})
 factors = [0.5, 1, 2, 4] if quick else [0.25, 0.5, 1, 1.5, 2, 3, 4, 8]
 ranges = explorer_ranges(data)
+if intervals:  # the forecasts' 80% intervals (notebook 13); without it only a cached one shows
+    calibration(predictor, data, quick, seed, progress=True)
 custom.name
 
 # %% [markdown]
