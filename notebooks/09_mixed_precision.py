@@ -42,7 +42,7 @@ from nslib.data import mixed_data
 from nslib.viz.figures import save_figure, save_table
 from nslib.viz.scratch import notebook_out
 from nslib.data.gpus import load_mixed_gpus
-from nslib.evaluation.kernel_level16 import logo_frame, mape_table
+from nslib.evaluation.kernel_level import logo_frame, mape_table
 from nslib.predictors.mixed_training import KINDS, kind_table
 from nslib.viz.plots import logo_heatmap, pred_vs_measured_scatter
 

@@ -114,7 +114,7 @@ def test_faster_gpu_scales_big_prefill(trained, table):
 
 
 def test_quick_logo_finite_per_gpu(table):
-    from nslib.evaluation.kernel_level16 import logo_over, mape_table
+    from nslib.evaluation.kernel_level import logo_over, mape_table
 
     def fit_without(held):   # the fold loop logo_frame runs, with a fresh quick fit per fold
         return TensorAttention(quick=True).fit(

@@ -9,7 +9,7 @@ from mixed_fixture import SHEETS, gemm_ms, write_gpu, write_mixed
 from nslib.data import mixed_data
 from nslib.data.gpus import gpu_from_dict
 from nslib.data.paths import DataNotFoundError, mixed_root
-from nslib.evaluation.kernel_level16 import resolve_gpus
+from nslib.evaluation.kernel_level import resolve_gpus
 from nslib.kernels import dtypes
 from nslib.predictors.tc_gemm import GEMM
 from nslib.predictors.tensor_baselines import Roofline, RooflineEfficiency, roofline_ms

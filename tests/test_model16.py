@@ -12,7 +12,7 @@ from conftest import ROOT
 
 from nslib.data.gpus import GPU
 from nslib.evaluation import layer_check
-from nslib.model import predict16
+from nslib.model import stream
 from nslib.model.config import load_model_config
 from nslib.model.trace import ATTENTION_COLUMNS, MEMORY_COLUMNS, TRACE_COLUMNS, trace
 from nslib.model.step import Parallel, Step
@@ -112,12 +112,12 @@ def test_tensor_rows_mapping():
                           "causal": [np.nan, np.nan, 1, 1, np.nan]})
     frame["bytes"] = [2.0 * 3 * (4 * 6 + 6 * 9 + 4 * 9), 2.0 * (5 * 7 + 7 * 11 + 5 * 11), 1, 1,
                       4.0 * (5 * 7 + 7 * 11 + 5 * 11)]   # the last GEMM stayed FP32
-    g = predict16.gemm_inputs(frame.iloc[:2])
+    g = stream.gemm_inputs(frame.iloc[:2])
     assert g.to_dict("list") == {"m": [12.0, 5.0], "n": [9.0, 11.0], "k": [6.0, 7.0]}
     gemm = _Roof(lambda f: 2 * f["m"] * f["n"] * f["k"])
     attn = _Roof(lambda f: 4 * f["batch"] * f["heads"] * f["q_len"] * f["kv_len"]
                  * f["head_dim"])
-    ms = predict16.tensor_ms(frame, GPU16, gemm, attn)
+    ms = stream.tensor_ms(frame, GPU16, gemm, attn)
     peak = 3e14
     assert ms[0] == pytest.approx(2 * 12 * 9 * 6 / peak * 1e3)
     assert ms[2] == pytest.approx(4 * 2 * 4 * 8 * 8 * 16 / peak * 1e3)
@@ -130,13 +130,13 @@ def test_fp32_equivalent_halves_h():
                           "op": ["add", "ln", "mul"], "B": [8.0, 8, 8], "H": [64.0, 64, 64],
                           "M": np.nan, "N": np.nan, "K": np.nan,
                           "bytes": [8 * 64 * 2 * 3.0, 8 * 64 * 2 * 2.0, 8 * 64 * 4 * 3.0]})
-    out = predict16.fp32_equivalent(frame)
+    out = stream.fp32_equivalent(frame)
     assert out["H"].tolist() == [32.0, 32.0, 64.0] and out["B"].tolist() == [8.0] * 3
 
 
 def test_half_needs_bf16flops():
     with pytest.raises(ValueError, match="Bf16FLOPs"):
-        predict16.datasheet_columns(GPU(**{**GPU16.__dict__, "bf16_gflops": None}))
+        stream.datasheet_columns(GPU(**{**GPU16.__dict__, "bf16_gflops": None}))
 
 
 def test_cli_bf16_without_bf16flops(tmp_path, capsys):

@@ -125,7 +125,7 @@ def test_terms_follow_the_tiles(table):
 
 
 def test_quick_logo_finite_per_gpu(table):
-    from nslib.evaluation.kernel_level16 import logo_over, mape_table
+    from nslib.evaluation.kernel_level import logo_over, mape_table
     small = table.groupby("gpu", group_keys=False).head(600).reset_index(drop=True)
 
     def fit_without(held):   # the fold loop logo_frame runs, with a fresh quick fit per fold

@@ -93,7 +93,7 @@ def _train(args) -> int:
 
 
 def _eval_kernels_16bit(args) -> int:
-    from nslib.evaluation.kernel_level16 import evaluate_16bit
+    from nslib.evaluation.kernel_level import evaluate_16bit
     if args.lookup:
         raise ValueError("--lookup applies to the FP32 kernels only (16-bit kernels have no "
                          "kernel names to take tiles from): drop it")

@@ -21,7 +21,7 @@ mlp_down_proj                 linear        M = T, N = F / tp, K = E
 add (residual)                elementwise add  B = T, H = E
 ============================  ===========  ==============================================
 
-:func:`layer_predictions` prices them as a 16-bit model is priced (:mod:`nslib.model.predict16`):
+:func:`layer_predictions` prices them as a 16-bit model is priced (:func:`nslib.model.stream.stream_ms`):
 GEMMs by the 16-bit GEMM predictor, vector kernels by the FP32-trained predictor at their real
 bytes, in a kernel stream (launch gap, no dispatch floor). :func:`layer_report` gives the
 median |error| of each layer's summed time and of each op class per GPU. Units: ms, %.
@@ -35,8 +35,7 @@ from nslib.data import mixed_data
 from nslib.data.gpus import load_mixed_gpus
 from nslib.data.settings import Settings
 from nslib.kernels import sizes
-from nslib.model import predict16
-from nslib.model.stream import LAUNCH_US
+from nslib.model.stream import LAUNCH_US, stream_ms
 from nslib.predictors import trained
 from nslib.predictors.mixed_training import kind_table
 
@@ -127,8 +126,8 @@ def layer_predictions(table: pd.DataFrame | None = None, predictor="nslib",
             gemm = trained(gemm, settings, kind="gemm",
                            exclude_gpus=[name] if name in measured else [])
         sub = frame.loc[rows].assign(**gpu.columns())
-        frame.loc[rows, "pred_ms"] = predict16.stream_ms_half(pred, sub, gpu, (gemm, None),
-                                                              launch_us, data)
+        frame.loc[rows, "pred_ms"] = stream_ms(pred, sub, launch_us, data,
+                                               tensor=(gpu, gemm, None))
     return frame
 
 

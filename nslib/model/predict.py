@@ -16,13 +16,13 @@ import pandas as pd
 from nslib.data.checks import check_float
 from nslib.data.gpus import GPU
 from nslib.data.settings import Settings, settings_of
-from nslib.model import predict16
 from nslib.model.fusion import fuse
 from nslib.model.config import load_model_config
 from nslib.model.inputs import get_predictor, kernel_frame, resolve_gpu, traced
 from nslib.model.parallel import predict_parallel
 from nslib.model.step import Parallel, Step, parallel_of, step_of
-from nslib.model.stream import LAUNCH_US, per_class_ms, step_ms
+from nslib.model.stream import (LAUNCH_US, datasheet_columns, per_class_ms, step_ms, stream_ms,
+                                 tensor_masks, tensor_predictors)
 from nslib.model.trace import model_notes
 from nslib.predictors.gpu_range import warn_out_of_range, warn_out_of_tensor_range
 from nslib.predictors.intervals import calibration, tensor_calibration
@@ -59,7 +59,7 @@ def predict_model(gpu, model, step: Step, predictor="nslib", *,
     ``step.dtype`` ``bf16``/``fp16``: traced in that format with fused attention; tensor-core
     GEMMs and attention priced by ``tensor_predictor`` (a name of
     :func:`nslib.predictors.mixed_training.predictors`, or a ``(gemm, attention)`` pair of
-    fitted ones), the rest by ``predictor`` at their real bytes (:mod:`nslib.model.predict16`).
+    fitted ones), the rest by ``predictor`` at their real bytes (:func:`nslib.model.stream.stream_ms`).
     Needs ``Bf16FLOPs``; one GPU unfused, or tensor-parallel inference. ``settings``: the data
     and training profile (:class:`nslib.data.settings.Settings`).
 
@@ -102,7 +102,7 @@ def _range_notes(spec: GPU, step: Step, par: Parallel, settings: Settings) -> li
         raise ValueError(f"--dtype {step.dtype} predicts one GPU without fusion, or "
                          f"tensor-parallel inference (--tp), for now: drop --fused / --dp / "
                          f"--pp / --microbatches, or use --dtype fp32")
-    predict16.datasheet_columns(spec)
+    datasheet_columns(spec)
     return warn_out_of_tensor_range(spec) + [f"vector kernels: {n}"
                                              for n in warn_out_of_range(spec, settings.data)]
 
@@ -145,7 +145,7 @@ class _Ask:
 def _predict_one(ask: _Ask) -> tuple[pd.DataFrame, dict]:
     """:func:`predict_model` on one GPU: the step traced in its dtype, fused when asked, its
     kernels priced as a stream (16 bits: tensor-core GEMMs and attention by the 16-bit
-    predictors, :func:`nslib.model.predict16.stream_ms_half`)."""
+    predictors, :func:`nslib.model.stream.stream_ms`)."""
     st, s = ask.step, ask.settings
     tr = traced(ask.model, st.batch, st.seq, st.mode, s.data, st.imbalance, st.dtype)
     frame = kernel_frame(fuse(tr, prologues=True) if st.fused else tr, ask.spec)
@@ -153,9 +153,8 @@ def _predict_one(ask: _Ask) -> tuple[pd.DataFrame, dict]:
     launch_us = ask.launch_us
     if st.dtype != "fp32":
         tp = ask.tensor_predictor
-        tensor = predict16.tensor_predictors(tp, s.quick) if isinstance(tp, str) else tuple(tp)
-        frame["pred_ms"] = predict16.stream_ms_half(pred, frame, ask.spec, tensor, launch_us,
-                                                    s.data)
+        tensor = tensor_predictors(tp, s.quick) if isinstance(tp, str) else tuple(tp)
+        frame["pred_ms"] = stream_ms(pred, frame, launch_us, s.data, tensor=(ask.spec, *tensor))
         return frame, {**summarize(frame), "launch_us": launch_us}
     if getattr(pred, "plain_sum", False):  # the method's own aggregation (NeuSight's plain sum)
         launch_us = None
@@ -177,7 +176,7 @@ def with_interval16(summary: dict, frame: pd.DataFrame, predictor, tensor_predic
     total = float(frame["pred_ms"].sum())
     if tensor is None or vector is None or total <= 0:
         return summary
-    gemm, attn = predict16.tensor_masks(frame)
+    gemm, attn = tensor_masks(frame)
     parts = {"gemm": frame.loc[gemm, "pred_ms"].sum(),
              "attention": frame.loc[attn, "pred_ms"].sum()}
     rest = frame[~gemm & ~attn].groupby("kernel_class")["pred_ms"].sum()

@@ -7,7 +7,7 @@ torch-function level, records one row and returns an output of the right shape w
 running the decomposition. Under autograd the call is a custom function whose backward records
 one more row (``op="attention_bw"``, phase ``bw``): FlashAttention's backward recomputes the
 scores and runs five GEMM-sized products against the forward's two, so its FLOPs are counted
-as 2.5 x the forward's (its time is priced the same way, :mod:`nslib.model.predict16`).
+as 2.5 x the forward's (its time is priced the same way, :func:`nslib.model.stream.stream_ms`).
 
 Row dims, as the GEMM convention of :mod:`nslib.model.aten` (``Q @ K^T`` is ``M x N @ N x K``):
 ``B`` = batch, ``M`` = query length, ``N`` = head dim, ``K`` = key/value length, ``H`` = query

@@ -22,7 +22,6 @@ import pandas as pd
 
 from nslib.data.settings import Settings, settings_of
 from nslib.kernels import sizes
-from nslib.model import predict16
 from nslib.model.blocks import block_index
 from nslib.model.config import MEASURED_ARCHITECTURE, build_model, load_model_config
 from nslib.model.fusion import fuse
@@ -35,7 +34,8 @@ from nslib.model.parallel.schedules import (dp_schedule, gradient_rows, insert_t
                                             pp_schedule, tp_schedule)
 from nslib.model.parallel.tensor import shard_tensor_parallel
 from nslib.model.step import Parallel, Step, parallel_of, step_of
-from nslib.model.stream import LAUNCH_US, per_class_ms, step_ms
+from nslib.model.stream import (LAUNCH_US, datasheet_columns, per_class_ms, step_ms, stream_ms,
+                                 tensor_predictors)
 
 __all__ = ["model_info", "check_degrees", "predict_parallel"]
 
@@ -122,12 +122,12 @@ def _predict_rows(frame: pd.DataFrame, spec, pred, link: LinkSpec,
                   launch_us: float | None = LAUNCH_US, data=None,
                   tensor=None) -> pd.DataFrame:
     """Kernel rows by the predictor (as a step, :func:`nslib.model.stream.step_ms`; a 16-bit
-    trace's with its ``tensor`` (GEMM, attention) predictors, :mod:`nslib.model.predict16`),
+    trace's with its ``tensor`` (GEMM, attention) predictors, :func:`nslib.model.stream.stream_ms`),
     comm rows by the link model; adds ``pred_ms``."""
     is_comm = (frame["cls"] == "comm").to_numpy()
     kf = kernel_frame(frame[~is_comm], spec)
     kf["pred_ms"] = (step_ms(pred, kf, launch_us, data) if tensor is None else
-                     predict16.stream_ms_half(pred, kf, spec, tensor, launch_us, data))
+                     stream_ms(pred, kf, launch_us, data, tensor=(spec, *tensor)))
     if not is_comm.any():
         return kf
     cf = frame[is_comm].copy()
@@ -244,8 +244,8 @@ def predict_parallel(gpu, model, step: Step, parallel: Parallel, predictor="nsli
             raise ValueError(f"--dtype {dtype} on several GPUs is tensor-parallel inference "
                              "for now: use --tp with --mode inf (no --dp, --pp, --fused), or "
                              "--dtype fp32")
-        predict16.datasheet_columns(spec)
-        tensor = (predict16.tensor_predictors(tensor_predictor, s.quick)
+        datasheet_columns(spec)
+        tensor = (tensor_predictors(tensor_predictor, s.quick)
                   if isinstance(tensor_predictor, str) else tuple(tensor_predictor))
     run = _Run(model, step.seq, step.mode, data, step.fused, info, spec, pred, lk, launch_us,
                dtype, tensor)

@@ -8,7 +8,7 @@ an iteration depends only on how many tokens it carries, ``T``: the GEMMs are ``
 request's own query and context lengths.
 
 :class:`StepCost` prices iterations from the same trace and predictors as
-``predict_model(..., dtype="bf16")`` (:mod:`nslib.model.predict16`), not a second model of
+``predict_model(..., dtype="bf16")`` (:func:`nslib.model.stream.stream_ms`), not a second model of
 the GPU:
 
 - **Token law.** The model is traced (16-bit, scaled-dot-product attention) at batch 1 and two
@@ -43,12 +43,12 @@ from nslib.data.cache import JSON, cached
 from nslib.data.paths import hash_files
 from nslib.kernels import sizes
 from nslib.kernels.dtypes import bytes_per_elem, check_dtype
-from nslib.model import predict16
 from nslib.model.fusion import fuse
 from nslib.model.config import load_model_config
 from nslib.model.inputs import get_predictor, kernel_frame, resolve_gpu, traced
 from nslib.model.parallel import default_link, model_info, resolve_link, shard_tensor_parallel
-from nslib.model.stream import LAUNCH_US
+from nslib.model.stream import (LAUNCH_US, datasheet_columns, stream_ms, tensor_masks,
+                                 tensor_predictors)
 from nslib.model.sweep import identical_rows
 from nslib.model.trace import TRACE_VERSION
 
@@ -225,7 +225,7 @@ class StepCost:
     def __init__(self, setup: ServingSetup):
         self.setup = setup
         self.spec = resolve_gpu(setup.gpu, setup.data)
-        predict16.datasheet_columns(self.spec)   # a datasheet without Bf16FLOPs fails here
+        datasheet_columns(self.spec)   # a datasheet without Bf16FLOPs fails here
         self.dtype = check_dtype(setup.dtype)
         if self.dtype == "fp32":
             raise ValueError("serving forecasts are 16-bit: use dtype 'bf16' or 'fp16'")
@@ -254,7 +254,7 @@ class StepCost:
     def predictors(self):
         """(vector predictor, (GEMM, attention) 16-bit predictors), trained or cached."""
         s = self.setup
-        tensor = (predict16.tensor_predictors(s.tensor_predictor, s.quick)
+        tensor = (tensor_predictors(s.tensor_predictor, s.quick)
                   if isinstance(s.tensor_predictor, str) else tuple(s.tensor_predictor))
         return get_predictor(s.predictor, s.data, s.quick), tensor
 
@@ -307,9 +307,9 @@ class StepCost:
         if (~comm).any():
             vec, tensor = self.predictors
             kf = kernel_frame(df[~comm].drop(columns=["pair", "head"]), self.spec)
-            ms[~comm] = predict16.stream_ms_half(vec, kf, self.spec, tensor,
-                                                 self.setup.launch_us, self.setup.data)
-            gemm[~comm] = predict16.tensor_masks(kf)[0]
+            ms[~comm] = stream_ms(vec, kf, self.setup.launch_us, self.setup.data,
+                                  tensor=(self.spec, *tensor))
+            gemm[~comm] = tensor_masks(kf)[0]
         if comm.any():
             ms[comm] = self.link.allreduce_ms(df.loc[comm, "bytes"].to_numpy(float),
                                               self.setup.tp)
@@ -334,7 +334,7 @@ class StepCost:
         uniq = key.drop_duplicates().reset_index(drop=True)
         rows = uniq.assign(heads=self.heads, kv_heads=self.kv_heads, head_dim=self.head_dim,
                            causal=uniq["phase"] == "prefill",
-                           **predict16.datasheet_columns(self.spec))
+                           **datasheet_columns(self.spec))
         attn = self.predictors[1][1]
         ms = np.asarray(attn.predict(rows), float) * self.layers
         if self.setup.launch_us is not None:
