@@ -10,11 +10,9 @@ trains and is evaluated on (the quick profile keeps a fixed, seeded subsample pe
 from __future__ import annotations
 
 import importlib
-import json
 import sys
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 from nslib import __version__
@@ -25,7 +23,7 @@ from nslib.data.paths import cache_dir, hash_files
 from nslib.data.settings import Settings, settings_of
 from nslib.data.sources import code_digest, dependencies
 from nslib.predictors import names as registered, predictor_class, tensor_baselines
-from nslib.predictors.training import fit_and_save
+from nslib.predictors.training import fit_and_save, rough_time
 
 # kind name -> (module of its nslib predictor, kind object, table)
 KINDS = {"gemm": ("nslib.predictors.tc_gemm", "GEMM", mixed_data.gemm_table),
@@ -91,18 +89,10 @@ def _key(kind: str, name: str, seed: int, quick: bool, exclude: list, mixed) -> 
 
 
 def _rough_time(folder: Path, kind: str, name: str, quick: bool) -> str:
-    """How long a 16-bit fit takes: the median of earlier fits recorded in ``folder`` (same
-    kind, predictor and profile), else a minute (two seconds quick) on a 2-core machine."""
-    past = []
-    for meta in folder.glob(f"{kind}-{name}-*.json"):
-        try:
-            m = json.loads(meta.read_text())
-            if m.get("quick") == quick:
-                past.append(float(m["train_seconds"]))
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-    secs = float(np.median(past)) if past else (2.0 if quick else 60.0)
-    return f"{secs:.0f} s" if secs < 90 else f"{secs / 60:.0f} min"
+    """:func:`nslib.predictors.training.rough_time` of a 16-bit fit (else a minute, two
+    seconds quick, on a 2-core machine)."""
+    return rough_time(folder, f"{kind}-{name}", lambda m: m.get("quick") == quick,
+                      2.0 if quick else 60.0)
 
 
 def cached_fit(kind: str, name: str = "nslib", settings: Settings | None = None, *,

@@ -177,20 +177,27 @@ def fit_and_save(fit, path: Path, what: str, meta: dict):
     return pred, secs
 
 
-def _rough_time(name: str, quick: bool, folder: Path) -> str:
-    """How long training takes: the median of earlier trainings recorded in ``folder`` (same
-    predictor and profile), else :data:`ROUGH_SECONDS`."""
-    profile = "quick" if quick else "full"
+def rough_time(folder: Path, stem: str, same, default_s: float) -> str:
+    """How long a fit takes, for the note printed before it: the median ``train_seconds`` of
+    the earlier fits recorded in ``folder`` (cache entries ``<stem>-*.json`` whose meta
+    ``same(meta)`` accepts: same predictor and profile), else ``default_s``."""
     past = []
-    for meta in folder.glob(f"{name}-*.json"):
+    for meta in folder.glob(f"{stem}-*.json"):
         try:
             m = json.loads(meta.read_text())
-            if m.get("profile") == profile:
+            if same(m):
                 past.append(float(m["train_seconds"]))
         except (OSError, ValueError, KeyError, TypeError):
             continue
-    secs = float(np.median(past)) if past else ROUGH_SECONDS.get(name, (300, 60))[quick]
+    secs = float(np.median(past)) if past else default_s
     return f"{secs:.0f} s" if secs < 90 else f"{secs / 60:.0f} min"
+
+
+def _rough_time(name: str, quick: bool, folder: Path) -> str:
+    """:func:`rough_time` of an FP32 predictor (else :data:`ROUGH_SECONDS`)."""
+    profile = "quick" if quick else "full"
+    return rough_time(folder, name, lambda m: m.get("profile") == profile,
+                      ROUGH_SECONDS.get(name, (300, 60))[quick])
 
 
 def train_all(settings: Settings | None = None, retrain: bool = False, out=None) -> list[str]:
