@@ -85,7 +85,7 @@ def test_ensemble_members_price_alone(monkeypatch):
     frame = pd.DataFrame({"gpu": ["g"] * 3, "cls": ["bmm"] * 3, "latency_ms": [2.0, 3.0, 5.0]})
     monkeypatch.setattr(interval_eval, "kernel_eval_frame", lambda data=None: frame)
     # the one fold loop of the kernel tables, with one training GPU whose fold is `pred`
-    monkeypatch.setattr(interval_eval, "logo_folds", lambda *a, **k: iter([("g", pred)]))
+    monkeypatch.setattr(interval_eval, "folds", lambda *a, **k: iter([("g", pred)]))
     out = interval_eval.ensemble_spread_coverage().iloc[0]
     # members price 1 and 3 ms: 2 and 3 inside, 5 outside; half the range over the mean 2
     assert out["covered"] == pytest.approx(200 / 3) and out["half_width"] == pytest.approx(50.0)

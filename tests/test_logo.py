@@ -47,6 +47,7 @@ def test_each_fold_trains_without_its_gpu_and_looks_its_tiles_up(data_dir, monke
         return Spy(tuple(exclude_gpus))
 
     monkeypatch.setattr("nslib.evaluation.kernel_level.trained", fake_trained)
+    monkeypatch.setattr("nslib.predictors.trained", fake_trained)   # what the folds train
     predict_logo("linreg", Settings(progress=False))
     splits = measured.gpu_splits()
     assert sorted(seen) == sorted([(g,) for g in splits["train_gpus"]] + [()])

@@ -128,9 +128,10 @@ def test_quick_logo_finite_per_gpu(table):
     from nslib.evaluation.kernel_level import logo_over, mape_table
     small = table.groupby("gpu", group_keys=False).head(600).reset_index(drop=True)
 
-    def fit_without(held):   # the fold loop logo_frame runs, with a fresh quick fit per fold
+    def fit_without(held):   # a fresh quick fit per fold, in place of the cached folds
         return TensorGemm(quick=True).fit(
-            small[~small["gpu"].isin(held)].reset_index(drop=True), progress=False)
-    mape = mape_table(small.assign(pred_q=logo_over(small, fit_without)))["q"]
+            small[~small["gpu"].isin([held])].reset_index(drop=True), progress=False)
+    held_out = ((g, fit_without(g)) for g in small["gpu"].unique())
+    mape = mape_table(small.assign(pred_q=logo_over(small, held_out)))["q"]
     assert len(mape) == small["gpu"].nunique() and np.all(np.isfinite(mape))
     assert np.all(mape < 200)

@@ -13,11 +13,12 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from nslib.data.settings import Settings
-from nslib.evaluation.kernel_level import logo_folds, predict_rows
+from nslib.evaluation.kernel_level import predict_rows
 from nslib.evaluation.model_level import label_configs
 from nslib.kernels import measured
 from nslib.model.predict import predict_model
 from nslib.model.step import Step
+from nslib.predictors import folds
 from nslib.predictors.intervals import (COVERAGE, calibration, logo_residuals,
                                         mape_band_coverage, nested_coverage)
 from nslib.predictors.training import kernel_eval_frame
@@ -66,8 +67,7 @@ def ensemble_spread_coverage(name: str = "nslib", data=None, quick: bool = False
     range, % of the members' mean) and ``members``."""
     frame = kernel_eval_frame(data)
     rows = []
-    for g, pred in logo_folds(name, Settings(data=data, quick=quick, seed=seed,
-                                             progress=False)):
+    for g, pred in folds(name, Settings(data=data, quick=quick, seed=seed, progress=False)):
         for cls, preds in members(pred).items():
             sub = frame[(frame["gpu"] == g) & (frame["cls"] == cls)]
             if not len(sub):

@@ -1,26 +1,22 @@
 """Kernel-level evaluation of any registered predictor, for both kinds of kernel tables.
 
 FP32 (NeuSight's five classes): the test split under the paper's protocol (method.md section
-8) and leave-one-GPU-out over the training GPUs beside it (:func:`logo_folds`, the one fold
-loop of these tables). 16-bit (GEMM and attention tables): leave-one-GPU-out over every GPU a
-table measures (:func:`logo_over`) or named test GPUs; a predictor there is any object with
-``fit(frame)`` and ``predict(frame) -> ms``, and the training GPUs are the GPUs with rows in
-the table, never a list in code.
+8) and leave-one-GPU-out over the training GPUs beside it. 16-bit (GEMM and attention
+tables): leave-one-GPU-out over every GPU a table measures, or named test GPUs. The folds are
+:func:`nslib.predictors.folds`, the one fold loop of every table; the training GPUs are the
+GPUs with rows in the data, never a list in code.
 """
 from __future__ import annotations
 
-from typing import Callable
-
 import numpy as np
 import pandas as pd
-from tqdm.auto import tqdm
 
 from nslib.data.gpus import gpu_matches, load_mixed_gpus
 from nslib.data.mixed_data import measured_gpus
 from nslib.data.settings import Settings, settings_of
 from nslib.evaluation.metrics import ape, class_table, order_classes
 from nslib.kernels import measured
-from nslib.predictors import trained
+from nslib.predictors import folds, trained
 from nslib.predictors.mixed_training import KINDS, kind_table
 from nslib.predictors.training import kernel_eval_frame
 
@@ -65,17 +61,6 @@ def evaluate_predictor(name: str, lookup: bool = False, settings: Settings | Non
     return class_table(frame, frame["pred_ms"], splits["train_gpus"], splits["new_gpus"])
 
 
-def logo_folds(name: str, settings: Settings | None = None, **overrides):
-    """The leave-one-GPU-out folds of the FP32 training GPUs, the one fold loop of the kernel
-    tables: ``(held-out Device name, the predictor ``name`` trained without it)`` for each
-    training GPU, each fold trained once and cached (``overrides``: training parameters of
-    :func:`nslib.predictors.trained`); ``settings.progress`` shows a bar over the folds."""
-    s = settings_of(settings)
-    for g in tqdm(measured.gpu_splits(s.data)["train_gpus"], desc=f"{name} leave-one-GPU-out",
-                  disable=not s.progress):
-        yield g, trained(name, s.but(progress=False), exclude_gpus=[g], **overrides)
-
-
 def predict_logo(name: str, settings: Settings | None = None, **overrides) -> pd.DataFrame:
     """Leave-one-GPU-out predictions of the test kernels of every GPU with measured kernels.
 
@@ -89,13 +74,13 @@ def predict_logo(name: str, settings: Settings | None = None, **overrides) -> pd
     frame = kernel_eval_frame(s.data)
     new = measured.gpu_splits(s.data)["new_gpus"]
     everyone = trained(name, s.but(progress=False), **overrides)  # prices the new GPUs
-    folds = [([g], pred, True) for g, pred in logo_folds(name, s, **overrides)]
+    held = [([g], pred, True) for g, pred in folds(name, s, **overrides)]
     parts = []
-    for gpus, pred, held in folds + [(new, everyone, False)]:
+    for gpus, pred, was_held in held + [(new, everyone, False)]:
         sub = frame[frame["gpu"].isin(gpus)]
         if len(sub):
             parts.append(sub.assign(pred_ms=predict_rows(pred, sub, np.ones(len(sub), bool)),
-                                    held_out=held))
+                                    held_out=was_held))
     return pd.concat(parts, ignore_index=True)
 
 
@@ -145,14 +130,15 @@ def resolve_gpus(table: pd.DataFrame, names, mixed=None) -> list[str]:
     return out
 
 
-def logo_over(table: pd.DataFrame, fit_without: Callable, progress: bool = False) -> np.ndarray:
-    """Leave-one-GPU-out predictions (ms) of ``table``'s rows, the one fold loop of the 16-bit
-    tables: each measured GPU's rows priced by ``fit_without([gpu])``, a predictor fitted on
-    every other GPU (:func:`logo_frame` passes the cached trainer, a test a small fit)."""
+def logo_over(table: pd.DataFrame, held_out) -> np.ndarray:
+    """Leave-one-GPU-out predictions (ms) of a 16-bit ``table``'s rows: each held-out GPU's
+    rows priced by its fold's predictor, ``held_out`` yielding ``(gpu, predictor fitted on
+    every other GPU)`` (:func:`logo_frame` passes :func:`nslib.predictors.folds`, a test its
+    own small fits)."""
     pred = np.full(len(table), np.nan)
-    for gpu in tqdm(measured_gpus(table), desc="leave-one-GPU-out", disable=not progress):
+    for gpu, fitted in held_out:
         rows = (table["gpu"] == gpu).to_numpy()
-        pred[rows] = fit_without([gpu]).predict(table[rows].reset_index(drop=True))
+        pred[rows] = fitted.predict(table[rows].reset_index(drop=True))
     return pred
 
 
@@ -184,9 +170,7 @@ def logo_frame(kind: str, names, seed: int = 0, quick: bool = False, mixed=None,
     settings = Settings(quick=quick, seed=seed, progress=progress, mixed=mixed)
     preds = {}
     for name in names:  # the training table stays free of prediction columns
-        preds[f"pred_{name}"] = logo_over(
-            table, lambda held, name=name: trained(name, settings, kind=kind, exclude_gpus=held,
-                                                   table=table))
+        preds[f"pred_{name}"] = logo_over(table, folds(name, settings, kind=kind, table=table))
     return table.assign(**preds)
 
 

@@ -102,5 +102,21 @@ def trained(name: str, settings=None, *, kind: str = "fp32", exclude_gpus=(),
     return trainer.cached_fit(kind, name, settings, exclude_gpus=exclude_gpus, table=table)
 
 
+def folds(name: str, settings=None, *, kind: str = "fp32", table=None, **overrides):
+    """The leave-one-GPU-out folds of ``kind``, the one fold loop of every table: ``(held-out
+    Device name, predictor name trained without that GPU)`` for each GPU in turn (FP32: the
+    training GPUs; 16-bit: every GPU the kind's ``table`` measures), each fold trained once
+    and cached (:func:`trained`). ``settings.progress`` shows a bar over the folds."""
+    from tqdm.auto import tqdm
+
+    from nslib.data.settings import settings_of
+    s = settings_of(settings)
+    trainer = import_module(f".{_TRAINING[check_kind(kind)]}", __name__)
+    gpus = trainer.held_out(s) if kind == "fp32" else trainer.held_out(kind, s, table)
+    for g in tqdm(gpus, desc=f"{name} leave-one-GPU-out", disable=not s.progress):
+        yield g, trained(name, s.but(progress=False), kind=kind, exclude_gpus=[g], table=table,
+                         **overrides)
+
+
 __all__ = ["Predictor", "PredictorFileError", "KINDS", "get", "available", "names",
-           "predictor_class", "register", "trained", "check_kind"]
+           "predictor_class", "register", "trained", "folds", "check_kind"]

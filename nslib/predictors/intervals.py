@@ -34,12 +34,12 @@ import pandas as pd
 
 from nslib import __version__
 from nslib.data.cache import JSON, cached, read_cache_entry
-from nslib.data.mixed_data import measured_gpus, mixed_hash
+from nslib.data.mixed_data import mixed_hash
 from nslib.data.paths import cache_dir, hash_files
 from nslib.data.settings import Settings
 from nslib.data.sources import code_digest, dependencies
 from nslib.kernels import measured
-from nslib.predictors import predictor_class, trained
+from nslib.predictors import folds, predictor_class
 from nslib.predictors.mixed_training import KINDS, kind_table
 from nslib.predictors.training import cache_key, kernel_eval_frame, params_for
 
@@ -60,9 +60,8 @@ def logo_residuals(name: str = "nslib", data=None, quick: bool = False, seed: in
     def build():
         frame = kernel_eval_frame(data)
         parts = []
-        for g in measured.gpu_splits(data)["train_gpus"]:
-            pred = trained(name, Settings(data=data, quick=quick, seed=seed, progress=progress),
-                           exclude_gpus=[g])
+        settings = Settings(data=data, quick=quick, seed=seed, progress=progress)
+        for g, pred in folds(name, settings):
             sub = frame[frame["gpu"] == g]
             if not len(sub):
                 continue
@@ -209,14 +208,13 @@ def tensor_residuals(name: str = "nslib", quick: bool = False, seed: int = 0, mi
                      progress: bool = False) -> pd.DataFrame:
     """``gpu, cls, pred_ms, latency_ms, r`` of the 16-bit kinds (``cls`` ``gemm`` or
     ``attention``): each measured GPU's rows predicted by the kind's predictor trained on the
-    other GPUs (:func:`nslib.predictors.trained`, cached per fold)."""
+    other GPUs (:func:`nslib.predictors.folds`, cached per fold)."""
     parts = []
+    settings = Settings(quick=quick, seed=seed, progress=progress, mixed=mixed)
     for kind in KINDS:
         table = kind_table(kind, quick, mixed)
-        for g in measured_gpus(table):
+        for g, pred in folds(name, settings, kind=kind, table=table):
             rows = table[table["gpu"] == g].reset_index(drop=True)
-            pred = trained(name, Settings(quick=quick, seed=seed, progress=progress, mixed=mixed),
-                           kind=kind, exclude_gpus=[g], table=table)
             parts.append(pd.DataFrame({"gpu": g, "cls": kind,
                                        "pred_ms": np.asarray(pred.predict(rows), float),
                                        "latency_ms": rows["latency_ms"].to_numpy(float)}))

@@ -76,6 +76,14 @@ def make(kind: str, name: str, seed: int = 0, quick: bool = False):
     return cls(seed=seed, quick=quick)
 
 
+def held_out(kind: str, settings: Settings | None = None, table=None) -> list[str]:
+    """The GPUs a leave-one-GPU-out over ``kind`` holds out in turn: every GPU its table (the
+    caller's ``table``, else :func:`kind_table` of the settings) measures."""
+    s = settings_of(settings)
+    return mixed_data.measured_gpus(kind_table(kind, s.quick, s.mixed) if table is None
+                                    else table)
+
+
 def _key(kind: str, name: str, seed: int, quick: bool, exclude: list, mixed) -> str:
     """Content key of a trained 16-bit predictor: its code, parameters, the kind's table files
     and the datasheets (:func:`nslib.data.mixed_data.table_files`), and the library version."""

@@ -200,6 +200,11 @@ def _rough_time(name: str, quick: bool, folder: Path) -> str:
                       ROUGH_SECONDS.get(name, (300, 60))[quick])
 
 
+def held_out(settings: Settings | None = None) -> list[str]:
+    """The GPUs an FP32 leave-one-GPU-out holds out in turn: the data's training GPUs."""
+    return measured.gpu_splits(settings_of(settings).data)["train_gpus"]
+
+
 def train_all(settings: Settings | None = None, retrain: bool = False, out=None) -> list[str]:
     """Train (or find cached) every registered FP32 predictor that learns; returns their
     names."""
