@@ -172,9 +172,11 @@ def with_interval16(summary: dict, frame: pd.DataFrame, predictor, tensor_predic
     if not (isinstance(predictor, str) and isinstance(tensor_predictor, str)):
         return summary
     tensor = tensor_calibration(tensor_predictor, quick, build=False)
+    if tensor is None:  # no need to look for the vector one (it reads the FP32 data's key)
+        return summary
     vector = calibration(predictor, data, quick, build=False)
     total = float(frame["pred_ms"].sum())
-    if tensor is None or vector is None or total <= 0:
+    if vector is None or total <= 0:
         return summary
     gemm, attn = tensor_masks(frame)
     parts = {"gemm": frame.loc[gemm, "pred_ms"].sum(),
