@@ -53,7 +53,7 @@ def test_dropped_in_gpu_is_scored_with_no_code_change(fake, capsys):
     (["--dtype", "bf16", "--lookup"], "FP32 kernels only"),
     (["--dtype", "int4"], "unknown dtype"),
     (["--test-gpus", "Fake GPU A"], "16-bit kernels"),
-    (["--dtype", "bf16", "--predictor", "habitat"], "unknown gemm predictor"),
+    (["--dtype", "bf16", "--predictor", "habitat"], "unknown predictor 'habitat' of kind gemm"),
 ])
 def test_bad_requests_are_clear_errors(fake, capsys, argv, match):
     assert main(["eval-kernels", "--quick", *argv]) == 2

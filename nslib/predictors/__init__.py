@@ -54,7 +54,8 @@ def names(kind: str = "fp32") -> list[str]:
 def predictor_class(name: str, kind: str = "fp32") -> type[Predictor]:
     """The class registered under ``name`` for ``kind``; unknown names list the known ones."""
     if (check_kind(kind), name) not in _REGISTRY:
-        raise KeyError(f"unknown {kind} predictor {name!r}; known: {', '.join(names(kind))}")
+        raise KeyError(f"unknown predictor {name!r} of kind {kind}; known: "
+                       f"{', '.join(names(kind))}")
     module, cls = _REGISTRY[(kind, name)]
     return getattr(import_module(f".{module}", __name__), cls)
 

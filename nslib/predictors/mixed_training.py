@@ -66,7 +66,8 @@ def make(kind: str, name: str, seed: int = 0, quick: bool = False):
     """A fresh, untrained predictor ``name`` of ``kind``; unknown names list the known ones."""
     classes = predictors(kind)
     if name not in classes:
-        raise ValueError(f"unknown {kind} predictor {name!r}; known: {', '.join(classes)}")
+        raise ValueError(f"unknown predictor {name!r} of kind {kind}; known: "
+                         f"{', '.join(classes)}")
     seed = check_int("seed", seed, minimum=0)
     cls = classes[name]
     if issubclass(cls, tensor_baselines.KindPredictor):
