@@ -38,7 +38,7 @@ from nslib.data.mixed_data import mixed_hash
 from nslib.data.paths import cache_dir, hash_files
 from nslib.data.settings import Settings
 from nslib.data.sources import code_digest, dependencies
-from nslib.kernels import measured
+from nslib.kernels import measured, sizes
 from nslib.predictors import folds, predictor_class
 from nslib.predictors.mixed_training import KINDS, kind_table
 from nslib.predictors.training import cache_key, kernel_eval_frame, params_for
@@ -49,8 +49,11 @@ CLASS_OF = {"memory": "elementwise"}
 
 
 def _key(name: str, quick: bool, seed: int, data=None) -> str:
+    # the folds' own key (their code, data and parameters), the test tables and this module's
+    # code: an edited calibration or residual never reuses a stale one
     return cache_key(name, {**params_for(name, quick, seed), "residuals": 1,
-                            "test": measured.table_key("linear", "test", data)}, data)
+                            "test": [measured.table_key(c, "test", data) for c in sizes.CLASSES],
+                            "calibration code": code_digest([__file__])}, data)
 
 
 def logo_residuals(name: str = "nslib", data=None, quick: bool = False, seed: int = 0,
