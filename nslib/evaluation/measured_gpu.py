@@ -127,15 +127,16 @@ def model_steps(folder, predictors=STEP_PREDICTORS, data=None, quick: bool = Fal
     step, e.g. the paper's FP32 method on a 16-bit step), with ``lo_<name>``/``hi_<name>``
     (the step's calibrated interval, ms) for the predictors in ``intervals``: their
     calibrations are built first, so the table never depends on what a cache happens to
-    hold."""
-    for name in set(intervals) & set(predictors):
-        calibration(name, data=data, quick=quick)
-        tensor_calibration(name, quick=quick)
+    hold (the 16-bit one only when a 16-bit step is there: it needs the 16-bit data)."""
     root = roots(folder)[0]
     gpu = datasheet(folder)
     gpu_file = root / "data" / "device_configs" / f"{gpu.key}.json"
     labels = load_labels(root)
     labels = labels[labels["variant"].isin(["", "bf16", "fp16"])].reset_index(drop=True)
+    for name in set(intervals) & set(predictors):
+        calibration(name, data=data, quick=quick)
+        if (labels["variant"] != "").any():
+            tensor_calibration(name, quick=quick)
     out = labels[["tag", "model", "mode", "seq", "batch"]].assign(
         dtype=labels["variant"].replace("", "fp32"), latency_ms=labels["e2e_ms"])
     for name in predictors:

@@ -57,9 +57,9 @@ def predict_model(gpu, model, step: Step, predictor="nslib", *,
     they are (the original tool's; always so for ``plain_sum`` predictors).
 
     ``step.dtype`` ``bf16``/``fp16``: traced in that format with fused attention; tensor-core
-    GEMMs and attention priced by ``tensor_predictor`` (a name of
-    :func:`nslib.predictors.mixed_training.predictors`, or a ``(gemm, attention)`` pair of
-    fitted ones), the rest by ``predictor`` at their real bytes (:func:`nslib.model.stream.stream_ms`).
+    GEMMs and attention priced by ``tensor_predictor`` (a 16-bit predictor's name,
+    ``nslib.predictors.available("gemm")``, or a ``(gemm, attention)`` pair of fitted ones),
+    the rest by ``predictor`` at their real bytes (:func:`nslib.model.stream.stream_ms`).
     Needs ``Bf16FLOPs``; one GPU unfused, or tensor-parallel inference. ``settings``: the data
     and training profile (:class:`nslib.data.settings.Settings`).
 

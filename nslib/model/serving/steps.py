@@ -64,7 +64,7 @@ class ServingSetup:
     """What a serving forecast is asked about: the model, the GPU, the tensor-parallel degree
     and the predictors. ``predictor`` prices the vector kernels (FP32-trained, at their real
     bytes), ``tensor_predictor`` the 16-bit GEMMs and attention (names of
-    :func:`nslib.predictors.mixed_training.predictors`, e.g. ``"nslib"`` or ``"roofline"``).
+    ``nslib.predictors.available("gemm")``, e.g. ``"nslib"`` or ``"roofline"``).
     Fitted predictors are accepted too (``tensor_predictor`` then a ``(gemm, attention)``
     pair). ``link``: None (the datasheet's), a bandwidth in GB/s or a LinkSpec."""
 
