@@ -189,7 +189,9 @@ by_batch
 # and pooling as streams, recurrent layers as cuDNN's standard algorithm launches them
 # (`nslib.evaluation.kernelbench_models`; `nslib eval-models --kernelbench --level 3`).
 # Predictors are trained on the NeuSight training GPUs; problems that do not trace, or hold ops
-# without a kernel mapping, are listed with the reason, not scored.
+# without a kernel mapping, are listed with the reason, not scored. The host is the campaign's:
+# each operator call costs it the campaign's cheapest level-1 call (about 3 us on one machine,
+# 20-55 us on the others) times the class's floor ratio, not the NeuSight hosts' floor.
 
 # %%
 from nslib.data.paths import DataNotFoundError

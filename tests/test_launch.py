@@ -7,7 +7,8 @@ from nslib.data.gpus import GPU
 from nslib.kernels import sizes
 from nslib.model.inputs import kernel_frame
 from nslib.model.predict import predict_model
-from nslib.model.stream import floors, host_bound, probe_kernels, stream_ms, stream_terms
+from nslib.model.stream import (floors, host_bound, probe_kernels, step_ms, stream_ms,
+                                stream_terms)
 from nslib.model.step import Step
 
 GPU0 = GPU(name="Test GPU", mem_gb=80, mem_bw=1000, num_sm=100, cores_per_sm=128,
@@ -64,6 +65,26 @@ def test_stream_takes_the_floor_off_and_keeps_the_roofline(data_dir):
     assert stream_ms(pred, df, launch_us=None) == pytest.approx(raw)
     with pytest.raises(ValueError, match="launch_us"):
         stream_ms(pred, df, launch_us=-1)
+
+
+def test_another_hosts_floor_replaces_the_probe_and_keeps_the_class_ratios(data_dir):
+    # a harness on another machine: each operator call costs that host's measured one-op
+    # floor times the class ratio; the GPU time still takes the predictor's own floor off
+    df = frame_of([
+        {"cls": "elementwise", "op": "add", "B": 1, "H": 1e3, "phase": "fw", "call": 0},
+        {"cls": "linear", "op": "linear", "B": 1, "M": 8, "N": 8, "K": 8, "phase": "fw",
+         "call": 1},
+        {"cls": "elementwise", "op": "add", "B": 1, "H": 1e3, "phase": "fw", "call": 1}])
+    pred = Floor()
+    ratio = probe_kernels().set_index("cls")["ratio"]
+    host = floors(pred, df, host_floor_ms=0.004)
+    assert host == pytest.approx([0.004, 0.004 * ratio["linear"], 0.004])
+    own = stream_terms(pred, df, 3.0)
+    other = stream_terms(pred, df, 3.0, host_floor_ms=0.004)
+    assert other[1] == pytest.approx(own[1]) and other[2] == pytest.approx(host)
+    # tiny kernels: all host; the call's second kernel costs a launch, not a dispatch
+    step = step_ms(pred, df, 3.0, per_call=True, host_floor_ms=0.004).sum()
+    assert step == pytest.approx(0.004 + 0.004 * ratio["linear"] + 0.003)
 
 
 def test_model_prediction_in_stream_is_below_the_plain_sum(data_dir):

@@ -5,8 +5,17 @@ Each problem file is traced on the meta device as KernelBench's harness runs it 
 built, in training mode, under ``no_grad``; :func:`nslib.model.module_trace.problem_trace`),
 its kernels priced on the datasheet of the GPU it ran on like any model step
 (:func:`nslib.model.inputs.kernel_frame`, :func:`nslib.model.stream.step_ms`: the kernel stream
-no faster than the host issues it, each operator call dispatched once), plus the campaign's fixed per-call cost bounded on its
-level-1 problems (:func:`nslib.evaluation.kernelbench.harness_ms`). A problem that does not
+no faster than the host issues it, each operator call dispatched once), plus the campaign's
+fixed per-call cost ``h`` bounded on its level-1 problems
+(:func:`nslib.evaluation.kernelbench.harness_ms`).
+
+The host is the campaign's, not the NeuSight measurement hosts': ``h`` is also what the
+campaign's host took for its cheapest one-operator problem, so each operator call costs the
+host ``h`` times its class's floor ratio (:func:`nslib.model.stream.floors`) to issue. Hosts
+differ by more than GPUs do here (the cheapest level-1 call: about 3 us on one campaign's
+machine, 20-55 us on the others), and a chain of a few small operators is all host.
+
+A problem that does not
 trace, or whose trace has aten ops without a kernel mapping, is listed with the reason and its
 unpriced share of the launches; only fully priced problems are scored.
 
@@ -86,16 +95,19 @@ def problem_steps(root=None, level: int = 3, progress: bool = True) -> pd.DataFr
 def price(pred, steps: pd.DataFrame, harness: pd.Series, root=None, data=None,
           launch_us: float = LAUNCH_US) -> np.ndarray:
     """Predicted time (ms) of each priced problem of ``steps`` (NaN for the others): the step
-    of its traced kernels on its GPU's datasheet plus the campaign's per-call cost
-    (``harness``, ms per campaign: :func:`nslib.evaluation.kernelbench.harness_ms`)."""
+    of its traced kernels on its GPU's datasheet, issued by the campaign's host, plus the
+    campaign's per-call cost (``harness``, ms per campaign:
+    :func:`nslib.evaluation.kernelbench.harness_ms`; module docstring)."""
     sheets = kb.datasheets(root)
     out = np.full(len(steps), np.nan)
     for i, r in enumerate(steps.itertuples(index=False)):
         if r.reason:
             continue
         frame = kernel_frame(level1.trace_of(r.path), sheets[r.hardware])
-        gpu_ms = step_ms(pred, frame, launch_us, data, per_call=True).sum()
-        out[i] = gpu_ms + float(harness.get(r.campaign, 0.0))
+        h = float(harness.get(r.campaign, 0.0))
+        gpu_ms = step_ms(pred, frame, launch_us, data, per_call=True,
+                         host_floor_ms=max(h, launch_us / 1000.0)).sum()
+        out[i] = gpu_ms + h
     return out
 
 

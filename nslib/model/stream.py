@@ -114,13 +114,18 @@ def probe_kernels(data=None, exclude_gpus=()) -> pd.DataFrame:
     return _probes(str(data_root(data)), tuple(sorted(exclude_gpus))).copy()
 
 
-def floors(pred, frame: pd.DataFrame, data=None) -> np.ndarray:
+def floors(pred, frame: pd.DataFrame, data=None, host_floor_ms: float | None = None
+           ) -> np.ndarray:
     """Per row of a predictor-input ``frame``: the dispatch floor (ms) its prediction carries,
     the predictor's latency of the elementwise probe on the row's GPU times the row's class
-    ratio (:func:`probe_kernels`, without the GPUs the predictor's training left out)."""
+    ratio (:func:`probe_kernels`, without the GPUs the predictor's training left out).
+    ``host_floor_ms``: another host's measured one-op floor (ms) in place of the elementwise
+    probe's, the class ratios kept (a harness whose host is not the training data's)."""
     if not len(frame):
         return np.zeros(0)
     probe = probe_kernels(data, getattr(pred, "excluded_gpus", ()))
+    if host_floor_ms is not None:
+        return float(host_floor_ms) * class_ratio(pred, frame, probe)
     gcols = list(sizes.GPU_COLS)
     gpus = frame[gcols].drop_duplicates().reset_index(drop=True)
     grid = gpus.merge(probe[probe["cls"] == "elementwise"], how="cross")
@@ -128,10 +133,15 @@ def floors(pred, frame: pd.DataFrame, data=None) -> np.ndarray:
         warnings.simplefilter("ignore")
         grid["floor"] = pred.predict(grid[_PROBE_COLS + gcols])
     base = frame[gcols].merge(grid[gcols + ["floor"]], on=gcols, how="left")["floor"]
-    # the class the predictor prices each row as (nslib's design: a matrix-vector GEMM as a stream)
+    return base.to_numpy(float) * class_ratio(pred, frame, probe)
+
+
+def class_ratio(pred, frame: pd.DataFrame, probe: pd.DataFrame) -> np.ndarray:
+    """Per row: the floor ratio (:func:`probe_kernels`) of the class ``pred`` prices it as
+    (nslib's design prices a matrix-vector GEMM as a stream)."""
     priced = pred.priced_frame(frame) if hasattr(pred, "priced_frame") else frame
-    ratio = priced["cls"].map(dict(zip(probe["cls"], probe["ratio"]))).fillna(1.0)
-    return base.to_numpy(float) * ratio.to_numpy(float)
+    return priced["cls"].map(dict(zip(probe["cls"], probe["ratio"]))).fillna(1.0) \
+        .to_numpy(float)
 
 
 def stream_ms(pred, frame: pd.DataFrame, launch_us: float | None = LAUNCH_US,
@@ -156,7 +166,8 @@ def stream_ms(pred, frame: pd.DataFrame, launch_us: float | None = LAUNCH_US,
 
 
 def stream_terms(pred, frame: pd.DataFrame, launch_us: float | None = LAUNCH_US,
-                 data=None, raw=None, plain_sum: bool | None = None
+                 data=None, raw=None, plain_sum: bool | None = None,
+                 host_floor_ms: float | None = None
                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per kernel of ``frame``, from one prediction and one floor lookup (ms): the
     microbenchmark latency, the time in the stream (:func:`stream_ms`) and the host's time to
@@ -165,7 +176,9 @@ def stream_terms(pred, frame: pd.DataFrame, launch_us: float | None = LAUNCH_US,
     own, true for a method that sums kernels as they are, NeuSight as published): the stream
     time is the microbenchmark latency and the dispatch 0 (the plain sum); ``plain_sum=False``
     takes the dispatch floor off whatever the predictor (a kernel's GPU time). ``raw``:
-    ``pred``'s latencies of ``frame`` when already predicted (ms)."""
+    ``pred``'s latencies of ``frame`` when already predicted (ms). ``host_floor_ms``: the
+    dispatch is another host's one-op floor times the class ratio (:func:`floors`); the GPU
+    time still takes the predictor's own floor off."""
     if not len(frame):
         return np.zeros(0), np.zeros(0), np.zeros(0)
     raw = published_memory(pred, frame, pred.predict(frame)) if raw is None else raw
@@ -178,6 +191,8 @@ def stream_terms(pred, frame: pd.DataFrame, launch_us: float | None = LAUNCH_US,
         raise ValueError(f"launch_us must be >= 0 (microseconds), got {launch_us}")
     floor = floors(pred, frame, data)
     gpu_ms = np.maximum(np.maximum(raw - floor, sizes.roofline_ms(frame)), launch_us / 1000.0)
+    if host_floor_ms is not None:
+        return raw, gpu_ms, floors(pred, frame, data, host_floor_ms)
     return raw, gpu_ms, np.minimum(floor, raw)
 
 
@@ -199,15 +214,19 @@ def published_memory(pred, frame: pd.DataFrame, raw) -> np.ndarray:
 
 
 def step_ms(pred, frame: pd.DataFrame, launch_us: float | None = LAUNCH_US,
-            data=None, per_call: bool = False) -> np.ndarray:
+            data=None, per_call: bool = False, host_floor_ms: float | None = None
+            ) -> np.ndarray:
     """Per kernel of a model step's ``frame`` (launch order, ``phase`` column): ms in the
     step, the kernel stream (:func:`stream_ms`) no faster than the host issues it
     (:func:`host_bound`, each kernel costing the host its dispatch, :func:`stream_terms`).
     ``launch_us=None``: the microbenchmark latencies, as :func:`stream_ms`. ``per_call``: the
     host dispatches each operator call (``call`` column) once, its further kernels costing a
     launch each (a library call that launches thousands of kernels from C++, e.g. cuDNN's
-    recurrent layers, costs the host no Python dispatch per kernel)."""
-    _, gpu_ms, dispatch = stream_terms(pred, frame, launch_us, data)
+    recurrent layers, costs the host no Python dispatch per kernel). ``host_floor_ms``: the
+    host is not the training data's but one whose cheapest operator call was measured at
+    this floor (ms): each call costs it that times its class ratio (:func:`floors`)."""
+    _, gpu_ms, dispatch = stream_terms(pred, frame, launch_us, data,
+                                       host_floor_ms=host_floor_ms)
     if per_call and "call" in frame.columns and launch_us is not None:
         calls = frame["call"].to_numpy()
         again = (calls >= 0) & pd.Series(calls).duplicated().to_numpy()
