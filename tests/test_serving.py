@@ -83,15 +83,38 @@ def test_mixed_long_prompt_is_chunked():
 
 
 def test_mixed_prefill_bound_by_hand():
-    # 64 requests of 1,000 + 2 tokens, room for one prompt per iteration: 64 groups, every
-    # iteration carries a prompt (1,000 tokens) beside the other groups' 63/64 decode token
-    out = serve(LinearCost(), 64, 1000, 2, Framework("m", 2000, True, 0.9))
+    # 64 requests of 1,000 + 2 tokens on an engine taking whole prompts only, room for one
+    # per iteration: 64 groups, every iteration carries a prompt (1,000 tokens) beside the
+    # other groups' 63/64 decode token
+    out = serve(LinearCost(), 64, 1000, 2, Framework("m", 2000, True, 0.9, chunked=False))
     carry = 1.0 + 0.01 * np.ceil(63 / 64 + 1000)
     assert out["tpot_ms"] == pytest.approx(carry)
     # half an iteration, the 62 iterations of the other groups' prompts, its own
     assert out["ttft_ms"] == pytest.approx((0.5 + 62 + 1) * carry)
     # one prompt per iteration: the engine admits ~1 request per carrying iteration
     assert out["tokens_per_s"] / 2 == pytest.approx(1000 / carry, rel=0.02)
+
+
+def test_chunked_prompts_fill_the_budget():
+    # 8 requests of 4,096-token prompts, an 8,192-token budget beside ~8 decode tokens: an
+    # engine that chunks prompts admits room / isl = 1.998 of them per iteration (the second's
+    # last tokens in the next), one taking whole prompts admits 1, and its cheaper iteration
+    # gave a 4k prompt a shorter TTFT than a 1k one
+    chunked, whole = Framework("c", 8192, True, 0.9), Framework("w", 8192, True, 0.9,
+                                                                  chunked=False)
+    isl = np.array([512, 1024, 2048, 4096, 6000])
+    ttft = serve(LinearCost(), 8, isl, 128, chunked)["ttft_ms"]
+    assert (np.diff(ttft) > 0).all()
+    assert serve(LinearCost(), 8, 4096, 128, whole)["ttft_ms"] < \
+        serve(LinearCost(), 8, 1024, 128, whole)["ttft_ms"]
+    # 4k prompts, chunked, by hand: a cycle of 128 iterations; 8 x 127 / 128 = 7.94 decode
+    # tokens an iteration leave room for 8,184 prompt tokens, groups of 1.998 prompts, 4.004
+    # groups; a carrying iteration holds the other groups' 5.96 decodes and 8,184 prompt
+    # tokens (8,191 priced), a plain one 8 decodes; 4.004 of 128 iterations carry
+    out = serve(LinearCost(), 8, 4096, 128, chunked)
+    carry, plain = 1.0 + 0.01 * 8191, 1.0 + 0.01 * 8
+    mean = (1 - 4.0039 / 128) * plain + 4.0039 / 128 * carry
+    assert out["ttft_ms"] == pytest.approx(0.5 * mean + carry, rel=1e-4)
 
 
 def test_kv_cache_bound_queues_by_littles_law():

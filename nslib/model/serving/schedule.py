@@ -11,7 +11,10 @@ Two ways to schedule prompts beside decodes cover the three engines of the silic
   admitted together finish together and come back together (every request has the same
   lengths), so the ``running`` requests move in ``n = running / g`` groups of the ``g``
   prompts the room holds (``room`` = budget - decode tokens; a longer prompt is one group
-  chunked over ``k = isl / room`` iterations). A group's cycle is its ``k`` prompt iterations
+  chunked over ``k = isl / room`` iterations). An engine that chunks prompts (vLLM) fills the
+  room, ``g = room / isl`` (two 4k-token prompts share an 8k budget beside a few decodes, the
+  second's last tokens riding in the next iteration); one that takes whole prompts only
+  (TensorRT-LLM's default) admits ``floor(room / isl)``. A group's cycle is its ``k`` prompt iterations
   and ``osl - 1`` decode iterations, or ``n k`` iterations when the groups' prompts fill every
   iteration (prefill-bound: a group then waits for its turn). TPOT is a request's decode
   iterations: plain ones, and the share ``(n - 1) k / (osl - 1)`` that carries another
@@ -52,13 +55,16 @@ class Framework:
     SGLang ``chunked_prefill_size``, TensorRT-LLM ``max_num_tokens``); ``mixed``: prompts share
     iterations with decodes; ``memory_fraction``: share of the GPU's memory the engine takes
     for weights and KV cache (``free_only``: of the memory left after the weights, as
-    TensorRT-LLM's ``free_gpu_memory_fraction``)."""
+    TensorRT-LLM's ``free_gpu_memory_fraction``); ``chunked``: prompts are cut to fill an
+    iteration's budget (vLLM V1, SGLang), else an iteration takes whole prompts only
+    (TensorRT-LLM without ``enable_chunked_prefill``)."""
 
     name: str
     token_budget: int
     mixed: bool
     memory_fraction: float
     free_only: bool = False
+    chunked: bool = True
 
 
 # Documented defaults of the engine versions in the silicon sample (vLLM 0.12 online serving
@@ -66,7 +72,7 @@ class Framework:
 FRAMEWORKS = {
     "vllm": Framework("vllm", 8192, True, 0.90),
     "sglang": Framework("sglang", 8192, False, 0.88),
-    "trtllm": Framework("trtllm", 8192, True, 0.90, free_only=True),
+    "trtllm": Framework("trtllm", 8192, True, 0.90, free_only=True, chunked=False),
 }
 
 
@@ -126,7 +132,8 @@ def _mixed(cost: StepCost, fw: Framework, running, isl, osl) -> dict:
         decode = running * d / cycle                    # decode tokens per iteration
         room = np.maximum(budget - decode, 1.0)
         k = np.maximum(1.0, isl / room)                 # iterations of one group's prompts
-        group = np.clip(np.floor(room / isl), 1.0, running)
+        fits = room / isl if fw.chunked else np.floor(room / isl)
+        group = np.clip(fits, 1.0, running)
         groups = running / group
         # a group's cycle: its prompts, its decodes, and, when the groups' prompts fill
         # every iteration (prefill-bound), its wait for its turn
@@ -149,7 +156,9 @@ def _mixed(cost: StepCost, fw: Framework, running, isl, osl) -> dict:
 
 def _waves(cost: StepCost, fw: Framework, running, isl, osl) -> dict:
     budget = float(fw.token_budget)
-    per = np.maximum(np.floor(budget / isl), 1.0)          # prompts per prefill batch
+    # prompts per prefill batch (chunked: the batch fills the budget, a prompt's first token
+    # coming with its last chunk)
+    per = np.maximum(budget / isl if fw.chunked else np.floor(budget / isl), 1.0)
     n_batches = np.ceil(running / per)
     full = (cost.tokens_ms(np.minimum(per * isl, np.maximum(budget, isl)), per) +
             cost.attention_ms("prefill", per, isl, isl))
