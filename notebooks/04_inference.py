@@ -191,7 +191,7 @@ by_batch
 # Predictors are trained on the NeuSight training GPUs; problems that do not trace, or hold ops
 # without a kernel mapping, are listed with the reason, not scored. The host is the campaign's:
 # each operator call costs it the campaign's cheapest level-1 call (about 3 us on one machine,
-# 20-55 us on the others) times the class's floor ratio, not the NeuSight hosts' floor.
+# 21-50 us on the others) times the class's floor ratio, not the NeuSight hosts' floor.
 
 # %%
 from nslib.data.paths import DataNotFoundError

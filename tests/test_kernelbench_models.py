@@ -159,6 +159,31 @@ def test_level3_scored_with_unpriced_listed(campaign, data_dir):
     assert js["Fake GPU 9"]["n_priced"] == 2 and js["Fake GPU 9"]["n_total"] == 3
 
 
+def test_price_issues_calls_at_the_campaigns_host(campaign, data_dir):
+    # the campaign's per-call cost h is its host's one-op floor: each call costs h x its
+    # class ratio (step_ms with host_floor_ms) and the model's call adds h once; a campaign
+    # without a bound keeps the predictor's own floors; the plain sum has no host term
+    from nslib.evaluation import kernelbench as level1
+    from nslib.model.inputs import kernel_frame
+    from nslib.model.stream import LAUNCH_US, step_ms
+    from nslib.predictors import trained
+    steps = km.problem_steps(campaign, 3, progress=False)
+    steps = steps[steps["problem"] == "1_TinyCNN.py"]
+    pred = trained("roofline", Settings(progress=False))
+    camp = steps["campaign"].iloc[0]
+    frame = kernel_frame(level1.trace_of(steps["path"].iloc[0]),
+                         kb.datasheets(campaign)["Fake GPU 9"])
+    h = 0.02
+    got = km.price(pred, steps, pd.Series({camp: h}), campaign)[0]
+    want = step_ms(pred, frame, LAUNCH_US, per_call=True, host_floor_ms=h).sum() + h
+    assert got == pytest.approx(want)
+    assert got != pytest.approx(step_ms(pred, frame, LAUNCH_US, per_call=True).sum() + h)
+    unknown = km.price(pred, steps, pd.Series(dtype=float), campaign)[0]
+    assert unknown == pytest.approx(step_ms(pred, frame, LAUNCH_US, per_call=True).sum())
+    plain = km.price(pred, steps, pd.Series({camp: h}), campaign, launch_us=None)[0]
+    assert plain == pytest.approx(step_ms(pred, frame, None).sum() + h)
+
+
 def test_cli_eval_models_kernelbench(campaign, data_dir, capsys):
     assert main(["eval-models", "--kernelbench", str(campaign), "--level", "3",
                  "--predictor", "roofline", "--json"]) == 0

@@ -98,8 +98,9 @@ def test_mixed_prefill_bound_by_hand():
 def test_chunked_prompts_fill_the_budget():
     # 8 requests of 4,096-token prompts, an 8,192-token budget beside ~8 decode tokens: an
     # engine that chunks prompts admits room / isl = 1.998 of them per iteration (the second's
-    # last tokens in the next), one taking whole prompts admits 1, and its cheaper iteration
-    # gave a 4k prompt a shorter TTFT than a 1k one
+    # last tokens in the next), so TTFT grows with the prompt; one taking whole prompts only
+    # (TensorRT-LLM's default) admits 1 per iteration, a cheaper iteration than seven 1k
+    # prompts fill, so its 4k TTFT stays below its 1k TTFT in steady state
     chunked, whole = Framework("c", 8192, True, 0.9), Framework("w", 8192, True, 0.9,
                                                                   chunked=False)
     isl = np.array([512, 1024, 2048, 4096, 6000])
@@ -115,6 +116,17 @@ def test_chunked_prompts_fill_the_budget():
     carry, plain = 1.0 + 0.01 * 8191, 1.0 + 0.01 * 8
     mean = (1 - 4.0039 / 128) * plain + 4.0039 / 128 * carry
     assert out["ttft_ms"] == pytest.approx(0.5 * mean + carry, rel=1e-4)
+
+
+def test_a_chunk_of_a_prompt_pays_its_share_of_the_attention():
+    from nslib.model.serving.schedule import _prompts_attention
+
+    class PerPrompt(LinearCost):   # 2 ms of prefill attention per whole prompt
+        def attention_ms(self, phase, batch, q_len, kv_len):
+            return 2.0 * np.ceil(np.asarray(batch, float))
+
+    got = _prompts_attention(PerPrompt(), np.array([0.5, 1.0, 1.4, 2.0]), 1000)
+    assert got == pytest.approx([1.0, 2.0, 2.8, 4.0])
 
 
 def test_kv_cache_bound_queues_by_littles_law():

@@ -13,11 +13,13 @@ The host is the campaign's, not the NeuSight measurement hosts': ``h`` is also w
 campaign's host took for its cheapest one-operator problem, so each operator call costs the
 host ``h`` times its class's floor ratio (:func:`nslib.model.stream.floors`) to issue. Hosts
 differ by more than GPUs do here (the cheapest level-1 call: about 3 us on one campaign's
-machine, 20-55 us on the others), and a chain of a few small operators is all host.
+machine, 21-50 us on the others, 50 us being
+:data:`nslib.evaluation.kernelbench.MAX_HARNESS_MS`), and a chain of a few small operators
+is all host.
 
-A problem that does not
-trace, or whose trace has aten ops without a kernel mapping, is listed with the reason and its
-unpriced share of the launches; only fully priced problems are scored.
+A problem that does not trace, or whose trace has aten ops without a kernel mapping, is
+listed with the reason and its unpriced share of the launches; only fully priced problems
+are scored.
 
 Families come from the problem's name (what the model is), never from the GPU.
 """
@@ -93,20 +95,25 @@ def problem_steps(root=None, level: int = 3, progress: bool = True) -> pd.DataFr
 
 
 def price(pred, steps: pd.DataFrame, harness: pd.Series, root=None, data=None,
-          launch_us: float = LAUNCH_US) -> np.ndarray:
+          launch_us: float | None = LAUNCH_US) -> np.ndarray:
     """Predicted time (ms) of each priced problem of ``steps`` (NaN for the others): the step
     of its traced kernels on its GPU's datasheet, issued by the campaign's host, plus the
     campaign's per-call cost (``harness``, ms per campaign:
-    :func:`nslib.evaluation.kernelbench.harness_ms`; module docstring)."""
+    :func:`nslib.evaluation.kernelbench.harness_ms`; module docstring). A campaign missing
+    from ``harness`` keeps the predictor's own dispatch floors; ``launch_us=None``, or a
+    method that sums kernels as measured (NeuSight as published), prices the plain sum,
+    which has no host term to replace."""
     sheets = kb.datasheets(root)
     out = np.full(len(steps), np.nan)
     for i, r in enumerate(steps.itertuples(index=False)):
         if r.reason:
             continue
         frame = kernel_frame(level1.trace_of(r.path), sheets[r.hardware])
-        h = float(harness.get(r.campaign, 0.0))
-        gpu_ms = step_ms(pred, frame, launch_us, data, per_call=True,
-                         host_floor_ms=max(h, launch_us / 1000.0)).sum()
+        # a campaign without a bound on its host (or the plain sum) keeps the predictor's floor
+        known = r.campaign in harness.index and launch_us is not None
+        h = float(harness[r.campaign]) if r.campaign in harness.index else 0.0
+        host = max(h, launch_us / 1000.0) if known else None
+        gpu_ms = step_ms(pred, frame, launch_us, data, per_call=True, host_floor_ms=host).sum()
         out[i] = gpu_ms + h
     return out
 

@@ -172,13 +172,15 @@ def stream_terms(pred, frame: pd.DataFrame, launch_us: float | None = LAUNCH_US,
     """Per kernel of ``frame``, from one prediction and one floor lookup (ms): the
     microbenchmark latency, the time in the stream (:func:`stream_ms`) and the host's time to
     issue the kernel, its dispatch floor (:func:`floors`) but never more than its whole
-    microbenchmark latency. ``launch_us=None``, or ``plain_sum`` (default: the predictor's
+    microbenchmark latency (that cap is for the predictor's own floor, which its latency
+    holds; another host's floor is what that host takes, whatever the kernel). ``launch_us=None``, or ``plain_sum`` (default: the predictor's
     own, true for a method that sums kernels as they are, NeuSight as published): the stream
     time is the microbenchmark latency and the dispatch 0 (the plain sum); ``plain_sum=False``
     takes the dispatch floor off whatever the predictor (a kernel's GPU time). ``raw``:
     ``pred``'s latencies of ``frame`` when already predicted (ms). ``host_floor_ms``: the
     dispatch is another host's one-op floor times the class ratio (:func:`floors`); the GPU
-    time still takes the predictor's own floor off."""
+    time still takes the predictor's own floor off. The plain sum (``launch_us=None`` or
+    ``plain_sum``) has no dispatch term and ignores it."""
     if not len(frame):
         return np.zeros(0), np.zeros(0), np.zeros(0)
     raw = published_memory(pred, frame, pred.predict(frame)) if raw is None else raw
@@ -224,7 +226,8 @@ def step_ms(pred, frame: pd.DataFrame, launch_us: float | None = LAUNCH_US,
     launch each (a library call that launches thousands of kernels from C++, e.g. cuDNN's
     recurrent layers, costs the host no Python dispatch per kernel). ``host_floor_ms``: the
     host is not the training data's but one whose cheapest operator call was measured at
-    this floor (ms): each call costs it that times its class ratio (:func:`floors`)."""
+    this floor (ms): each call costs it that times its class ratio (:func:`floors`);
+    ignored by the plain sum (:func:`stream_terms`)."""
     _, gpu_ms, dispatch = stream_terms(pred, frame, launch_us, data,
                                        host_floor_ms=host_floor_ms)
     if per_call and "call" in frame.columns and launch_us is not None:

@@ -14,15 +14,16 @@ Two ways to schedule prompts beside decodes cover the three engines of the silic
   chunked over ``k = isl / room`` iterations). An engine that chunks prompts (vLLM) fills the
   room, ``g = room / isl`` (two 4k-token prompts share an 8k budget beside a few decodes, the
   second's last tokens riding in the next iteration); one that takes whole prompts only
-  (TensorRT-LLM's default) admits ``floor(room / isl)``. A group's cycle is its ``k`` prompt iterations
-  and ``osl - 1`` decode iterations, or ``n k`` iterations when the groups' prompts fill every
-  iteration (prefill-bound: a group then waits for its turn). TPOT is a request's decode
-  iterations: plain ones, and the share ``(n - 1) k / (osl - 1)`` that carries another
-  group's prompts. TTFT is half an iteration (a group returns while another's runs; none when
+  (TensorRT-LLM's default) admits ``floor(room / isl)``. A group's cycle is its ``k`` prompt
+  iterations and ``osl - 1`` decode iterations, or ``n k`` iterations when the groups'
+  prompts fill every iteration (prefill-bound: a group then waits for its turn). TPOT is a
+  request's decode iterations: plain ones, and the share ``(n - 1) k / (osl - 1)`` that
+  carries another group's prompts. TTFT is half an iteration (a group returns while another's runs; none when
   it is the only group), the wait for its turn, and its ``k`` prompt iterations.
 - **prefill-first** (SGLang's default: no mixed chunks, prompts before decodes): requests
   that finish together come back together, so the running set moves in waves: its prompts run
-  as budget-sized prefill batches back to back, then all decode together. A request's TTFT is
+  as budget-sized prefill batches back to back (``budget / isl`` prompts a batch when the
+  engine chunks them, whole prompts only otherwise), then all decode together. A request's TTFT is
   the end of its prefill batch; the prefill batches after its own stall its decode, so
   ``TPOT = decode iteration + (later prefill batches) / (osl - 1)``, on average over the wave.
 
@@ -146,7 +147,7 @@ def _mixed(cost: StepCost, fw: Framework, running, isl, osl) -> dict:
              cost.attention_ms("decode", np.ceil(decode), 1, ctx))
     carry = (cost.tokens_ms(np.ceil(others + group * isl / k), np.ceil(others + group)) +
              cost.attention_ms("decode", np.ceil(others), 1, ctx) +
-             cost.attention_ms("prefill", group, isl, isl) / k)
+             _prompts_attention(cost, group, isl) / k)
     mean = (1.0 - carrying) * plain + carrying * carry
     # a group returns while another's iteration runs (none when it is the only one), then
     # waits for its prompts' turn when prefill-bound
@@ -161,10 +162,9 @@ def _waves(cost: StepCost, fw: Framework, running, isl, osl) -> dict:
     per = np.maximum(budget / isl if fw.chunked else np.floor(budget / isl), 1.0)
     n_batches = np.ceil(running / per)
     full = (cost.tokens_ms(np.minimum(per * isl, np.maximum(budget, isl)), per) +
-            cost.attention_ms("prefill", per, isl, isl))
+            _prompts_attention(cost, per, isl))
     last_n = running - per * (n_batches - 1)
-    last = (cost.tokens_ms(last_n * isl, last_n) +
-            cost.attention_ms("prefill", last_n, isl, isl))
+    last = (cost.tokens_ms(last_n * isl, last_n) + _prompts_attention(cost, last_n, isl))
     # request i of batch b gets its first token when batch b ends
     ends_full = full * (n_batches - 1) * n_batches / 2.0   # sum of full batches' end times
     ttft = (per * ends_full + last_n * (full * (n_batches - 1) + last)) / running
@@ -173,3 +173,12 @@ def _waves(cost: StepCost, fw: Framework, running, isl, osl) -> dict:
            cost.attention_ms("decode", running, 1, isl + osl / 2.0))
     stall = np.where(osl > 1, (wave_prefill - ttft) / np.maximum(osl - 1.0, 1.0), 0.0)
     return {"ttft_ms": ttft, "tpot_ms": dec + stall}
+
+
+def _prompts_attention(cost: StepCost, prompts, isl) -> np.ndarray:
+    """Prefill attention (ms) of ``prompts`` prompts of ``isl`` tokens, a fraction of a prompt
+    (its chunk) at its share of a whole prompt's: the attention kernel is priced per whole
+    request, so ``1.4`` prompts are ``1.4 / 2`` of two."""
+    prompts = np.asarray(prompts, float)
+    whole = np.maximum(np.ceil(prompts), 1.0)
+    return cost.attention_ms("prefill", whole, isl, isl) * prompts / whole
