@@ -43,7 +43,7 @@ def host_overlap(data=None) -> pd.DataFrame:
         df = measured_nodes(lab["gpu_key"], lab["tag"], data)
         if df is None:
             continue
-        rep = layer_repeats(df, _n_layer(load_model_config(lab["model"], data)))
+        rep = layer_repeats(df, layer_count(load_model_config(lab["model"], data)))
         ms, host = df["latency"] * rep, host_nodes(df)
         rows.append({"gpu_key": lab["gpu_key"], "tag": lab["tag"], "e2e_ms": lab["e2e_ms"],
                      "all_nodes_ms": ms.sum(), "kernel_nodes_ms": ms[~host].sum(),
@@ -55,7 +55,8 @@ def host_overlap(data=None) -> pd.DataFrame:
     return out
 
 
-def _n_layer(config: dict) -> int:
+def layer_count(config: dict) -> int:
+    """The number of transformer layers a HuggingFace ``config`` dict declares."""
     for k in ("n_layer", "num_hidden_layers", "num_layers"):
         if k in config:
             return int(config[k])
@@ -90,7 +91,7 @@ def per_class_results(results: pd.DataFrame, predictor: str, *, logo: bool = Fal
         nodes = measured_nodes(r["gpu_key"], r["tag"], data)
         if nodes is None:
             continue
-        meas = class_ms(nodes, _n_layer(load_model_config(r["model"], data)),
+        meas = class_ms(nodes, layer_count(load_model_config(r["model"], data)),
                         train="-train-" in r["tag"])
         fitted = folds.predictor(predictor, r["gpu"])
         # the microbenchmark latencies (the plain sum), then each operator timed alone: its
