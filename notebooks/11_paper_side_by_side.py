@@ -148,16 +148,17 @@ cells
 # predictor, not in the trace.
 
 # %%
-on_graphs = pd.DataFrame()
+on_graphs, graph_cells = pd.DataFrame(), None
 if "neusight" in names:
     graphs = pd.concat([evaluate_graphs(mode, "neusight", models=models, settings=settings)
                         for mode in ("inf", "train")], ignore_index=True)
     on = graphs["predictor"].iloc[0]
     gmeans = rep.gpu_means(rep.side_by_side(reported, graphs[graphs["note"] == ""]), [on])
+    graph_cells = gmeans[(on, "reproduced")]   # per (GPU, mode), for the readings below
     on_graphs = pd.DataFrame({
         "paper NeuSight": means[("neusight", "reported")],
         "reproduced, nslib's trace": means[("neusight", "reproduced")],
-        "reproduced, original graphs": gmeans[(on, "reproduced")]}).dropna()
+        "reproduced, original graphs": graph_cells}).dropna()
     on_graphs["moved"] = (on_graphs["reproduced, original graphs"]
                           - on_graphs["reproduced, nslib's trace"])
     on_graphs.index = [f"{gpu_names.get(g, g)} ({m})" for g, m in on_graphs.index]
@@ -214,9 +215,10 @@ if nodes is not None:
 # The summary also splits each configuration's prediction by class, filing each node's
 # forward and backward time under the node's operator. The reproduced NeuSight is split the
 # same way (each kernel under the operator that launched it, memory and host operators as
-# `other`); the class that carries most of the gap, how each reproduction's prediction of it
-# compares with the label's time for that class, and how the reproduction prices that class
-# node by node on the same GPU (table above) are the measured reading of each cell.
+# `other`); how much of the gap the trace accounts for (the original graphs above), the class
+# that carries most of the gap, how each reproduction's prediction of it compares with the
+# label's time for that class, and how the reproduction prices that class node by node on the
+# same GPU (table above) are the measured reading of each cell.
 
 # %%
 readings = []
@@ -229,7 +231,7 @@ if "neusight" in names and len(cells):
     gaps = rep.class_gaps(paper_results.reported_class_ms(data), rep.class_frame(configs, split))
     shares = rep.gap_shares(gaps)
     save_table(shares, f"{prefix}_class_gaps", out, digits=2)
-    readings = rep.readings(cells, shares, gpu_names, nodes)
+    readings = rep.readings(cells, shares, gpu_names, nodes, graph_cells)
     display(shares.round(2))
 for line in readings:
     print("-", line)

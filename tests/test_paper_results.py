@@ -133,6 +133,11 @@ def test_side_by_side_means_and_readings_by_hand():
                     "linear time, the reproduction 1.47x."]
     spread = shares.assign(share=[0.4, 0.4])
     assert "Not explained by one kernel class" in rep.readings(cells, spread)[0]
+    # on the original tool's graphs the cell is at 13.5%: 1.5 of the 7.5 points closed
+    graphs = pd.Series({("G1", "inf"): 13.5})
+    with_graphs = rep.readings(cells, shares, {"G1": "GPU one"}, graphs=graphs)[0]
+    assert ("On the original tool's own graphs the same predictor gives 13.5% (-1.5 points): "
+            "the trace accounts for 20% of the gap. 100% of the class gaps") in with_graphs
 
     # node by node: GPU one's linear operators at 1.5x their label-CSV times, the training
     # GPUs' (in-distribution labels) at 0.9x and 1.1x; an out-of-distribution-only GPU is no

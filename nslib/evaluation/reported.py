@@ -192,19 +192,22 @@ def _streams(sub: pd.DataFrame) -> str:
 
 
 def readings(cells: pd.DataFrame, shares: pd.DataFrame, gpu_names: dict | None = None,
-             nodes: pd.DataFrame | None = None) -> list[str]:
+             nodes: pd.DataFrame | None = None, graphs: pd.Series | None = None) -> list[str]:
     """One sentence per cell of :func:`agreement` that does not agree with the report: the
     gap, and the class that carries most of it (:func:`gap_shares`), with how each
     reproduction's prediction of that class compares with the label and, given ``nodes``
     (:func:`node_ratios`, keyed by GPU name), how the reproduction prices that class node by
     node on the same GPU and on the training GPUs; "not explained" by one class when none
     carries at least half of the class gaps (then the node-by-node prices of the classes
-    carrying 20% or more)."""
+    carrying 20% or more). ``graphs``: the same predictor's mean error per (GPU, mode) on the
+    original tool's own operator graphs (:mod:`nslib.evaluation.original_graph`); each
+    sentence then says how much of the gap the trace accounts for."""
     out = []
     names = gpu_names or {}
     for (gpu, mode), c in cells[~cells["agrees"]].iterrows():
         head = (f"{names.get(gpu, gpu)}, {mode}: reported {c['reported']:.1f}%, reproduced "
-                f"{c['reproduced']:.1f}% ({c['delta']:+.1f} points). ")
+                f"{c['reproduced']:.1f}% ({c['delta']:+.1f} points). "
+                + _graph_sentence(graphs, (gpu, mode), c))
         if (gpu, mode) not in shares.index:
             out.append(head + "Not explained: the summary has no per-class split of it.")
             continue
@@ -221,6 +224,17 @@ def readings(cells: pd.DataFrame, shares: pd.DataFrame, gpu_names: dict | None =
                    f"the reproduction {row['reproduced / label']:.2f}x." + _streams(sub)
                    + _node_sentence(nodes, names.get(gpu, gpu), mode, [top]))
     return out
+
+
+def _graph_sentence(graphs: pd.Series | None, key, cell) -> str:
+    """How much of a cell's gap the trace accounts for: the reproduction on the original
+    tool's graphs against the same on nslib's trace ("" without a figure)."""
+    if graphs is None or key not in graphs.index or pd.isna(graphs[key]):
+        return ""
+    moved = float(graphs[key]) - cell["reproduced"]
+    part = moved / -cell["delta"] if cell["delta"] else 0.0   # share of the gap closed
+    return (f"On the original tool's own graphs the same predictor gives {graphs[key]:.1f}% "
+            f"({moved:+.1f} points): the trace accounts for {max(part, 0.0):.0%} of the gap. ")
 
 
 def variant_readings(side: pd.DataFrame, method: str = "neusight",
