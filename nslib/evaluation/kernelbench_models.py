@@ -109,12 +109,11 @@ def price(pred, steps: pd.DataFrame, harness: pd.Series, root=None, data=None,
         if r.reason:
             continue
         frame = kernel_frame(level1.trace_of(r.path), sheets[r.hardware])
+        h = harness.get(r.campaign)
         # a campaign without a bound on its host (or the plain sum) keeps the predictor's floor
-        known = r.campaign in harness.index and launch_us is not None
-        h = float(harness[r.campaign]) if r.campaign in harness.index else 0.0
-        host = max(h, launch_us / 1000.0) if known else None
+        host = None if h is None or launch_us is None else max(float(h), launch_us / 1000.0)
         gpu_ms = step_ms(pred, frame, launch_us, data, per_call=True, host_floor_ms=host).sum()
-        out[i] = gpu_ms + h
+        out[i] = gpu_ms + float(h or 0.0)
     return out
 
 

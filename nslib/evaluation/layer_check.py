@@ -22,9 +22,10 @@ add (residual)                elementwise add  B = T, H = E
 ============================  ===========  ==============================================
 
 :func:`layer_predictions` prices them as a 16-bit model is priced
-(:func:`nslib.model.stream.stream_ms`): GEMMs by the 16-bit GEMM predictor, vector kernels by the FP32-trained predictor at their real
-bytes, in a kernel stream (launch gap, no dispatch floor). :func:`layer_report` gives the
-median |error| of each layer's summed time and of each op class per GPU. Units: ms, %.
+(:func:`nslib.model.stream.stream_ms`): GEMMs by the 16-bit GEMM predictor, vector kernels by
+the FP32-trained predictor at their real bytes, in a kernel stream (launch gap, no dispatch
+floor). :func:`layer_report` gives the median |error| of each layer's summed time and of each
+op class per GPU. Units: ms, %.
 """
 from __future__ import annotations
 

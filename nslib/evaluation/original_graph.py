@@ -35,7 +35,8 @@ from nslib.model.config import load_model_config
 from nslib.model.inputs import kernel_frame
 from nslib.model.stream import stream_ms
 
-PHASES = {"inf": ("FwOps",), "train": ("FwOps", "BwOps", "AccOps")}
+# the graph's kernel columns and their phases; inference runs the first only
+PHASES = {"FwOps": "fw", "BwOps": "bw", "AccOps": "acc"}
 # kinds of the multi-GPU graphs: a single-GPU pricing has no link to put them on
 COMMUNICATION = ("ALLREDUCE", "ALLREDUCE_ASYNC", "SENDRECV")
 NAN = float("nan")
@@ -71,8 +72,7 @@ def graph_kernels(tag: str, n_layer: int, train: bool, data=None) -> pd.DataFram
     graph = load_opgraph(tag, data)
     reps = layer_repeats(graph, n_layer).to_numpy()
     rows = []
-    for col in PHASES["train" if train else "inf"]:
-        phase = {"FwOps": "fw", "BwOps": "bw", "AccOps": "acc"}[col]
+    for col, phase in list(PHASES.items())[:None if train else 1]:
         for rep, ops in zip(reps, graph[col].astype(str)):
             for kind, dims in ast.literal_eval(ops):
                 rows.append({**kernel_row(kind, dims), "count": int(rep), "phase": phase})

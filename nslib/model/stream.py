@@ -121,11 +121,20 @@ def floors(pred, frame: pd.DataFrame, data=None, host_floor_ms: float | None = N
     ratio (:func:`probe_kernels`, without the GPUs the predictor's training left out).
     ``host_floor_ms``: another host's measured one-op floor (ms) in place of the elementwise
     probe's, the class ratios kept (a harness whose host is not the training data's)."""
+    base, ratio = _floor_parts(pred, frame, data, host_floor_ms is None)
+    return (base if host_floor_ms is None else float(host_floor_ms)) * ratio
+
+
+def _floor_parts(pred, frame: pd.DataFrame, data=None, probe_floor: bool = True
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """Per row: the predictor's elementwise-probe floor on the row's GPU (ms; NaN unless
+    ``probe_floor``) and the class ratio (:func:`class_ratio`), from one probe lookup."""
     if not len(frame):
-        return np.zeros(0)
+        return np.zeros(0), np.zeros(0)
     probe = probe_kernels(data, getattr(pred, "excluded_gpus", ()))
-    if host_floor_ms is not None:
-        return float(host_floor_ms) * class_ratio(pred, frame, probe)
+    ratio = class_ratio(pred, frame, probe)
+    if not probe_floor:
+        return np.full(len(frame), np.nan), ratio
     gcols = list(sizes.GPU_COLS)
     gpus = frame[gcols].drop_duplicates().reset_index(drop=True)
     grid = gpus.merge(probe[probe["cls"] == "elementwise"], how="cross")
@@ -133,7 +142,7 @@ def floors(pred, frame: pd.DataFrame, data=None, host_floor_ms: float | None = N
         warnings.simplefilter("ignore")
         grid["floor"] = pred.predict(grid[_PROBE_COLS + gcols])
     base = frame[gcols].merge(grid[gcols + ["floor"]], on=gcols, how="left")["floor"]
-    return base.to_numpy(float) * class_ratio(pred, frame, probe)
+    return base.to_numpy(float), ratio
 
 
 def class_ratio(pred, frame: pd.DataFrame, probe: pd.DataFrame) -> np.ndarray:
@@ -173,8 +182,9 @@ def stream_terms(pred, frame: pd.DataFrame, launch_us: float | None = LAUNCH_US,
     microbenchmark latency, the time in the stream (:func:`stream_ms`) and the host's time to
     issue the kernel, its dispatch floor (:func:`floors`) but never more than its whole
     microbenchmark latency (that cap is for the predictor's own floor, which its latency
-    holds; another host's floor is what that host takes, whatever the kernel). ``launch_us=None``, or ``plain_sum`` (default: the predictor's
-    own, true for a method that sums kernels as they are, NeuSight as published): the stream
+    holds; another host's floor is what that host takes, whatever the kernel).
+    ``launch_us=None``, or ``plain_sum`` (default: the predictor's own, true for a method
+    that sums kernels as they are, NeuSight as published): the stream
     time is the microbenchmark latency and the dispatch 0 (the plain sum); ``plain_sum=False``
     takes the dispatch floor off whatever the predictor (a kernel's GPU time). ``raw``:
     ``pred``'s latencies of ``frame`` when already predicted (ms). ``host_floor_ms``: the
@@ -191,10 +201,11 @@ def stream_terms(pred, frame: pd.DataFrame, launch_us: float | None = LAUNCH_US,
         return raw, raw, np.zeros(len(raw))
     if launch_us < 0:
         raise ValueError(f"launch_us must be >= 0 (microseconds), got {launch_us}")
-    floor = floors(pred, frame, data)
+    base, ratio = _floor_parts(pred, frame, data)
+    floor = base * ratio
     gpu_ms = np.maximum(np.maximum(raw - floor, sizes.roofline_ms(frame)), launch_us / 1000.0)
     if host_floor_ms is not None:
-        return raw, gpu_ms, floors(pred, frame, data, host_floor_ms)
+        return raw, gpu_ms, float(host_floor_ms) * ratio
     return raw, gpu_ms, np.minimum(floor, raw)
 
 

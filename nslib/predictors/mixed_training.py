@@ -4,8 +4,9 @@ Two kinds, each with its table and its bounded nslib predictor plus the generic 
 :mod:`nslib.predictors.tensor_baselines` (all in the registry of :mod:`nslib.predictors`).
 :func:`cached_fit` (what :func:`nslib.predictors.trained` runs for a 16-bit kind) returns a
 predictor trained on every measured GPU but the excluded ones, from the cache when the table
-files, datasheets, the parameters and the code that trains it are unchanged. :func:`kind_table` is the table a kind
-trains and is evaluated on (the quick profile keeps a fixed, seeded subsample per GPU).
+files, datasheets, the parameters and the code that trains it are unchanged.
+:func:`kind_table` is the table a kind trains and is evaluated on (the quick profile keeps a
+fixed, seeded subsample per GPU).
 """
 from __future__ import annotations
 

@@ -18,13 +18,14 @@ Two ways to schedule prompts beside decodes cover the three engines of the silic
   iterations and ``osl - 1`` decode iterations, or ``n k`` iterations when the groups'
   prompts fill every iteration (prefill-bound: a group then waits for its turn). TPOT is a
   request's decode iterations: plain ones, and the share ``(n - 1) k / (osl - 1)`` that
-  carries another group's prompts. TTFT is half an iteration (a group returns while another's runs; none when
-  it is the only group), the wait for its turn, and its ``k`` prompt iterations.
+  carries another group's prompts. TTFT is half an iteration (a group returns while
+  another's runs; none when it is the only group), the wait for its turn, and its ``k``
+  prompt iterations.
 - **prefill-first** (SGLang's default: no mixed chunks, prompts before decodes): requests
   that finish together come back together, so the running set moves in waves: its prompts run
   as budget-sized prefill batches back to back (``budget / isl`` prompts a batch when the
-  engine chunks them, whole prompts only otherwise), then all decode together. A request's TTFT is
-  the end of its prefill batch; the prefill batches after its own stall its decode, so
+  engine chunks them, whole prompts only otherwise), then all decode together. A request's
+  TTFT is the end of its prefill batch; the prefill batches after its own stall its decode, so
   ``TPOT = decode iteration + (later prefill batches) / (osl - 1)``, on average over the wave.
 
 When the KV cache holds ``running < concurrency`` requests, a request waits for a slot: with
@@ -133,8 +134,7 @@ def _mixed(cost: StepCost, fw: Framework, running, isl, osl) -> dict:
         decode = running * d / cycle                    # decode tokens per iteration
         room = np.maximum(budget - decode, 1.0)
         k = np.maximum(1.0, isl / room)                 # iterations of one group's prompts
-        fits = room / isl if fw.chunked else np.floor(room / isl)
-        group = np.clip(fits, 1.0, running)
+        group = np.clip(_prompts_in(fw, room, isl), 1.0, running)
         groups = running / group
         # a group's cycle: its prompts, its decodes, and, when the groups' prompts fill
         # every iteration (prefill-bound), its wait for its turn
@@ -159,7 +159,7 @@ def _waves(cost: StepCost, fw: Framework, running, isl, osl) -> dict:
     budget = float(fw.token_budget)
     # prompts per prefill batch (chunked: the batch fills the budget, a prompt's first token
     # coming with its last chunk)
-    per = np.maximum(budget / isl if fw.chunked else np.floor(budget / isl), 1.0)
+    per = np.maximum(_prompts_in(fw, budget, isl), 1.0)
     n_batches = np.ceil(running / per)
     full = (cost.tokens_ms(np.minimum(per * isl, np.maximum(budget, isl)), per) +
             _prompts_attention(cost, per, isl))
@@ -173,6 +173,13 @@ def _waves(cost: StepCost, fw: Framework, running, isl, osl) -> dict:
            cost.attention_ms("decode", running, 1, isl + osl / 2.0))
     stall = np.where(osl > 1, (wave_prefill - ttft) / np.maximum(osl - 1.0, 1.0), 0.0)
     return {"ttft_ms": ttft, "tpot_ms": dec + stall}
+
+
+def _prompts_in(fw: Framework, tokens, isl):
+    """Prompts of ``isl`` tokens that ``tokens`` of an iteration hold: a fraction when the
+    engine chunks prompts (the last one's rest rides in the next iteration), whole ones
+    otherwise."""
+    return tokens / isl if fw.chunked else np.floor(tokens / isl)
 
 
 def _prompts_attention(cost: StepCost, prompts, isl) -> np.ndarray:
