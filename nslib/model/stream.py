@@ -62,7 +62,7 @@ from nslib.data.cache import cached
 from nslib.data.mixed_data import gpu_frame
 from nslib.data.paths import data_root, hash_files
 from nslib.data.settings import Settings
-from nslib.kernels import measured, sizes
+from nslib.kernels import measured, row_latency, sizes
 from nslib.model.sdpa_trace import BACKWARD_FLOPS
 from nslib.predictors import trained
 
@@ -183,6 +183,9 @@ def stream_terms(pred, frame: pd.DataFrame, launch_us: float | None = LAUNCH_US,
     issue the kernel, its dispatch floor (:func:`floors`) but never more than its whole
     microbenchmark latency (that cap is for the predictor's own floor, which its latency
     holds; another host's floor is what that host takes, whatever the kernel).
+    The GPU time is never below the kernel's roofline nor, for a predictor that sizes kernels
+    as the library runs them (nslib's design), a layer norm's round-trip bound
+    (:func:`nslib.kernels.row_latency.floor_ms`).
     ``launch_us=None``, or ``plain_sum`` (default: the predictor's own, true for a method
     that sums kernels as they are, NeuSight as published): the stream
     time is the microbenchmark latency and the dispatch 0 (the plain sum); ``plain_sum=False``
@@ -204,6 +207,8 @@ def stream_terms(pred, frame: pd.DataFrame, launch_us: float | None = LAUNCH_US,
     base, ratio = _floor_parts(pred, frame, data)
     floor = base * ratio
     gpu_ms = np.maximum(np.maximum(raw - floor, sizes.roofline_ms(frame)), launch_us / 1000.0)
+    if getattr(pred, "library_sizing", False):  # kernels as the library runs them
+        gpu_ms = np.maximum(gpu_ms, row_latency.floor_ms(frame))
     if host_floor_ms is not None:
         return raw, gpu_ms, float(host_floor_ms) * ratio
     return raw, gpu_ms, np.minimum(floor, raw)
