@@ -163,6 +163,7 @@ save_figure(ax.figure, "02_error_vs_waves", out)
 
 # %%
 from nslib.data.gpus import load_gpus
+from nslib.kernels.clock import frame_columns
 import nslib.kernels.sizes as K
 gpus = load_gpus(data)
 sizes = 2.0 ** np.arange(6, 14)
@@ -171,7 +172,7 @@ for key, gpu in gpus.items():
     if key != gpu.key or not any(gpu.name == n for n in splits["test_gpus"]):
         continue
     f = pd.DataFrame({"cls": "linear", "op": "linear", "B": 1.0, "M": sizes, "N": sizes,
-                      "K": sizes, "H": np.nan, **gpu.columns()})
+                      "K": sizes, "H": np.nan, **frame_columns(gpu)})
     f = K.add_features(nslib_pred.tiles.lookup(f))
     rows.append(f.assign(u=nslib_pred.utilisation(f)))
 curves = pd.concat(rows)

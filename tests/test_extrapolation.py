@@ -28,7 +28,7 @@ def test_check_kernels_are_built_by_hand():
 
 
 @pytest.mark.parametrize("check", ["scale", "more mem_bw", "more peak_gflops", "more l2_mb",
-                                   "more mem_gb", "more num_sm", "5x balance"])
+                                   "more mem_gb", "more num_sm", "more lanes", "5x balance"])
 def test_property_holds_for_every_kernel(checks, check):
     sub = checks[checks["check"].str.startswith(check)]
     assert len(sub)

@@ -4,7 +4,7 @@ import pandas as pd
 import pytest
 
 from nslib.data.gpus import GPU
-from nslib.kernels import row_latency, sizes
+from nslib.kernels import clock, row_latency, sizes
 from nslib.model.stream import stream_ms
 
 A100 = GPU(name="Test A100", mem_gb=40, mem_bw=1555, num_sm=108, cores_per_sm=64,
@@ -15,7 +15,7 @@ def frame_of(rows, gpu=A100):
     df = pd.DataFrame(rows)
     for c in ("B", "M", "N", "K", "H"):
         df[c] = df.get(c, np.nan)
-    return df.assign(**row_latency.frame_columns(gpu))
+    return df.assign(**clock.frame_columns(gpu))
 
 
 def test_sixteen_long_rows_take_two_sweeps_of_round_trips():

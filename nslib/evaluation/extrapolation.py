@@ -2,8 +2,8 @@
 trained on, checked on synthetic GPUs (no measurement needed).
 
 - ``scale``: peak and bandwidth both times k make a big kernel about k times faster;
-- ``monotone``: more of one resource (bandwidth, FP32 peak, L2, memory, or more SMs of the
-  same kind) never makes a kernel slower;
+- ``monotone``: more of one resource (bandwidth, FP32 peak, L2, memory, more SMs of the
+  same kind, or more FP32 lanes per SM at the same clock) never makes a kernel slower;
 - ``balance``: on a GPU with 5x the FLOP/byte balance of every training GPU, no kernel beats
   the roofline, and big memory-bound kernels stay near bytes / bandwidth and big GEMMs within
   a sane factor of their roofline (small ones keep their launch cost, which no datasheet
@@ -22,6 +22,7 @@ from nslib.kernels import sizes
 
 # One synthetic datasheet (SMs, GFLOP/s, GB/s, GB, MB) from which the others are derived.
 BASE = {"num_sm": 80.0, "peak_gflops": 14000.0, "mem_bw": 900.0, "mem_gb": 32.0, "l2_mb": 6.0}
+BASE_LANES = 64           # FP32 lanes per SM of BASE; its clock follows from its peak
 _NAN = np.nan
 # name, cls, op, B, M, N, K, H, tile_m, tile_k, tile, big (launch costs negligible)
 KERNELS = [
@@ -39,27 +40,36 @@ KERNELS = [
 ]
 SCALES = (2.0, 4.0)
 MORE = {"mem_bw": (1.5, 3.0, 10.0), "peak_gflops": (1.5, 3.0, 10.0), "l2_mb": (2.0, 8.0, 40.0),
-        "mem_gb": (2.0, 4.0), "num_sm": (1.5, 2.0, 4.0)}
+        "mem_gb": (2.0, 4.0), "num_sm": (1.5, 2.0, 4.0), "lanes": (2.0, 4.0)}
 SCALE_TOL = 0.15          # big kernels: time ratio within 15% of k
 MEMORY_FACTOR = 3.0       # memory-bound: at most 3x bytes / bandwidth (training GPUs: 1.1-2.6x)
 GEMM_FACTOR = 6.0         # GEMMs: at most 6x their roofline (training GPUs' large ones: 1-3x)
 
 
 def kernel_frame(classes=None, **gpu) -> pd.DataFrame:
-    """The check kernels (of ``classes``, default all) on ``BASE`` updated by ``gpu``."""
+    """The check kernels (of ``classes``, default all) on ``BASE`` updated by ``gpu``. The
+    clock (``clock_mhz``, MHz), unless given, is what the peak takes with ``BASE_LANES`` FP32
+    lanes per SM: more peak per SM is a faster clock, not more lanes."""
     cols = ["name", "cls", "op", "B", "M", "N", "K", "H", "tile_m", "tile_k", "tile", "big"]
     f = pd.DataFrame(KERNELS, columns=cols)
     if classes is not None:
         f = f[f["cls"].isin(list(classes))].reset_index(drop=True)
     for c in ["B", "M", "N", "K", "H", "tile_m", "tile_k", "tile"]:
         f[c] = f[c].astype(float)
-    for k, v in {**BASE, **gpu}.items():
+    sheet = {**BASE, **gpu}
+    sheet.setdefault("clock_mhz", sheet["peak_gflops"] * 1e3
+                     / (2 * BASE_LANES * sheet["num_sm"]))
+    for k, v in sheet.items():
         f[k] = float(v)
     return sizes.add_features(f)
 
 
 def _more(field: str, factor: float) -> dict:
-    """A datasheet with more of one resource; more SMs are SMs of the same kind (peak too)."""
+    """A datasheet with more of one resource; more SMs are SMs of the same kind (peak too);
+    more lanes per SM raise the peak at the base clock."""
+    if field == "lanes":
+        base_clock = BASE["peak_gflops"] * 1e3 / (2 * BASE_LANES * BASE["num_sm"])
+        return {"peak_gflops": BASE["peak_gflops"] * factor, "clock_mhz": base_clock}
     if field == "num_sm":
         return {"num_sm": BASE["num_sm"] * factor, "peak_gflops": BASE["peak_gflops"] * factor}
     return {field: BASE[field] * factor}

@@ -11,17 +11,24 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from nslib.data.gpus import gpu_matches, load_mixed_gpus
+from nslib.data.gpus import gpu_matches, load_gpus, load_mixed_gpus
 from nslib.data.mixed_data import measured_gpus
 from nslib.data.settings import Settings, settings_of
 from nslib.evaluation.metrics import ape, class_table, order_classes
 from nslib.kernels import measured
+from nslib.kernels.clock import with_clock
 from nslib.predictors import folds, trained
 from nslib.predictors.mixed_training import KINDS, kind_table
 from nslib.predictors.training import kernel_eval_frame
 
 LOGO_MEAN = "mean (training GPUs held out)"
 WORST = "worst held-out GPU"
+
+
+def clocked_eval_frame(data=None) -> pd.DataFrame:
+    """The test kernels (:func:`kernel_eval_frame`) with each GPU's datasheet clock, which
+    nslib's GEMM issue bound needs (:mod:`nslib.kernels.issue_rate`)."""
+    return with_clock(kernel_eval_frame(data), load_gpus(data))
 
 
 def predict_rows(pred, frame: pd.DataFrame, unseen: np.ndarray) -> np.ndarray:
@@ -46,7 +53,7 @@ def predict_test(name: str, lookup: bool = False, settings: Settings | None = No
     profiled); ``lookup=True`` looks up every kernel's tile.
     """
     s = settings_of(settings)
-    frame = kernel_eval_frame(s.data)
+    frame = clocked_eval_frame(s.data)
     splits = measured.gpu_splits(s.data)
     pred = trained(name, s, **overrides)
     unseen = ~frame["gpu"].isin(splits["train_gpus"]).to_numpy() | lookup
@@ -71,7 +78,7 @@ def predict_logo(name: str, settings: Settings | None = None, **overrides) -> pd
     training GPUs' folds, False for the new GPUs).
     """
     s = settings_of(settings)
-    frame = kernel_eval_frame(s.data)
+    frame = clocked_eval_frame(s.data)
     new = measured.gpu_splits(s.data)["new_gpus"]
     everyone = trained(name, s.but(progress=False), **overrides)  # prices the new GPUs
     held = [([g], pred, True) for g, pred in folds(name, s, **overrides)]

@@ -30,7 +30,7 @@ from nslib.data import kernelbench as kb
 from nslib.data.settings import Settings, settings_of
 from nslib.evaluation.kernel_level import predict_rows
 from nslib.evaluation.metrics import gpu_table, order_classes
-from nslib.kernels import row_latency, sizes
+from nslib.kernels import clock, sizes
 from nslib.model.aten import NORM
 from nslib.model.module_trace import ProblemError, problem_trace
 from nslib.model.stream import stream_terms
@@ -108,7 +108,7 @@ def problem_rows(root=None, level: int = 1, progress: bool = True) -> tuple[pd.D
         if row is None:
             skipped.append({**base, "reason": why})
             continue
-        rows.append({**base, **row, **row_latency.frame_columns(gpu),
+        rows.append({**base, **row, **clock.frame_columns(gpu),
                      "latency_ms": t.latency_ms})
     frame = pd.DataFrame(rows)
     if len(frame):

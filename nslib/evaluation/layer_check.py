@@ -35,7 +35,7 @@ import pandas as pd
 from nslib.data import mixed_data
 from nslib.data.gpus import load_mixed_gpus
 from nslib.data.settings import Settings
-from nslib.kernels import row_latency, sizes
+from nslib.kernels import clock, sizes
 from nslib.model.stream import LAUNCH_US, stream_ms
 from nslib.predictors import trained
 from nslib.predictors.mixed_training import kind_table
@@ -126,7 +126,7 @@ def layer_predictions(table: pd.DataFrame | None = None, predictor="nslib",
         if isinstance(gemm, str):
             gemm = trained(gemm, settings, kind="gemm",
                            exclude_gpus=[name] if name in measured else [])
-        sub = frame.loc[rows].assign(**row_latency.frame_columns(gpu))
+        sub = frame.loc[rows].assign(**clock.frame_columns(gpu))
         frame.loc[rows, "pred_ms"] = stream_ms(pred, sub, launch_us, data,
                                                tensor=(gpu, gemm, None))
     return frame

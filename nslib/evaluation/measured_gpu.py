@@ -27,6 +27,7 @@ from nslib.evaluation.collect.steps import config_source
 from nslib.evaluation.kernel_level import predict_rows
 from nslib.evaluation.metrics import ape
 from nslib.kernels import measured, sizes
+from nslib.kernels.clock import with_clock
 from nslib.model.predict import predict_model
 from nslib.model.step import Step
 from nslib.predictors import trained
@@ -72,7 +73,8 @@ def fp32_kernels(folder, predictors=FP32_PREDICTORS, data=None, quick: bool = Fa
             parts.append(measured.build_table(cls, "test", root))
         except DataNotFoundError:
             continue  # a collection without this class
-    frame = pd.concat(parts, ignore_index=True)
+    # the datasheet clock, which nslib's GEMM issue bound needs (nslib.kernels.issue_rate)
+    frame = with_clock(pd.concat(parts, ignore_index=True), load_gpus(root))
     unseen = np.ones(len(frame), bool)  # never profiled: tiles are looked up
     for name in predictors:
         pred = trained(name, Settings(data=data, quick=quick, seed=seed, progress=False))

@@ -33,16 +33,11 @@ STEP_CYCLES = 890.0
 OPS = ("ln",)              # the forward layer norm; its backward kernels are other loops
 
 
-def frame_columns(gpu) -> dict:
-    """The GPU columns of a kernel frame (:meth:`nslib.data.gpus.GPU.columns`) with the
-    boost clock ``clock_mhz`` (MHz) this bound needs."""
-    return {**gpu.columns(), "clock_mhz": float(gpu.clock_mhz)}
-
-
 def floor_ms(frame: pd.DataFrame) -> np.ndarray:
     """Per kernel row of ``frame``, the least GPU time (ms) of a forward layer norm as its
     blocks' round trips allow (module docstring); 0 for every other kernel. ``B`` rows of
-    ``H`` elements; ``num_sm`` and ``clock_mhz`` (:func:`frame_columns`) from the datasheet."""
+    ``H`` elements; ``num_sm`` and ``clock_mhz`` from the datasheet
+    (:func:`nslib.kernels.clock.frame_columns`)."""
     out = np.zeros(len(frame))
     if not len(frame) or "op" not in frame.columns:
         return out
@@ -51,7 +46,7 @@ def floor_ms(frame: pd.DataFrame) -> np.ndarray:
         return out
     if "clock_mhz" not in frame.columns:
         raise ValueError("a layer-norm row lacks the GPU's clock_mhz: build the frame's GPU "
-                         "columns with nslib.kernels.row_latency.frame_columns(gpu)")
+                         "columns with nslib.kernels.clock.frame_columns(gpu)")
     sub = frame.loc[rows]
     blocks = sub["B"].to_numpy(float)
     at_once = sub["num_sm"].to_numpy(float) * (MAX_THREADS_PER_SM // THREADS)

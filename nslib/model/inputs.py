@@ -21,7 +21,7 @@ from nslib.data.gpus import GPU, load_gpu_file
 from nslib.data.registry import find_any
 from nslib.data.paths import hash_files
 from nslib.data.settings import Settings
-from nslib.kernels import row_latency
+from nslib.kernels import clock
 from nslib.kernels.dtypes import check_dtype
 from nslib.model.config import load_model_config
 from nslib.model.moe import expert_tokens
@@ -116,7 +116,7 @@ def kernel_frame(trace: pd.DataFrame, gpu: GPU) -> pd.DataFrame:
         n = np.maximum(df.loc[mem, "bytes"].to_numpy(float) / 8.0, 1.0)
         df.loc[mem, ["cls", "op"]] = ["elementwise", "addu"]
         df.loc[mem, "B"], df.loc[mem, "H"] = 1.0, np.ceil(n)
-    for k, v in row_latency.frame_columns(gpu).items():
+    for k, v in clock.frame_columns(gpu).items():
         df[k] = v
     df["kernel_class"] = np.where(mem, "memory", trace["cls"].to_numpy())
     return df

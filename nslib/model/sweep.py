@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from nslib.data.settings import Settings, settings_of
-from nslib.kernels import row_latency, sizes
+from nslib.kernels import clock, sizes
 from nslib.model.inputs import (LAW_POINTS, LAW_POINTS_ONE, get_predictor, kernel_frame,
                                 resolve_gpu, traced)
 from nslib.model.memory import sweep_memory
@@ -141,7 +141,7 @@ def sweep(model, mode: str, scenarios: pd.DataFrame, predictor="nslib", *,
     rows = np.concatenate([np.arange(starts[p], starts[p] + sizes[p]) for p in c_pair])
     big = uniq.iloc[rows].reset_index(drop=True)
     combo_row = np.repeat(np.arange(len(combos)), sizes[c_pair])
-    sheet = pd.DataFrame([row_latency.frame_columns(gpus[g]) for g in combos["gpu"]])
+    sheet = pd.DataFrame([clock.frame_columns(gpus[g]) for g in combos["gpu"]])
     for col in sheet.columns:
         big[col] = sheet[col].to_numpy()[combo_row]
     count = big["count"].to_numpy(float)

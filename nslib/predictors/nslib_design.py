@@ -10,6 +10,8 @@ error over the training GPUs (docs/decisions.md):
   bandwidth act only through physical terms;
 - GEMMs sized as the library runs them: split-K, and a matrix-vector product priced as the
   stream over the matrix it is (:func:`nslib.kernels.sizes.gemv_as_stream`);
+- a GEMM's FP32 rate at most what its SMs issue as FFMAs (:mod:`nslib.kernels.issue_rate`:
+  128 lanes per SM do not double SGEMM);
 - softmax rows packed into blocks as PyTorch launches them; ensembles and epochs of
   :data:`nslib.predictors.training.DEFAULTS`;
 - at model level, each kernel's microbenchmark dispatch floor off and a phase no faster than
@@ -19,7 +21,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from nslib.kernels import sizes
+from nslib.kernels import issue_rate, sizes
 from nslib.predictors.neusight import NeuSight
 
 GEMM_DEFAULTS = {"features": ("tile_m", "tile_k", "reduction", "num_sm"), "form": "series",
@@ -48,6 +50,12 @@ class NslibDesign(NeuSight):
     def data_params(cls, data=None) -> dict:
         """Nothing comes from the data's published configs."""
         return {}
+
+    def _filled(self, frame: pd.DataFrame, lookup: bool = False) -> pd.DataFrame:
+        """NeuSight's filled frame with each FP32 GEMM's peak at most what its SMs issue
+        (:func:`issue_rate.bounded`), after the tile lookup: the tile a library picks does not
+        change with the issue rate."""
+        return issue_rate.bounded(super()._filled(frame, lookup))
 
     def priced_frame(self, frame: pd.DataFrame) -> pd.DataFrame:
         """``frame`` as this predictor prices it: matrix-vector GEMMs as the stream they are
