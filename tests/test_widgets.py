@@ -53,6 +53,18 @@ def test_hypothetical_gpu_changes_only_what_is_asked(base):
     assert hypothetical_gpu(base, num_sm=216.0).num_sm == 216
 
 
+def test_a_hypothetical_gpus_clock_follows_its_peak(base):
+    # peak = 2 x SMs x lanes x clock: twice the peak on the same SMs is twice the clock
+    fast = hypothetical_gpu(base, peak_gflops=base.peak_gflops * 2)
+    assert fast.clock_mhz == pytest.approx(2 * base.clock_mhz)
+    assert "clock" not in fast.name and "peak_gflops x2" in fast.name
+    wide = hypothetical_gpu(base, peak_gflops=base.peak_gflops * 2, cores_per_sm=128)
+    assert wide.clock_mhz == pytest.approx(base.clock_mhz * 2 / (128 / base.cores_per_sm))
+    assert hypothetical_gpu(base, peak_gflops=base.peak_gflops * 2,
+                            clock_mhz=900).clock_mhz == 900          # given: kept
+    assert hypothetical_gpu(base, mem_bw=base.mem_bw * 2).clock_mhz == base.clock_mhz
+
+
 @pytest.mark.parametrize("overrides, match", [
     ({"mem_bw": 0}, "Mem_Bw"), ({"peak_gflops": -5.0}, "SingleFLOPs"),
     ({"l2_mb": "big"}, "L2Cache"), ({"num_sm": 1.5}, "whole number"),

@@ -57,6 +57,14 @@ def _whole_counts(overrides: dict) -> dict:
     return out
 
 
+def _ratio(new, old) -> float | None:
+    """``new / old`` for two positive numbers, else None (the validation then names the bad
+    value)."""
+    ok = all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+             and v > 0 for v in (new, old))
+    return new / old if ok else None
+
+
 def hypothetical_gpu(base: GPU, name: str | None = None, **overrides) -> GPU:
     """A GPU like ``base`` with some datasheet numbers replaced, validated like a datasheet.
 
@@ -66,7 +74,11 @@ def hypothetical_gpu(base: GPU, name: str | None = None, **overrides) -> GPU:
     ``"NVIDIA H100 80GB HBM3 (mem_bw x2)"``). The result goes through
     :func:`nslib.data.gpus.gpu_from_dict`, so a zero, negative or non-numeric value raises the same
     ValueError a bad datasheet file does; an unknown field raises a ValueError listing the
-    known ones. SM and core counts must be whole numbers.
+    known ones. SM and core counts must be whole numbers. Unless ``clock_mhz`` is given, the
+    clock follows the FP32 peak, SM count and lanes per SM as the datasheet relates them
+    (``peak = 2 x SMs x lanes x clock``): a higher peak on the same SMs is a faster clock, which
+    the laws that count issue slots and round trips per clock see
+    (:mod:`nslib.kernels.issue_rate`, :mod:`nslib.kernels.row_latency`).
     """
     if not isinstance(base, GPU):
         raise TypeError(f"base must be an nslib.data.gpus.GPU (e.g. from load_gpus()), not "
@@ -76,11 +88,19 @@ def hypothetical_gpu(base: GPU, name: str | None = None, **overrides) -> GPU:
         raise ValueError(f"unknown GPU field(s) {unknown}; a hypothetical GPU may change "
                          f"{sorted(JSON_KEY)}")
     overrides = _whole_counts({k: plain_number(v) for k, v in overrides.items()})
+    asked = dict(overrides)     # the name says what was asked, not the clock that follows
+    if "clock_mhz" not in overrides and overrides.keys() & {"peak_gflops", "num_sm",
+                                                            "cores_per_sm"}:
+        ratio = {f: _ratio(overrides.get(f, getattr(base, f)), getattr(base, f))
+                 for f in ("peak_gflops", "num_sm", "cores_per_sm")}
+        if all(r is not None for r in ratio.values()):
+            overrides["clock_mhz"] = base.clock_mhz * ratio["peak_gflops"] / (
+                ratio["num_sm"] * ratio["cores_per_sm"])
     raw = base.to_json()
     for f, v in overrides.items():
         raw[JSON_KEY[f]] = v
     if name is None or not str(name).strip():
-        name = _default_name(base, overrides)
+        name = _default_name(base, asked)
     raw["Device"] = str(name)
     return gpu_from_dict(raw, source=f"hypothetical GPU {str(name)!r}")
 
