@@ -40,13 +40,16 @@ def test_a_narrow_sm_and_a_frame_without_clock_keep_the_peak():
     assert issue_rate.bounded(g) is g
 
 
-def test_more_lanes_or_clock_never_lower_the_bound():
-    wide = issue_rate.bounded(frame_of(ROWS, WIDE))["peak_gflops"]
-    narrow = issue_rate.bounded(frame_of(ROWS, NARROW))["peak_gflops"]
-    assert (wide >= narrow).all()
-    faster = frame_of(ROWS, WIDE).assign(clock_mhz=2 * WIDE.clock_mhz,
-                                         peak_gflops=2 * WIDE.peak_gflops)
-    assert (issue_rate.bounded(faster)["peak_gflops"] >= wide).all()
+def test_the_bound_follows_the_clock_and_sms_not_the_lanes():
+    # twice the clock or the SMs: twice the issue rate, so a wide GPU's GEMM peak doubles
+    wide = issue_rate.bounded(frame_of(ROWS, WIDE))["peak_gflops"].to_numpy()
+    for change in ({"clock_mhz": 2 * WIDE.clock_mhz}, {"num_sm": 2 * WIDE.num_sm}):
+        more = frame_of(ROWS, WIDE).assign(peak_gflops=2 * WIDE.peak_gflops, **change)
+        assert issue_rate.bounded(more)["peak_gflops"].to_numpy()[:2] == pytest.approx(
+            2 * wide[:2])
+    # the narrow twin at the same clock issues the same: its (lower) peak is below the bound
+    narrow = issue_rate.bounded(frame_of(ROWS, NARROW))["peak_gflops"].to_numpy()
+    assert (narrow[:2] == NARROW.peak_gflops).all() and (narrow[:2] < wide[:2]).all()
 
 
 def test_nslib_prices_a_wide_gpus_big_gemm_at_the_issue_rate(data_dir):
@@ -58,3 +61,15 @@ def test_nslib_prices_a_wide_gpus_big_gemm_at_the_issue_rate(data_dir):
     # law's fixed cost)
     assert with_clock / without == pytest.approx(69 / 64, rel=0.02)
     assert with_clock >= sizes.roofline_ms(f)[0]
+
+
+def test_frames_built_from_a_datasheet_or_a_table_carry_the_clock():
+    from nslib.model.inputs import kernel_frame
+    trace = pd.DataFrame([{**ROWS[0], "H": np.nan}])
+    assert kernel_frame(trace, WIDE)["clock_mhz"].tolist() == [WIDE.clock_mhz]
+    table = pd.DataFrame({"gpu": ["Wide", "Narrow", "Wide"]})
+    assert clock.with_clock(table, {"w": WIDE, "n": NARROW})["clock_mhz"].tolist() == [
+        1980.0, 1980.0, 1980.0]
+    with pytest.raises(ValueError, match="no datasheet for 'Other'"):
+        clock.with_clock(pd.DataFrame({"gpu": ["Other"]}), {"w": WIDE})
+

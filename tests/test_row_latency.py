@@ -73,3 +73,10 @@ def test_the_stream_keeps_the_bound_for_library_sized_predictors_only(monkeypatc
     assert stream_ms(Bandwidth(True), df, launch_us=0.0)[0] == pytest.approx(bound)
     assert stream_ms(Bandwidth(False), df, launch_us=0.0)[0] == pytest.approx(
         sizes.roofline_ms(df)[0])
+
+
+def test_a_traced_group_norm_sweeps_its_rows_once():
+    rows = [{"cls": "layernorm", "op": "ln", "B": 16, "H": 2 ** 20, "aten": a}
+            for a in ("aten.native_layer_norm.default", "aten.native_group_norm.default")]
+    ln, gn = row_latency.floor_ms(frame_of(rows))
+    assert gn == pytest.approx(ln / 2)

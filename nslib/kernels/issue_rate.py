@@ -11,10 +11,12 @@ about one copy, address or loop instruction: :data:`FFMA_SHARE` = 64 / 69 of its
 
 So a GEMM's FP32 rate is at most ``FFMA_SHARE x 2 x ISSUE_PER_CLOCK x SMs x clock``
 (:func:`issue_gflops`), below the datasheet peak exactly when the SM has more than
-``FFMA_SHARE x 128`` lanes. The bound is the peak itself on every 64-lane GPU, grows with the
-clock and the SM count, and never with fewer lanes, so more ``Core_Per_SM`` (a higher peak at
-the same clock) never makes a kernel slower. Not fitted: the share is the loop's instruction
-count (docs/decisions.md, "128 lanes per SM: the issue rate").
+``FFMA_SHARE x 128`` lanes: 1.86x the peak on every 64-lane GPU (never binding), 0.93x on a
+128-lane one whose peak is ``2 x SMs x lanes x clock``. It grows with the clock and the SM
+count and does not depend on the lanes, so more ``Core_Per_SM`` (a higher peak at the same
+clock) never makes a kernel slower. A datasheet whose peak exceeds ``2 x SMs x lanes x clock``
+(a peak quoted at a higher clock than ``Freq``) is bounded lower than 0.93 of it. Not fitted:
+the share is the loop's instruction count (docs/decisions.md section 17).
 """
 from __future__ import annotations
 
@@ -37,9 +39,10 @@ def issue_gflops(frame: pd.DataFrame) -> np.ndarray:
 
 def bounded(frame: pd.DataFrame) -> pd.DataFrame:
     """``frame`` with each FP32 GEMM row's ``peak_gflops`` at most :func:`issue_gflops`.
-    A frame without ``clock_mhz`` (the NeuSight tables, whose GPUs all have 64 lanes per SM,
-    where the bound is never below the peak) is returned as it is; a frame built from a
-    datasheet (:func:`nslib.kernels.row_latency.frame_columns`) carries it."""
+    A frame without ``clock_mhz`` is returned as it is: the training tables (64-lane GPUs,
+    where the bound never binds) go without it; frames built from a datasheet
+    (:func:`nslib.kernels.clock.frame_columns`) and the test tables as evaluated
+    (:func:`nslib.kernels.clock.with_clock`) carry it."""
     if "clock_mhz" not in frame.columns or not len(frame):
         return frame
     gemm = frame["cls"].isin(sizes.GEMM_CLASSES).to_numpy()

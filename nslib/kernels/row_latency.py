@@ -5,7 +5,8 @@ its blocks as 32 x 4 threads) gives each row one block of :data:`THREADS` thread
 loads :data:`VEC` elements, waits for them, folds them into its running mean and variance, and
 loads the next: each block keeps only ``THREADS x VEC`` elements in flight, so a row costs
 ``ceil(H / (THREADS x VEC))`` steps per sweep, and the kernel sweeps a row twice (statistics,
-then the normalised output). A step is a memory round trip plus a few dependent FP32
+then the normalised output; a traced group norm, priced as ``ln`` rows of ``N x groups``,
+sweeps once before a separate elementwise pass). A step is a memory round trip plus a few dependent FP32
 operations, :data:`STEP_CYCLES` cycles of the SM clock.
 
 When the grid is small (16 rows of 4M elements use 16 SMs of 108) nothing else overlaps these
@@ -27,6 +28,8 @@ from nslib.data.units import MS_PER_S
 THREADS = 128              # threads per block of PyTorch's layer norm (32 x 4)
 VEC = 4                    # elements a thread loads per step
 SWEEPS = 2                 # statistics, then the output
+# a group norm's moments kernel sweeps each row once; its output is a separate elementwise pass
+GROUP_NORM_SWEEPS = 1
 MAX_THREADS_PER_SM = 2048  # no NVIDIA SM holds more resident threads
 # cycles of one step: a memory round trip plus the step's Welford updates (docs/decisions.md)
 STEP_CYCLES = 890.0
@@ -50,7 +53,10 @@ def floor_ms(frame: pd.DataFrame) -> np.ndarray:
     sub = frame.loc[rows]
     blocks = sub["B"].to_numpy(float)
     at_once = sub["num_sm"].to_numpy(float) * (MAX_THREADS_PER_SM // THREADS)
-    steps = SWEEPS * np.ceil(sub["H"].to_numpy(float) / (THREADS * VEC))
+    sweeps = np.full(len(sub), float(SWEEPS))
+    if "aten" in sub.columns:   # traced rows say which op; a group norm is an ``ln`` row too
+        sweeps[sub["aten"].astype(str).str.contains("group_norm").to_numpy()] = GROUP_NORM_SWEEPS
+    steps = sweeps * np.ceil(sub["H"].to_numpy(float) / (THREADS * VEC))
     cycles = np.ceil(blocks / at_once) * steps * STEP_CYCLES
     out[rows] = cycles / (sub["clock_mhz"].to_numpy(float) * 1e6) * MS_PER_S
     return out

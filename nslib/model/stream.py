@@ -184,8 +184,8 @@ def stream_terms(pred, frame: pd.DataFrame, launch_us: float | None = LAUNCH_US,
     microbenchmark latency (that cap is for the predictor's own floor, which its latency
     holds; another host's floor is what that host takes, whatever the kernel).
     The GPU time is never below the kernel's roofline nor, for a predictor that sizes kernels
-    as the library runs them (nslib's design), a layer norm's round-trip bound
-    (:func:`nslib.kernels.row_latency.floor_ms`).
+    as the library runs them (nslib's design and its MLP ablation), a layer norm's round-trip
+    bound (:func:`nslib.kernels.row_latency.floor_ms`).
     ``launch_us=None``, or ``plain_sum`` (default: the predictor's own, true for a method
     that sums kernels as they are, NeuSight as published): the stream
     time is the microbenchmark latency and the dispatch 0 (the plain sum); ``plain_sum=False``
