@@ -18,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from nslib.data.units import GHZ_PER_MHZ
 from nslib.kernels import sizes
 
 # One synthetic datasheet (SMs, GFLOP/s, GB/s, GB, MB) from which the others are derived.
@@ -57,19 +58,23 @@ def kernel_frame(classes=None, **gpu) -> pd.DataFrame:
     for c in ["B", "M", "N", "K", "H", "tile_m", "tile_k", "tile"]:
         f[c] = f[c].astype(float)
     sheet = {**BASE, **gpu}
-    sheet.setdefault("clock_mhz", sheet["peak_gflops"] * 1e3
-                     / (2 * BASE_LANES * sheet["num_sm"]))
+    sheet.setdefault("clock_mhz", _clock_mhz(sheet))
     for k, v in sheet.items():
         f[k] = float(v)
     return sizes.add_features(f)
+
+
+def _clock_mhz(sheet: dict) -> float:
+    """The clock (MHz) at which ``sheet``'s SMs of ``BASE_LANES`` FP32 lanes reach its peak
+    (two FLOP per lane a clock)."""
+    return sheet["peak_gflops"] / (2 * BASE_LANES * sheet["num_sm"]) / GHZ_PER_MHZ
 
 
 def _more(field: str, factor: float) -> dict:
     """A datasheet with more of one resource; more SMs are SMs of the same kind (peak too);
     more lanes per SM raise the peak at the base clock."""
     if field == "lanes":
-        base_clock = BASE["peak_gflops"] * 1e3 / (2 * BASE_LANES * BASE["num_sm"])
-        return {"peak_gflops": BASE["peak_gflops"] * factor, "clock_mhz": base_clock}
+        return {"peak_gflops": BASE["peak_gflops"] * factor, "clock_mhz": _clock_mhz(BASE)}
     if field == "num_sm":
         return {"num_sm": BASE["num_sm"] * factor, "peak_gflops": BASE["peak_gflops"] * factor}
     return {field: BASE[field] * factor}

@@ -23,6 +23,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from nslib.data.units import GHZ_PER_MHZ
 from nslib.kernels import sizes
 
 ISSUE_PER_CLOCK = 128        # 4 schedulers x 32 threads
@@ -32,9 +33,9 @@ FLOP_PER_FFMA = 2
 
 def issue_gflops(frame: pd.DataFrame) -> np.ndarray:
     """Per row, the FP32 GFLOP/s the SMs can issue as a GEMM loop's FFMAs (module docstring):
-    ``FFMA_SHARE x 2 x 128 x num_sm x clock_mhz / 1000``."""
+    FLOP per clock of the SMs times the clock in GHz."""
     return (FFMA_SHARE * FLOP_PER_FFMA * ISSUE_PER_CLOCK * frame["num_sm"].to_numpy(float)
-            * frame["clock_mhz"].to_numpy(float) / 1000.0)
+            * frame["clock_mhz"].to_numpy(float) * GHZ_PER_MHZ)
 
 
 def bounded(frame: pd.DataFrame) -> pd.DataFrame:

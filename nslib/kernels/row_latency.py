@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from nslib.data.units import MS_PER_S
+from nslib.data.units import MEGA, MS_PER_S
 
 THREADS = 128              # threads per block of PyTorch's layer norm (32 x 4)
 VEC = 4                    # elements a thread loads per step
@@ -58,5 +58,5 @@ def floor_ms(frame: pd.DataFrame) -> np.ndarray:
         sweeps[sub["aten"].astype(str).str.contains("group_norm").to_numpy()] = GROUP_NORM_SWEEPS
     steps = sweeps * np.ceil(sub["H"].to_numpy(float) / (THREADS * VEC))
     cycles = np.ceil(blocks / at_once) * steps * STEP_CYCLES
-    out[rows] = cycles / (sub["clock_mhz"].to_numpy(float) * 1e6) * MS_PER_S
+    out[rows] = cycles / (sub["clock_mhz"].to_numpy(float) * MEGA) * MS_PER_S
     return out
