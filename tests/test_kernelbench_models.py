@@ -191,3 +191,122 @@ def test_cli_eval_models_kernelbench(campaign, data_dir, capsys):
     assert set(out["Fake GPU 9"]) == {"median_error", "n_priced", "n_total"}
     assert main(["eval-models", "--kernelbench", str(campaign), "--logo"]) == 2
     assert "drop --logo" in capsys.readouterr().err
+
+
+# ----- the launch of a library call's further kernels, and the module front door
+
+def test_library_launch_is_a_share_of_the_hosts_call():
+    from nslib.model.stream import LIBRARY_LAUNCH_SHARE, library_launch_ms
+    # 0.175 of a 40 us operator call: 7 us a further kernel; never under the 3 us launch gap
+    assert library_launch_ms(0.04) == pytest.approx(LIBRARY_LAUNCH_SHARE * 0.04)
+    assert library_launch_ms(np.array([0.001, 0.04])).tolist() == pytest.approx(
+        [0.003, LIBRARY_LAUNCH_SHARE * 0.04])
+    assert library_launch_ms(0.04, launch_us=10.0) == pytest.approx(0.01)
+
+
+def test_recurrent_step_issued_at_the_library_launch(data_dir):
+    # an LSTM's per-step kernels on a slow host: the call costs the host one dispatch, every
+    # further kernel a C++ launch (library_launch_ms), and the GPU cannot run them faster
+    from nslib.model.inputs import kernel_frame, resolve_gpu
+    from nslib.model.stream import library_launch_ms, step_ms
+    from nslib.predictors import trained
+    with torch.device("meta"):
+        lstm, x = nn.LSTM(16, 32, num_layers=2, batch_first=True), torch.randn(4, 10, 16)
+    frame = kernel_frame(trace_module(lstm, [x]), resolve_gpu("V100"))
+    pred = trained("roofline", Settings(progress=False))
+    h = 0.2   # a host whose one-operator call takes 200 us: host-bound
+    got = step_ms(pred, frame, per_call=True, host_floor_ms=h).sum()
+    further = (len(frame) - 1) * float(library_launch_ms(h))
+    assert further < got < further + 3 * h   # plus the one call's dispatch (h x class ratio)
+    # a plain sum (no host term) ignores it
+    assert step_ms(pred, frame, None, per_call=True).sum() < got
+
+
+def _net_file(tmp_path):
+    path = tmp_path / "mynet.py"
+    path.write_text("import torch.nn as nn\n\n"
+                    "def Net():\n"
+                    "    return nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(),\n"
+                    "                         nn.MaxPool2d(2), nn.Flatten(),\n"
+                    "                         nn.Linear(8 * 15 * 15, 10))\n")
+    return path
+
+
+def test_predict_model_takes_a_module(tmp_path, data_dir):
+    from nslib.model.predict import predict_model
+    s = Settings(progress=False)
+    frame, summ = predict_model("V100", _cnn, predictor="roofline", inputs=[(2, 3, 32, 32)],
+                                settings=s)
+    # the same kernels as the hand-checked trace above, priced as one inference forward
+    assert frame["kernel_class"].tolist() == ["linear", "elementwise", "elementwise", "memory",
+                                              "linear"]
+    assert frame.iloc[0][["M", "N", "K"]].tolist() == [2 * 30 * 30, 27, 8]
+    assert summ["e2e_ms"] == pytest.approx(frame["pred_ms"].sum())
+    assert summ["bw_ms"] == 0 and summ["unpriced"] == {} and summ["unpriced_share"] == 0
+    # a built module, a FILE.py:NAME factory and a KernelBench-style file give the same step
+    with torch.device("meta"):
+        built = _cnn()
+    same = [predict_model("V100", built, predictor="roofline", inputs=[(2, 3, 32, 32)],
+                          settings=s)[1]["e2e_ms"],
+            predict_model("V100", f"{_net_file(tmp_path)}:Net", predictor="roofline",
+                          inputs=[(2, 3, 32, 32)], settings=s)[1]["e2e_ms"]]
+    assert same == pytest.approx([summ["e2e_ms"]] * 2)
+    kb_file = tmp_path / "1_TinyCNN.py"
+    kb_file.write_text(LEVEL3["1_TinyCNN.py"])
+    _, k = predict_model("V100", str(kb_file), predictor="roofline", settings=s)
+    assert k["n_kernels"] == 2 and k["e2e_ms"] > 0
+
+
+def test_predict_module_errors_say_the_fix(tmp_path, data_dir):
+    from nslib.model.module_predict import parse_shapes
+    from nslib.model.predict import predict_model
+    from nslib.model.step import Step
+    s = Settings(progress=False)
+    with pytest.raises(ValueError, match="give the inputs"):
+        predict_model("V100", f"{_net_file(tmp_path)}:Net", predictor="roofline", settings=s)
+    with pytest.raises(ValueError, match="no module class or factory named 'Nope'"):
+        predict_model("V100", f"{_net_file(tmp_path)}:Nope", predictor="roofline",
+                      inputs=[(1, 3, 32, 32)], settings=s)
+    with pytest.raises(ValueError, match="FP32 inference forward"):
+        predict_model("V100", _cnn, Step(2, 1, "train"), "roofline", inputs=[(2, 3, 32, 32)],
+                      settings=s)
+    with pytest.raises(ValueError, match=r"cannot price this module: 100%.*i0\.default x1"):
+        predict_model("V100", lambda: _Bessel(), predictor="roofline", inputs=[(8, 8)],
+                      settings=s)
+    with pytest.raises(ValueError, match="data-dependent shapes"):
+        predict_model("V100", lambda: _Dynamic(), predictor="roofline", inputs=[(8, 8)],
+                      settings=s)
+    with pytest.raises(ValueError, match="give the step"):
+        predict_model("V100", "gpt2_large")
+    assert parse_shapes("8x3x224x224, 8x10") == [(8, 3, 224, 224), (8, 10)]
+    with pytest.raises(ValueError, match="8x3x224x224"):
+        parse_shapes("8x3x224x")
+
+
+class _Bessel(nn.Module):
+    def forward(self, x):
+        return torch.special.i0(x)
+
+
+class _Dynamic(nn.Module):
+    def forward(self, x):
+        return x[: int(x.sum().item())]
+
+
+def test_cli_predict_module(tmp_path, data_dir, capsys):
+    path = _net_file(tmp_path)
+    assert main(["predict", "--gpu", "V100", "--module", f"{path}:Net", "--inputs",
+                 "2x3x32x32", "--predictor", "roofline", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["n_kernels"] == 5 and out["e2e_ms"] > 0 and out["mode"] == "inf"
+    assert main(["predict", "--gpu", "V100", "--module", f"{path}:Net", "--inputs",
+                 "2x3x32x32", "--predictor", "roofline"]) == 0
+    text = capsys.readouterr().out
+    assert "inference forward on" in text and "5 kernels" in text
+    assert main(["predict", "--gpu", "V100", "--module", f"{path}:Net", "--batch", "2"]) == 2
+    assert "drop --batch" in capsys.readouterr().err
+    assert main(["predict", "--gpu", "V100", "--model", "gpt2_large", "--module",
+                 f"{path}:Net"]) == 2
+    assert "give one of --model" in capsys.readouterr().err
+    assert main(["predict", "--gpu", "V100", "--model", "gpt2_large"]) == 2
+    assert "needs --batch" in capsys.readouterr().err

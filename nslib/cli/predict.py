@@ -13,12 +13,22 @@ from nslib.model.memory import memory_of
 from nslib.model.parallel import LINK_UTILISATION
 from nslib.model.inputs import resolve_gpu
 from nslib.model.predict import predict_model
+from nslib.model.stream import LAUNCH_US
 from nslib.model.step import Parallel, Step, split_options
 from nslib.model.trace import ModelNoteWarning, model_notes
 from nslib.predictors.gpu_range import DatasheetRangeWarning
 
 
 def _predict(args) -> int:
+    if bool(args.model) == bool(args.module):
+        raise ValueError("give one of --model CONFIG (with --batch and --seq) and --module "
+                         "FILE.py[:NAME] (a PyTorch module)")
+    if args.module:
+        return _predict_module(args)
+    if args.inputs is not None:
+        raise ValueError("--inputs gives a module's input shapes: use it with --module")
+    if args.batch is None or args.seq is None:
+        raise ValueError("--model needs --batch N and --seq N")
     if args.gpu and args.gpu_spec:
         raise ValueError("give one of --gpu NAME and --gpu-spec FILE, not both")
     if not (args.gpu or args.gpu_spec):
@@ -43,6 +53,51 @@ def _predict(args) -> int:
     else:
         _print_summary(args, summary, mem, per_gpu)
     _print_warnings(summary["warnings"], model_notes(args.model, args.seq), caught)
+    return 0
+
+
+def _predict_module(args) -> int:
+    """``nslib predict --module FILE.py[:NAME] [--inputs SHAPES]``: one inference forward."""
+    from nslib.model.module_predict import parse_shapes
+
+    if args.gpu and args.gpu_spec:
+        raise ValueError("give one of --gpu NAME and --gpu-spec FILE, not both")
+    if not (args.gpu or args.gpu_spec):
+        raise ValueError("name a GPU with --gpu NAME (see `nslib gpus`) or --gpu-spec FILE.json")
+    step_flags = [f"--{k.replace('_', '-')}" for k in ("batch", "seq", "dp", "tp", "pp",
+                                                       "microbatches", "imbalance",
+                                                       "optimizer", "link_bw")
+                  if getattr(args, k, None) is not None]
+    step_flags += [f"--{k.replace('_', '-')}" for k in ("fused", "kv_cache") if getattr(args, k)]
+    if args.mode != "inf" or (args.dtype or "fp32") != "fp32":
+        step_flags.append("--mode/--dtype")
+    if step_flags:
+        raise ValueError(f"--module forecasts one FP32 inference forward on one GPU, its shapes "
+                         f"from --inputs or the file's get_inputs(): drop {', '.join(step_flags)}")
+    gpu = Path(args.gpu_spec) if args.gpu_spec else args.gpu
+    name = resolve_gpu(gpu).name
+    inputs = parse_shapes(args.inputs) if args.inputs is not None else None
+    launch = None if args.plain_sum else (LAUNCH_US if args.launch_us is None else args.launch_us)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        frame, summary = predict_model(gpu, args.module, predictor=args.predictor,
+                                       inputs=inputs, launch_us=launch,
+                                       settings=Settings(quick=args.quick))
+    summary = {"gpu": args.gpu_spec or args.gpu, "gpu_name": name, "module": args.module,
+               "inputs": args.inputs, "mode": "inf", "predictor": args.predictor, **summary}
+    if args.json:
+        print(json.dumps(summary, indent=1, allow_nan=False))
+    else:
+        shapes = f" on inputs {args.inputs}" if args.inputs else ""
+        print(f"{args.module}{shapes}, inference forward on {name} ({args.predictor}): "
+              f"{_fmt_ms(summary['e2e_ms'])} ms, {summary['n_kernels']} kernels")
+        for k, v in sorted(summary["per_class_ms"].items(), key=lambda kv: -kv[1]):
+            print(f"  {k:12s} {_fmt_ms(v):>12s} ms")
+        if summary["unpriced"]:
+            listed = ", ".join(f"{k} x{v}" for k, v in sorted(summary["unpriced"].items()))
+            print(f"  not priced ({summary['unpriced_share']:.0%} of the operator calls, "
+                  f"left out of the time): {listed}")
+    _print_warnings(summary["warnings"], [], caught)
     return 0
 
 
@@ -178,9 +233,17 @@ def add_predict_parser(sub) -> None:
     s = sub.add_parser("predict", help="predict a model's inference or training step on a GPU")
     s.add_argument("--gpu", help="GPU name or alias (see `nslib gpus`)")
     s.add_argument("--gpu-spec", help="a GPU datasheet JSON in NeuSight's format")
-    s.add_argument("--model", required=True, help="config name in the data, or a JSON path")
-    s.add_argument("--batch", type=arg_int(), required=True)
-    s.add_argument("--seq", type=arg_int(), required=True)
+    s.add_argument("--model", help="config name in the data, or a JSON path")
+    s.add_argument("--module", metavar="FILE.py[:NAME]",
+                   help="any PyTorch module instead of --model: a file with Model, "
+                        "get_inputs() and get_init_inputs() (KernelBench's convention), or "
+                        "FILE.py:NAME, a module class or factory, with --inputs; one FP32 "
+                        "inference forward is traced on the meta device and priced")
+    s.add_argument("--inputs", metavar="SHAPES",
+                   help="the module's input shapes, e.g. 8x3x224x224 (several: comma "
+                        "separated); default the file's get_inputs()")
+    s.add_argument("--batch", type=arg_int())
+    s.add_argument("--seq", type=arg_int())
     s.add_argument("--mode", choices=["inf", "train"], default="inf")
     s.add_argument("--predictor", default="nslib",
                    help="kernel predictor (in 16 bits: of the vector and memory kernels)")

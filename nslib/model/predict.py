@@ -19,6 +19,7 @@ from nslib.data.settings import Settings, settings_of
 from nslib.model.fusion import fuse
 from nslib.model.config import load_model_config
 from nslib.model.inputs import get_predictor, kernel_frame, resolve_gpu, traced
+from nslib.model.module_predict import is_module_spec, predict_module
 from nslib.model.parallel import predict_parallel
 from nslib.model.step import Parallel, Step, parallel_of, step_of
 from nslib.model.stream import (LAUNCH_US, datasheet_columns, per_class_ms, step_ms, stream_ms,
@@ -36,13 +37,19 @@ def summarize(frame: pd.DataFrame) -> dict:
             "n_kernels": int(len(frame))}
 
 
-def predict_model(gpu, model, step: Step, predictor="nslib", *,
+def predict_model(gpu, model, step: Step | None = None, predictor="nslib", *,
                   parallel: Parallel | None = None, tensor_predictor="nslib",
-                  launch_us: float | None = LAUNCH_US, settings: Settings | None = None):
+                  launch_us: float | None = LAUNCH_US, settings: Settings | None = None,
+                  inputs=None):
     """Predict one step of ``model``: ``(kernels frame, summary dict)``.
 
     ``gpu``: name/alias, spec file or :class:`GPU`; ``model``: a config name in the data
-    (``gpt3_27``), a JSON path or a config dict; ``step``: a :class:`nslib.model.step.Step`
+    (``gpt3_27``), a JSON path or a config dict; or any PyTorch module (an ``nn.Module``, a
+    factory returning one, a ``FILE.py[:NAME]``), whose inference forward on ``inputs``
+    (tensors or shapes; a KernelBench-style file's own ``get_inputs()`` when ``None``) is
+    traced and priced (:func:`nslib.model.module_predict.predict_module`; ``step`` then may
+    be omitted, or an FP32 inference step whose batch and sequence the inputs override);
+    ``step``: a :class:`nslib.model.step.Step`
     (batch, seq, mode ``inf``/``train``, dtype, fused, mixture-of-experts imbalance);
     ``predictor``: a registered name (trained and cached on first use) or a fitted predictor.
 
@@ -52,9 +59,8 @@ def predict_model(gpu, model, step: Step, predictor="nslib", *,
     ``step.batch`` the global batch, over its link (:mod:`nslib.model.parallel`); the summary
     then gains ``comm_ms`` and ``parallel``.
 
-    ``launch_us``: the launch gap (us) of kernels run back to back, each microbenchmark's
-    dispatch floor off (:func:`nslib.model.stream.step_ms`); ``None`` sums the latencies as
-    they are (the original tool's; always so for ``plain_sum`` predictors).
+    ``launch_us``: the launch gap (us) of kernels run back to back (:func:`step_ms`); ``None``
+    sums the latencies as they are (the original tool's; always so for ``plain_sum`` ones).
 
     ``step.dtype`` ``bf16``/``fp16``: traced in that format with fused attention; tensor-core
     GEMMs and attention priced by ``tensor_predictor`` (a 16-bit predictor's name,
@@ -66,7 +72,10 @@ def predict_model(gpu, model, step: Step, predictor="nslib", *,
     The summary's ``warnings``: the model's notes, then the datasheet figures outside the
     training GPUs' range; ``interval_ms`` where a calibration is cached (:func:`with_interval`).
     """
-    step, par, s = step_of(step), parallel_of(parallel), settings_of(settings)
+    if is_module_spec(model):
+        return _predict_module(gpu, model, step, predictor, parallel, launch_us, settings,
+                               inputs)
+    step, par, s = _config_step(step, inputs), parallel_of(parallel), settings_of(settings)
     if step.imbalance != 1.0 and par.multi:
         raise ValueError("imbalance applies to single-GPU predictions for now: drop "
                          "dp/tp/pp or the imbalance")
@@ -88,6 +97,38 @@ def predict_model(gpu, model, step: Step, predictor="nslib", *,
         return frame, with_interval(summ, predictor, s.data, s.quick)
     summ = {**summ, "dtype": step.dtype, "tensor_predictor": _tensor_name(tensor_predictor)}
     return frame, with_interval16(summ, frame, predictor, tensor_predictor, s.data, s.quick)
+
+
+def _config_step(step, inputs) -> Step:
+    """The step of a model config (a ValueError when missing, or given a module's inputs)."""
+    if step is None:
+        raise ValueError("give the step (nslib.model.step.Step: batch, sequence, mode) of a "
+                         "model config; only a module's inputs say its shapes")
+    if inputs is not None:
+        raise ValueError("inputs= applies to a PyTorch module; a model config's inputs come "
+                         "from the step's batch and sequence")
+    return step_of(step)
+
+
+def _predict_module(gpu, model, step, predictor, parallel, launch_us, settings, inputs):
+    """:func:`predict_model` of a PyTorch module: an FP32 inference forward on one GPU."""
+    if step is not None:
+        st = step_of(step)
+        if st.mode != "inf" or st.dtype != "fp32" or st.fused or st.imbalance != 1.0:
+            raise ValueError("a PyTorch module is forecast as an FP32 inference forward: drop "
+                             "the training mode, --dtype, --fused and --imbalance")
+    if parallel is not None and parallel_of(parallel).multi:
+        raise ValueError("a PyTorch module is forecast on one GPU: drop dp/tp/pp")
+    s = settings_of(settings)
+    frame, summary = predict_module(gpu, model, inputs, predictor, launch_us=launch_us,
+                                    settings=s)
+    summary = {**summary, "warnings": _module_notes(resolve_gpu(gpu, s.data), s)}
+    return frame, summary
+
+
+def _module_notes(spec: GPU, settings: Settings) -> list[str]:
+    """The datasheet figures outside the training GPUs' range (a module has no model notes)."""
+    return warn_out_of_range(spec, settings.data)
 
 
 def _range_notes(spec: GPU, step: Step, par: Parallel, settings: Settings) -> list[str]:

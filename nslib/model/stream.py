@@ -69,6 +69,10 @@ from nslib.predictors import trained
 # Back-to-back kernel launch gap on the GPU, us (a few us on CUDA GPUs). Not fitted: the
 # mean end-to-end errors moved by under half a point between 3 and 6 us when this was tried.
 LAUNCH_US = 3.0
+# A kernel launched from C++ inside an operator call costs the host this share of one Python
+# operator call on the same host (launch overhead; chosen by leave-one-campaign-out over
+# KernelBench's level-3 campaigns, docs/decisions.md "Any PyTorch module").
+LIBRARY_LAUNCH_SHARE = 0.175
 _PROBE_COLS = ["cls", "op", "B", "M", "N", "K", "H"]
 # vector classes dispatched like an elementwise op: they share its floor (docs/decisions.md 9)
 HOST_LIKE_ELEMENTWISE = ("elementwise", "softmax", "layernorm")
@@ -239,18 +243,32 @@ def step_ms(pred, frame: pd.DataFrame, launch_us: float | None = LAUNCH_US,
     (:func:`host_bound`, each kernel costing the host its dispatch, :func:`stream_terms`).
     ``launch_us=None``: the microbenchmark latencies, as :func:`stream_ms`. ``per_call``: the
     host dispatches each operator call (``call`` column) once, its further kernels costing a
-    launch each (a library call that launches thousands of kernels from C++, e.g. cuDNN's
-    recurrent layers, costs the host no Python dispatch per kernel). ``host_floor_ms``: the
+    launch from C++ each (:func:`library_launch_ms`: a library call that launches thousands
+    of kernels, e.g. cuDNN's recurrent layers, costs the host no Python dispatch per kernel,
+    but a share of one). ``host_floor_ms``: the
     host is not the training data's but one whose cheapest operator call was measured at
     this floor (ms): each call costs it that times its class ratio (:func:`floors`);
     ignored by the plain sum (:func:`stream_terms`)."""
     _, gpu_ms, dispatch = stream_terms(pred, frame, launch_us, data,
                                        host_floor_ms=host_floor_ms)
-    if per_call and "call" in frame.columns and launch_us is not None:
+    plain = launch_us is None or bool(getattr(pred, "plain_sum", False))
+    if per_call and "call" in frame.columns and not plain:
         calls = frame["call"].to_numpy()
         again = (calls >= 0) & pd.Series(calls).duplicated().to_numpy()
-        dispatch = np.where(again, np.minimum(dispatch, launch_us / 1000.0), dispatch)
+        if again.any():
+            host = (np.full(len(frame), float(host_floor_ms)) if host_floor_ms is not None
+                    else _floor_parts(pred, frame, data)[0])
+            dispatch = np.where(again, library_launch_ms(host, launch_us), dispatch)
     return host_bound(frame, gpu_ms, dispatch)
+
+
+def library_launch_ms(host_floor_ms, launch_us: float = LAUNCH_US) -> np.ndarray:
+    """What the host takes (ms) to launch a further kernel of one operator call from C++
+    (cuDNN's per-step kernels of a recurrent layer, the copy and GEMM of one ``matmul``):
+    :data:`LIBRARY_LAUNCH_SHARE` of its one-operator call ``host_floor_ms`` (ms), never less
+    than the launch gap ``launch_us`` (us)."""
+    return np.maximum(LIBRARY_LAUNCH_SHARE * np.asarray(host_floor_ms, float),
+                      launch_us / 1000.0)
 
 
 def host_bound(frame: pd.DataFrame, gpu_ms: np.ndarray, dispatch_ms: np.ndarray) -> np.ndarray:

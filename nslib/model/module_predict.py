@@ -1,0 +1,160 @@
+"""Forecast any PyTorch module: the second front door of :func:`nslib.model.predict.predict_model`.
+
+A module (an ``nn.Module``, a factory that returns one, or a Python file) is built on the
+``meta`` device and traced by :func:`nslib.model.module_trace.trace_module`, the recorder the
+HuggingFace path uses; its kernels are priced on the GPU's datasheet like any model step
+(:func:`nslib.model.stream.step_ms`), each operator call dispatched once by the host and its
+further kernels launched from C++ (:func:`nslib.model.stream.library_launch_ms`).
+
+A file is either KernelBench's convention (``Model``, ``get_inputs()``,
+``get_init_inputs()``) or ``FILE.py:NAME``, ``NAME`` a module class or a factory taking no
+arguments, with the inputs given as shapes. Inputs are FP32 tensors; an inference forward
+(``no_grad``) is what is traced.
+
+Aten ops without a kernel mapping are listed with their share of the traced calls
+(``unpriced``, ``unpriced_share``); a step whose calls are mostly unpriced is an error, not a
+number. Units: ms.
+"""
+from __future__ import annotations
+
+import re
+import warnings
+from pathlib import Path
+
+import pandas as pd
+
+from nslib.data.settings import Settings, settings_of
+from nslib.model.inputs import get_predictor, kernel_frame, resolve_gpu
+from nslib.model.module_trace import ProblemError, load_problem, trace_module
+from nslib.model.stream import LAUNCH_US, per_class_ms, step_ms
+
+__all__ = ["is_module_spec", "module_trace_of", "predict_module", "parse_shapes",
+           "MAX_UNPRICED_SHARE"]
+
+# more than this share of the traced operator calls without a kernel mapping: no forecast
+MAX_UNPRICED_SHARE = 0.5
+
+
+def is_module_spec(model) -> bool:
+    """Whether ``model`` names a module rather than a model config: an ``nn.Module``, a
+    callable (a module class or factory), or a path to a ``.py`` file (``FILE.py[:NAME]``)."""
+    if isinstance(model, (dict, Path)) and not str(model).endswith(".py"):
+        return False
+    if isinstance(model, (str, Path)):
+        return bool(re.search(r"\.py(:[A-Za-z_]\w*)?$", str(model)))
+    try:
+        import torch
+    except ImportError:   # no torch: nothing can be a module
+        return False
+    return isinstance(model, torch.nn.Module) or callable(model)
+
+
+def parse_shapes(text: str) -> list[tuple[int, ...]]:
+    """``"8x3x224x224,8x10"`` as ``[(8, 3, 224, 224), (8, 10)]``; a ValueError naming the
+    bad part otherwise."""
+    shapes = []
+    for part in str(text).split(","):
+        part = part.strip()
+        if not re.fullmatch(r"\d+(x\d+)*", part):
+            raise ValueError(f"--inputs takes tensor shapes like 8x3x224x224 (several separated "
+                             f"by commas), not {part!r}")
+        dims = tuple(int(v) for v in part.split("x"))
+        if min(dims) < 1:
+            raise ValueError(f"input shape {part!r} has a zero dimension")
+        shapes.append(dims)
+    return shapes
+
+
+def _load(spec) -> tuple[object, object]:
+    """``(module or factory, the file's get_inputs or None)`` for a module spec."""
+    if not isinstance(spec, (str, Path)):
+        return spec, None
+    path, _, name = str(spec).partition(":") if ".py:" in str(spec) else (str(spec), "", "")
+    if not Path(path).is_file():
+        raise ProblemError(f"{path}: no such module file (give FILE.py with Model, get_inputs() "
+                           "and get_init_inputs(), or FILE.py:NAME with --inputs)")
+    if not name:
+        ns = load_problem(path)
+        return (lambda: ns["Model"](*ns["get_init_inputs"]())), ns["get_inputs"]
+    ns = _run_file(path)
+    if not callable(ns.get(name)):
+        raise ProblemError(f"{path}: defines no module class or factory named {name!r}")
+    return ns[name], (ns["get_inputs"] if callable(ns.get("get_inputs")) else None)
+
+
+def _run_file(path: str) -> dict:
+    """The namespace of a Python file (ProblemError naming it when it fails)."""
+    source = Path(path).read_text()
+    ns: dict = {"__name__": "nslib_module_file", "__file__": str(path)}
+    try:
+        exec(compile(source, str(path), "exec"), ns)  # noqa: S102 - the user's own module file
+    except Exception as e:  # a module file can raise anything at import
+        raise ProblemError(f"{path}: running the file failed ({type(e).__name__}: "
+                           f"{str(e)[:200]})") from None
+    return ns
+
+
+def module_trace_of(model, inputs=None, eval_mode: bool = True) -> pd.DataFrame:
+    """The kernel rows of one inference forward of ``model`` (see :func:`is_module_spec`) on
+    ``inputs``: tensors, or shapes (tuples of ints) made FP32 tensors; ``None`` takes the
+    file's ``get_inputs()``. Everything is built on the meta device (no weights, no memory).
+    :class:`nslib.model.module_trace.ProblemError` (a ValueError) naming what failed."""
+    import torch
+
+    target, get_inputs = _load(model)
+    label = getattr(model, "__name__", type(model).__name__) if not isinstance(
+        model, (str, Path)) else Path(str(model).split(":")[0]).name
+    try:
+        with torch.device("meta"), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            module = target if isinstance(target, torch.nn.Module) else target()
+            if not isinstance(module, torch.nn.Module):
+                raise ProblemError(f"{label}: the factory returned {type(module).__name__}, "
+                                   "not an nn.Module")
+            module = module.to("meta")
+            if inputs is None:
+                if get_inputs is None:
+                    raise ProblemError(f"{label}: give the inputs (shapes such as "
+                                       "[(8, 3, 224, 224)], or --inputs 8x3x224x224)")
+                inputs = get_inputs()
+            args = [torch.randn(*v) if isinstance(v, (tuple, list)) and all(
+                isinstance(d, int) for d in v) else v for v in inputs]
+            args = [t.to("meta") if isinstance(t, torch.Tensor) else t for t in args]
+            return trace_module(module, args, eval_mode=eval_mode)
+    except ProblemError:
+        raise
+    except Exception as e:  # the module's own code raises anything on meta tensors
+        raise ProblemError(f"{label}: cannot trace on the meta device ({type(e).__name__}: "
+                           f"{str(e).splitlines()[0][:200] if str(e) else ''}); a module "
+                           "with data-dependent shapes or values needs real inputs") from None
+
+
+def predict_module(gpu, model, inputs=None, predictor="nslib", *,
+                   launch_us: float | None = LAUNCH_US, eval_mode: bool = True,
+                   settings: Settings | None = None) -> tuple[pd.DataFrame, dict]:
+    """One inference forward of a module (see :func:`module_trace_of`) on ``gpu``:
+    ``(kernels frame with pred_ms, summary)``. The summary is
+    :func:`nslib.model.predict.summarize`'s (``e2e_ms``, ``fw_ms``, ``per_class_ms``,
+    ``n_kernels``) plus ``unpriced`` (aten op -> calls without a kernel mapping) and
+    ``unpriced_share`` (their share of the traced calls). A ValueError when more than
+    :data:`MAX_UNPRICED_SHARE` of the calls are unpriced, or the module cannot be traced."""
+    s = settings_of(settings)
+    spec = resolve_gpu(gpu, s.data)
+    trace = module_trace_of(model, inputs, eval_mode)
+    unknown = dict(trace.attrs.get("unknown_ops", {}))
+    n_unknown = sum(unknown.values())
+    share = n_unknown / max(n_unknown + len(trace), 1)
+    if share > MAX_UNPRICED_SHARE or not len(trace):
+        listed = ", ".join(f"{k} x{v}" for k, v in sorted(unknown.items())) or "none"
+        raise ValueError(f"cannot price this module: {share:.0%} of its operator calls have no "
+                         f"kernel mapping ({listed}); nslib prices GEMMs, convolutions, "
+                         "recurrent layers, norms, pooling and elementwise kernels")
+    frame = kernel_frame(trace, spec)
+    pred = get_predictor(predictor, s.data, s.quick)
+    if getattr(pred, "plain_sum", False):   # the method's own aggregation
+        launch_us = None
+    frame["pred_ms"] = step_ms(pred, frame, launch_us, s.data, per_call=True)
+    fw = float(frame["pred_ms"].sum())
+    return frame, {"e2e_ms": fw, "fw_ms": fw, "bw_ms": 0.0, "per_class_ms": per_class_ms(frame),
+                   "n_kernels": int(len(frame)), "launch_us": launch_us,
+                   "unpriced": unknown, "unpriced_share": share}
