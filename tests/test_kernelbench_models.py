@@ -310,3 +310,14 @@ def test_cli_predict_module(tmp_path, data_dir, capsys):
     assert "give one of --model" in capsys.readouterr().err
     assert main(["predict", "--gpu", "V100", "--model", "gpt2_large"]) == 2
     assert "needs --batch" in capsys.readouterr().err
+
+
+def test_predict_model_leaves_the_callers_module_alone(data_dir):
+    from nslib.model.predict import predict_model
+    net = nn.Sequential(nn.Linear(8, 4), nn.Dropout(0.1))   # real weights, training mode
+    before = net[0].weight.detach().clone()
+    _, summ = predict_model("V100", net, predictor="roofline", inputs=[(2, 8)],
+                            settings=Settings(progress=False))
+    assert summ["n_kernels"] >= 1
+    assert net.training and net[0].weight.device.type == "cpu"
+    assert torch.equal(net[0].weight.detach(), before)

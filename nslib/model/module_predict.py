@@ -17,6 +17,7 @@ number. Units: ms.
 """
 from __future__ import annotations
 
+import copy
 import re
 import warnings
 from pathlib import Path
@@ -111,6 +112,10 @@ def module_trace_of(model, inputs=None, eval_mode: bool = True) -> pd.DataFrame:
             if not isinstance(module, torch.nn.Module):
                 raise ProblemError(f"{label}: the factory returned {type(module).__name__}, "
                                    "not an nn.Module")
+            if module is target:
+                # the caller's own module: trace a meta copy (its weights, device and
+                # train/eval flag stay as they are; a meta module copies for free)
+                module = copy.deepcopy(module)
             module = module.to("meta")
             if inputs is None:
                 if get_inputs is None:
