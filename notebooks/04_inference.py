@@ -33,6 +33,7 @@ seed = 0
 quick = False      # quick profile: quick-trained predictors, a subset of configurations
 kernelbench = None  # KernelBench timings folder; None: $NSLIB_KERNELBENCH or datasets/kernelbench
 kernelbench_levels = [3, 2]  # its whole models (3) and fused chains (2); [] skips the section
+own_modules = True  # forecast two modules written below on every datasheet of the data
 
 # %%
 from nslib.viz.figures import save_figure, save_table
@@ -191,7 +192,9 @@ by_batch
 # Predictors are trained on the NeuSight training GPUs; problems that do not trace, or hold ops
 # without a kernel mapping, are listed with the reason, not scored. The host is the campaign's:
 # each operator call costs it the campaign's cheapest level-1 call (about 3 us on one machine,
-# 21-50 us on the others) times the class's floor ratio, not the NeuSight hosts' floor.
+# 21-50 us on the others) times the class's floor ratio, not the NeuSight hosts' floor; a
+# call's further kernels (cuDNN's per-step kernels) are launched from C++, each at 0.175 of
+# that call (`nslib.model.stream.library_launch_ms`).
 
 # %%
 from nslib.data.paths import DataNotFoundError
@@ -224,3 +227,65 @@ for level, st in kb_steps.items():
     print(f"level {level}: {len(priced)} of {len(st)} problem runs priced;",
           "median error per family:", per_family["nslib"].round(1).to_dict())
     display(per_gpu.round(1))
+
+# %% [markdown]
+# ## Your own module
+#
+# The door the KernelBench problems went through takes any `nn.Module`: a class or factory
+# and its input shapes (`predict_model(gpu, module, inputs=[...])`, or
+# `nslib predict --gpu G --module file.py:Name --inputs 8x3x64x64`). The module is built on the
+# meta device (no weights, no memory), one inference forward is traced and priced on the
+# datasheet. Below, a small CNN and a two-layer GRU written here, on every FP32 datasheet of
+# the data: where the time goes changes with the GPU (the GRU's hundreds of small kernels are
+# the host's, whatever the GPU; the CNN's convolutions are GEMMs).
+
+# %%
+import warnings
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+import torch.nn as nn
+
+from nslib.data.gpus import load_gpus
+from nslib.model.predict import predict_model
+
+
+def small_cnn():
+    return nn.Sequential(nn.Conv2d(3, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(),
+                         nn.MaxPool2d(2), nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(),
+                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, 10))
+
+
+class GRUNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.rnn, self.head = nn.GRU(64, 128, num_layers=2, batch_first=True), nn.Linear(128, 10)
+
+    def forward(self, x):
+        return self.head(self.rnn(x)[0][:, -1])
+
+
+own = {"small CNN, 32 x 3x64x64": (small_cnn, [(32, 3, 64, 64)]),
+       "2-layer GRU, 16 x 100 steps": (GRUNet, [(16, 100, 64)])}
+rows = []
+if own_modules:
+    sheets = {g.name: g for g in load_gpus(data).values()}   # one per Device name
+    for gpu in sheets.values():
+        for what, (factory, shapes) in own.items():
+            with warnings.catch_warnings():   # the datasheet-range notes are in the summary
+                warnings.simplefilter("ignore")
+                _, summ = predict_model(gpu, factory, inputs=shapes, settings=settings)
+            rows.append({"gpu": gpu.name, "module": what, "ms": summ["e2e_ms"],
+                         "kernels": summ["n_kernels"], **summ["per_class_ms"]})
+own_table = pd.DataFrame(rows)
+if len(own_table):
+    save_table(own_table.set_index(["module", "gpu"]), "04_own_modules", out)
+    per_class = own_table.set_index(["module", "gpu"]).drop(columns=["ms", "kernels"]).fillna(0)
+    fig, axes = plt.subplots(1, len(own), figsize=(5 * len(own) + 2, 0.45 * len(sheets) + 1.5),
+                             sharey=True)
+    for ax, what in zip(np.atleast_1d(axes), own):
+        per_class.loc[what].plot.barh(stacked=True, ax=ax, legend=ax is np.atleast_1d(axes)[-1])
+        ax.set(title=what, xlabel="forecast inference forward (ms), per kernel class", ylabel="")
+    save_figure(fig, "04_own_modules", out)
+    display(own_table.pivot(index="gpu", columns="module", values="ms").round(3))

@@ -79,6 +79,11 @@ def test_04_05_model_tables(data_dir, tmp_path, name, mode):
     gpus = [c for c in per_class.columns if c in logo.columns[:-2]]
     assert gpus and per_class["mean (training GPUs held out)"].round(6).equals(
         per_class[gpus].mean(axis=1).round(6))
+    if name == "04_inference":   # two modules written in the notebook, on every datasheet
+        own = pd.read_csv(tmp_path / "04_own_modules.csv")
+        assert own["module"].nunique() == 2 and (own["ms"] > 0).all()
+        assert own.groupby("module")["gpu"].nunique().min() >= 5
+        assert (tmp_path / "04_own_modules.png").exists()
 
 
 def test_09_mixed_precision(data_dir, mixed_dir, tmp_path):
