@@ -19,14 +19,13 @@ from __future__ import annotations
 
 import copy
 import re
-import warnings
 from pathlib import Path
 
 import pandas as pd
 
 from nslib.data.settings import Settings, settings_of
 from nslib.model.inputs import get_predictor, kernel_frame, resolve_gpu
-from nslib.model.module_trace import ProblemError, load_problem, trace_module
+from nslib.model.module_trace import ProblemError, load_problem, meta_trace, run_file
 from nslib.model.stream import LAUNCH_US, per_class_ms, step_ms
 
 __all__ = ["is_module_spec", "module_trace_of", "predict_module", "parse_shapes",
@@ -77,61 +76,43 @@ def _load(spec) -> tuple[object, object]:
     if not name:
         ns = load_problem(path)
         return (lambda: ns["Model"](*ns["get_init_inputs"]())), ns["get_inputs"]
-    ns = _run_file(path)
+    ns = run_file(path)
     if not callable(ns.get(name)):
         raise ProblemError(f"{path}: defines no module class or factory named {name!r}")
     return ns[name], (ns["get_inputs"] if callable(ns.get("get_inputs")) else None)
 
 
-def _run_file(path: str) -> dict:
-    """The namespace of a Python file (ProblemError naming it when it fails)."""
-    source = Path(path).read_text()
-    ns: dict = {"__name__": "nslib_module_file", "__file__": str(path)}
-    try:
-        exec(compile(source, str(path), "exec"), ns)  # noqa: S102 - the user's own module file
-    except Exception as e:  # a module file can raise anything at import
-        raise ProblemError(f"{path}: running the file failed ({type(e).__name__}: "
-                           f"{str(e)[:200]})") from None
-    return ns
-
-
 def module_trace_of(model, inputs=None, eval_mode: bool = True) -> pd.DataFrame:
     """The kernel rows of one inference forward of ``model`` (see :func:`is_module_spec`) on
     ``inputs``: tensors, or shapes (tuples of ints) made FP32 tensors; ``None`` takes the
-    file's ``get_inputs()``. Everything is built on the meta device (no weights, no memory).
-    :class:`nslib.model.module_trace.ProblemError` (a ValueError) naming what failed."""
+    file's ``get_inputs()``. Everything is built on the meta device (no weights, no memory);
+    a caller's own module is copied first (its weights, device and train/eval flag stay as
+    they are). :class:`nslib.model.module_trace.ProblemError` (a ValueError) naming what
+    failed."""
     import torch
 
     target, get_inputs = _load(model)
-    label = getattr(model, "__name__", type(model).__name__) if not isinstance(
-        model, (str, Path)) else Path(str(model).split(":")[0]).name
-    try:
-        with torch.device("meta"), warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            module = target if isinstance(target, torch.nn.Module) else target()
-            if not isinstance(module, torch.nn.Module):
-                raise ProblemError(f"{label}: the factory returned {type(module).__name__}, "
-                                   "not an nn.Module")
-            if module is target:
-                # the caller's own module: trace a meta copy (its weights, device and
-                # train/eval flag stay as they are; a meta module copies for free)
-                module = copy.deepcopy(module)
-            module = module.to("meta")
-            if inputs is None:
-                if get_inputs is None:
-                    raise ProblemError(f"{label}: give the inputs (shapes such as "
-                                       "[(8, 3, 224, 224)], or --inputs 8x3x224x224)")
-                inputs = get_inputs()
-            args = [torch.randn(*v) if isinstance(v, (tuple, list)) and all(
+    label = Path(str(model).split(":")[0]).name if isinstance(model, (str, Path)) else \
+        getattr(model, "__name__", type(model).__name__)
+
+    def build():
+        module = target if isinstance(target, torch.nn.Module) else target()
+        if not isinstance(module, torch.nn.Module):
+            raise ProblemError(f"{label}: the factory returned {type(module).__name__}, not "
+                               "an nn.Module")
+        # a meta module copies for free; one with weights is copied once
+        return (copy.deepcopy(module) if module is target else module).to("meta")
+
+    def make_inputs():
+        if inputs is not None:
+            return [torch.randn(*v) if isinstance(v, (tuple, list)) and all(
                 isinstance(d, int) for d in v) else v for v in inputs]
-            args = [t.to("meta") if isinstance(t, torch.Tensor) else t for t in args]
-            return trace_module(module, args, eval_mode=eval_mode)
-    except ProblemError:
-        raise
-    except Exception as e:  # the module's own code raises anything on meta tensors
-        raise ProblemError(f"{label}: cannot trace on the meta device ({type(e).__name__}: "
-                           f"{str(e).splitlines()[0][:200] if str(e) else ''}); a module "
-                           "with data-dependent shapes or values needs real inputs") from None
+        if get_inputs is None:
+            raise ProblemError(f"{label}: give the inputs (shapes such as [(8, 3, 224, 224)], "
+                               "or --inputs 8x3x224x224)")
+        return get_inputs()
+
+    return meta_trace(build, make_inputs, label, eval_mode)
 
 
 def predict_module(gpu, model, inputs=None, predictor="nslib", *,

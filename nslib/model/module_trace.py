@@ -16,7 +16,8 @@ import pandas as pd
 from nslib.model.blocks import install_hooks
 from nslib.model.recorder import Tracer, make_modes
 
-__all__ = ["trace_module", "load_problem", "problem_trace", "ProblemError", "rnn_rows"]
+__all__ = ["trace_module", "load_problem", "problem_trace", "meta_trace", "run_file",
+           "ProblemError", "rnn_rows"]
 
 # gate GEMM widths per hidden unit of PyTorch's recurrent layers (nn.RNNBase.mode)
 GATES = {"LSTM": 4, "GRU": 3, "RNN_TANH": 1, "RNN_RELU": 1}
@@ -114,22 +115,29 @@ def _rnn_hooks(model, tracer) -> list:
     return handles
 
 
-def load_problem(path: str | Path) -> dict:
-    """The namespace of a KernelBench-style problem file: its ``Model`` class and its
-    ``get_inputs`` / ``get_init_inputs`` functions. Raises :class:`ProblemError` naming the file
-    when it cannot be run or lacks one of the three."""
+def run_file(path: str | Path) -> dict:
+    """The namespace of a Python file, run once; :class:`ProblemError` naming the file when it
+    cannot be read or raises."""
     path = Path(path)
     try:
         source = path.read_text()
     except (OSError, UnicodeDecodeError) as e:
-        raise ProblemError(f"{path}: cannot read the problem file ({e})") from None
+        raise ProblemError(f"{path}: cannot read the file ({e})") from None
     ns: dict = {"__name__": f"nslib_problem_{hashlib.sha1(source.encode()).hexdigest()[:12]}",
                 "__file__": str(path)}
     try:
-        exec(compile(source, str(path), "exec"), ns)  # noqa: S102 - the user's own problem file
-    except Exception as e:  # a problem file can raise anything at import
+        exec(compile(source, str(path), "exec"), ns)  # noqa: S102 - the user's own file
+    except Exception as e:  # a user's file can raise anything at import
         raise ProblemError(f"{path}: running the file failed ({type(e).__name__}: "
                            f"{str(e)[:200]})") from None
+    return ns
+
+
+def load_problem(path: str | Path) -> dict:
+    """The namespace of a KernelBench-style problem file: its ``Model`` class and its
+    ``get_inputs`` / ``get_init_inputs`` functions. Raises :class:`ProblemError` naming the file
+    when it cannot be run or lacks one of the three."""
+    ns = run_file(path)
     missing = [k for k in ("Model", "get_inputs", "get_init_inputs") if not callable(ns.get(k))]
     if missing:
         raise ProblemError(f"{path}: a problem file defines Model, get_inputs() and "
@@ -137,27 +145,32 @@ def load_problem(path: str | Path) -> dict:
     return ns
 
 
-def problem_trace(path: str | Path) -> pd.DataFrame:
-    """:func:`trace_module` of a problem file's ``Model(*get_init_inputs())`` on
-    ``get_inputs()``, all built under ``torch.device("meta")``, the module left in the mode it
-    is built in (training, as KernelBench's harness calls it). :class:`ProblemError` when the
-    problem needs real data (a data-dependent shape, a CPU-only op) or fails to build."""
+def meta_trace(build, make_inputs, label: str, eval_mode: bool = True) -> pd.DataFrame:
+    """:func:`trace_module` of ``build()`` on ``make_inputs()``, both called under
+    ``torch.device("meta")`` (tensors the forward makes without a device stay on meta too).
+    :class:`ProblemError` starting with ``label`` when the module needs real data (a
+    data-dependent shape, a CPU-only op) or fails to build."""
     import torch
 
-    ns = load_problem(path)
     try:
         with torch.device("meta"), warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            init = ns["get_init_inputs"]()
-            model = ns["Model"](*init)
-            inputs = [t.to("meta") if isinstance(t, torch.Tensor) else t
-                      for t in ns["get_inputs"]()]
-            # tensors the forward makes without a device stay on meta too
-            return trace_module(model, inputs, eval_mode=False)
+            model = build()
+            inputs = [t.to("meta") if isinstance(t, torch.Tensor) else t for t in make_inputs()]
+            return trace_module(model, inputs, eval_mode=eval_mode)
     except ProblemError:
         raise
     except Exception as e:  # the module's own code raises anything on meta tensors
-        raise ProblemError(f"{Path(path).name}: cannot trace on the meta device "
+        raise ProblemError(f"{label}: cannot trace on the meta device "
                            f"({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''})"
                            "; a module with data-dependent shapes or values needs real inputs"
                            ) from None
+
+
+def problem_trace(path: str | Path) -> pd.DataFrame:
+    """:func:`meta_trace` of a problem file's ``Model(*get_init_inputs())`` on
+    ``get_inputs()``, the module left in the mode it is built in (training, as KernelBench's
+    harness calls it)."""
+    ns = load_problem(path)
+    return meta_trace(lambda: ns["Model"](*ns["get_init_inputs"]()), ns["get_inputs"],
+                      Path(path).name, eval_mode=False)
