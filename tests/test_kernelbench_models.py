@@ -321,3 +321,18 @@ def test_predict_model_leaves_the_callers_module_alone(data_dir):
     assert summ["n_kernels"] >= 1
     assert net.training and net[0].weight.device.type == "cpu"
     assert torch.equal(net[0].weight.detach(), before)
+
+
+def test_module_forecast_carries_the_interval(data_dir, monkeypatch, capsys, tmp_path):
+    from nslib.model.predict import predict_model
+    from nslib.predictors.intervals import Calibration
+    cal = Calibration("roofline", 0.8, {"linear": (-0.1, 0.3), "elementwise": (-0.05, 0.05),
+                                        "memory": (-0.05, 0.05)})
+    monkeypatch.setattr("nslib.model.predict.calibration", lambda *a, **k: cal)
+    _, s = predict_model("V100", _cnn, predictor="roofline", inputs=[(2, 3, 32, 32)],
+                         settings=Settings(progress=False))
+    lo, hi = s["interval_ms"]
+    assert lo < s["e2e_ms"] < hi and s["interval_coverage"] == 0.8
+    assert main(["predict", "--gpu", "V100", "--module", f"{_net_file(tmp_path)}:Net",
+                 "--inputs", "2x3x32x32", "--predictor", "roofline"]) == 0
+    assert "(80%: " in capsys.readouterr().out

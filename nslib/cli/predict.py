@@ -90,7 +90,8 @@ def _predict_module(args) -> int:
     else:
         shapes = f" on inputs {args.inputs}" if args.inputs else ""
         print(f"{args.module}{shapes}, inference forward on {name} ({args.predictor}): "
-              f"{_fmt_ms(summary['e2e_ms'])} ms, {summary['n_kernels']} kernels")
+              f"{_fmt_ms(summary['e2e_ms'])} ms{_band(summary)}, {summary['n_kernels']} "
+              "kernels")
         for k, v in sorted(summary["per_class_ms"].items(), key=lambda kv: -kv[1]):
             print(f"  {k:12s} {_fmt_ms(v):>12s} ms")
         if summary["unpriced"]:
@@ -172,13 +173,18 @@ def _fmt_ms(v: float) -> str:
     return f"{v:,.2f}" if abs(v) < 1e7 else f"{v:.3e}"
 
 
+def _band(summary: dict) -> str:
+    """`` (80%: lo-hi)`` when the summary carries an interval, else ""."""
+    band = summary.get("interval_ms")
+    return (f" ({100 * summary['interval_coverage']:.0f}%: {_fmt_ms(band[0])}-"
+            f"{_fmt_ms(band[1])})" if band else "")
+
+
 def _print_summary(args, summary: dict, mem: dict, per_gpu: bool) -> None:
     dtype = getattr(args, "dtype", "fp32") or "fp32"
     what = (args.predictor if dtype == "fp32" else
             f"{dtype}: {args.tensor_predictor or 'nslib'} tensor cores, {args.predictor} vector")
-    band = summary.get("interval_ms")
-    band = (f" ({100 * summary['interval_coverage']:.0f}%: {_fmt_ms(band[0])}-"
-            f"{_fmt_ms(band[1])})" if band else "")
+    band = _band(summary)
     print(f"{args.model} {args.mode} batch {args.batch} seq {args.seq} on "
           f"{summary['gpu_name']} ({what}): {_fmt_ms(summary['e2e_ms'])} ms{band} "
           f"(forward {_fmt_ms(summary['fw_ms'])}, backward {_fmt_ms(summary['bw_ms'])})")

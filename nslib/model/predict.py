@@ -123,7 +123,7 @@ def _predict_module(gpu, model, step, predictor, parallel, launch_us, settings, 
     frame, summary = predict_module(gpu, model, inputs, predictor, launch_us=launch_us,
                                     settings=s)
     summary = {**summary, "warnings": _module_notes(resolve_gpu(gpu, s.data), s)}
-    return frame, summary
+    return frame, with_interval(summary, predictor, s.data, s.quick)
 
 
 def _module_notes(spec: GPU, settings: Settings) -> list[str]:
