@@ -41,3 +41,19 @@ def test_every_numbered_notebook_is_planned():
             "04_inference", "05_training", "06_fusion", "07_distributed",
             "08_gpu_explorer"} <= set(plan)
     assert all(p["quick"] is True for p in plan.values())
+
+
+def test_index_keeps_rows_of_notebooks_not_run_here(tmp_path):
+    # a fresh checkout that reruns one notebook has no stamp for the others: their rows stay
+    from nslib.reproduce import write_index
+    figs, res = tmp_path / "figs", tmp_path / "res"
+    figs.mkdir()
+    res.mkdir()
+    for name in ("00_gpus.csv", "04_new.csv"):
+        (figs / name).write_text("a\n1\n")
+    (figs / "README.md").write_text(
+        "| [00_gpus.csv](00_gpus.csv) | 00_ideas | `{\"seed\": 0}` | abc |\n")
+    (res / "04_inference.stamp.json").write_text('{"params": {"seed": 0}, "data_hash": "abc"}')
+    index = write_index(figs, res, "abc").read_text()
+    assert "| [00_gpus.csv](00_gpus.csv) | 00_ideas | `{\"seed\": 0}` | abc |" in index
+    assert "| [04_new.csv](04_new.csv) | 04_inference |" in index
