@@ -23,16 +23,16 @@ def _predict(args) -> int:
     if bool(args.model) == bool(args.module):
         raise ValueError("give one of --model CONFIG (with --batch and --seq) and --module "
                          "FILE.py[:NAME] (a PyTorch module)")
+    if args.gpu and args.gpu_spec:
+        raise ValueError("give one of --gpu NAME and --gpu-spec FILE, not both")
+    if not (args.gpu or args.gpu_spec):
+        raise ValueError("name a GPU with --gpu NAME (see `nslib gpus`) or --gpu-spec FILE.json")
     if args.module:
         return _predict_module(args)
     if args.inputs is not None:
         raise ValueError("--inputs gives a module's input shapes: use it with --module")
     if args.batch is None or args.seq is None:
         raise ValueError("--model needs --batch N and --seq N")
-    if args.gpu and args.gpu_spec:
-        raise ValueError("give one of --gpu NAME and --gpu-spec FILE, not both")
-    if not (args.gpu or args.gpu_spec):
-        raise ValueError("name a GPU with --gpu NAME (see `nslib gpus`) or --gpu-spec FILE.json")
     # a spec is always a file, whatever its suffix
     gpu = Path(args.gpu_spec) if args.gpu_spec else args.gpu
     name = resolve_gpu(gpu).name   # the datasheet the name resolved to, for the report
@@ -60,10 +60,6 @@ def _predict_module(args) -> int:
     """``nslib predict --module FILE.py[:NAME] [--inputs SHAPES]``: one inference forward."""
     from nslib.model.module_predict import parse_shapes
 
-    if args.gpu and args.gpu_spec:
-        raise ValueError("give one of --gpu NAME and --gpu-spec FILE, not both")
-    if not (args.gpu or args.gpu_spec):
-        raise ValueError("name a GPU with --gpu NAME (see `nslib gpus`) or --gpu-spec FILE.json")
     step_flags = [f"--{k.replace('_', '-')}" for k in ("batch", "seq", "dp", "tp", "pp",
                                                        "microbatches", "imbalance",
                                                        "optimizer", "link_bw")
@@ -77,7 +73,7 @@ def _predict_module(args) -> int:
     gpu = Path(args.gpu_spec) if args.gpu_spec else args.gpu
     name = resolve_gpu(gpu).name
     inputs = parse_shapes(args.inputs) if args.inputs is not None else None
-    launch = None if args.plain_sum else (LAUNCH_US if args.launch_us is None else args.launch_us)
+    launch = _options(args).get("launch_us", LAUNCH_US)   # the step flags are gone by now
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         frame, summary = predict_model(gpu, args.module, predictor=args.predictor,
@@ -92,8 +88,7 @@ def _predict_module(args) -> int:
         print(f"{args.module}{shapes}, inference forward on {name} ({args.predictor}): "
               f"{_fmt_ms(summary['e2e_ms'])} ms{_band(summary)}, {summary['n_kernels']} "
               "kernels")
-        for k, v in sorted(summary["per_class_ms"].items(), key=lambda kv: -kv[1]):
-            print(f"  {k:12s} {_fmt_ms(v):>12s} ms")
+        _print_classes(summary["per_class_ms"])
         if summary["unpriced"]:
             listed = ", ".join(f"{k} x{v}" for k, v in sorted(summary["unpriced"].items()))
             print(f"  not priced ({summary['unpriced_share']:.0%} of the operator calls, "
@@ -173,6 +168,12 @@ def _fmt_ms(v: float) -> str:
     return f"{v:,.2f}" if abs(v) < 1e7 else f"{v:.3e}"
 
 
+def _print_classes(per_class_ms: dict) -> None:
+    """One line per kernel class, the largest first (ms)."""
+    for k, v in sorted(per_class_ms.items(), key=lambda kv: -kv[1]):
+        print(f"  {k:12s} {_fmt_ms(v):>12s} ms")
+
+
 def _band(summary: dict) -> str:
     """`` (80%: lo-hi)`` when the summary carries an interval, else ""."""
     band = summary.get("interval_ms")
@@ -188,8 +189,7 @@ def _print_summary(args, summary: dict, mem: dict, per_gpu: bool) -> None:
     print(f"{args.model} {args.mode} batch {args.batch} seq {args.seq} on "
           f"{summary['gpu_name']} ({what}): {_fmt_ms(summary['e2e_ms'])} ms{band} "
           f"(forward {_fmt_ms(summary['fw_ms'])}, backward {_fmt_ms(summary['bw_ms'])})")
-    for k, v in sorted(summary["per_class_ms"].items(), key=lambda kv: -kv[1]):
-        print(f"  {k:12s} {_fmt_ms(v):>12s} ms")
+    _print_classes(summary["per_class_ms"])
     par = summary.get("parallel")
     if par:
         link = par["link"]

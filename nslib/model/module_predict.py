@@ -26,7 +26,7 @@ import pandas as pd
 from nslib.data.settings import Settings, settings_of
 from nslib.model.inputs import get_predictor, kernel_frame, resolve_gpu
 from nslib.model.module_trace import ProblemError, load_problem, meta_trace, run_file
-from nslib.model.stream import LAUNCH_US, per_class_ms, step_ms
+from nslib.model.stream import LAUNCH_US, step_ms, step_summary
 
 __all__ = ["is_module_spec", "module_trace_of", "predict_module", "parse_shapes",
            "MAX_UNPRICED_SHARE"]
@@ -120,7 +120,7 @@ def predict_module(gpu, model, inputs=None, predictor="nslib", *,
                    settings: Settings | None = None) -> tuple[pd.DataFrame, dict]:
     """One inference forward of a module (see :func:`module_trace_of`) on ``gpu``:
     ``(kernels frame with pred_ms, summary)``. The summary is
-    :func:`nslib.model.predict.summarize`'s (``e2e_ms``, ``fw_ms``, ``per_class_ms``,
+    :func:`nslib.model.stream.step_summary`'s (``e2e_ms``, ``fw_ms``, ``per_class_ms``,
     ``n_kernels``) plus ``unpriced`` (aten op -> calls without a kernel mapping) and
     ``unpriced_share`` (their share of the traced calls). A ValueError when more than
     :data:`MAX_UNPRICED_SHARE` of the calls are unpriced, or the module cannot be traced."""
@@ -140,7 +140,5 @@ def predict_module(gpu, model, inputs=None, predictor="nslib", *,
     if getattr(pred, "plain_sum", False):   # the method's own aggregation
         launch_us = None
     frame["pred_ms"] = step_ms(pred, frame, launch_us, s.data, per_call=True)
-    fw = float(frame["pred_ms"].sum())
-    return frame, {"e2e_ms": fw, "fw_ms": fw, "bw_ms": 0.0, "per_class_ms": per_class_ms(frame),
-                   "n_kernels": int(len(frame)), "launch_us": launch_us,
-                   "unpriced": unknown, "unpriced_share": share}
+    return frame, {**step_summary(frame), "launch_us": launch_us, "unpriced": unknown,
+                   "unpriced_share": share}

@@ -22,19 +22,11 @@ from nslib.model.inputs import get_predictor, kernel_frame, resolve_gpu, traced
 from nslib.model.module_predict import is_module_spec, predict_module
 from nslib.model.parallel import predict_parallel
 from nslib.model.step import Parallel, Step, parallel_of, step_of
-from nslib.model.stream import (LAUNCH_US, datasheet_columns, per_class_ms, step_ms, stream_ms,
+from nslib.model.stream import (LAUNCH_US, datasheet_columns, step_ms, step_summary, stream_ms,
                                  tensor_masks, tensor_predictors)
 from nslib.model.trace import model_notes
 from nslib.predictors.gpu_range import warn_out_of_range, warn_out_of_tensor_range
 from nslib.predictors.intervals import calibration, tensor_calibration
-
-
-def summarize(frame: pd.DataFrame) -> dict:
-    """``{e2e_ms, fw_ms, bw_ms, per_class_ms: {...}, n_kernels}`` of a predicted frame."""
-    fw = float(frame.loc[frame["phase"] == "fw", "pred_ms"].sum())
-    bw = float(frame.loc[frame["phase"] == "bw", "pred_ms"].sum())
-    return {"e2e_ms": fw + bw, "fw_ms": fw, "bw_ms": bw, "per_class_ms": per_class_ms(frame),
-            "n_kernels": int(len(frame))}
 
 
 def predict_model(gpu, model, step: Step | None = None, predictor="nslib", *,
@@ -120,15 +112,12 @@ def _predict_module(gpu, model, step, predictor, parallel, launch_us, settings, 
     if parallel is not None and parallel_of(parallel).multi:
         raise ValueError("a PyTorch module is forecast on one GPU: drop dp/tp/pp")
     s = settings_of(settings)
-    frame, summary = predict_module(gpu, model, inputs, predictor, launch_us=launch_us,
+    spec = resolve_gpu(gpu, s.data)
+    frame, summary = predict_module(spec, model, inputs, predictor, launch_us=launch_us,
                                     settings=s)
-    summary = {**summary, "warnings": _module_notes(resolve_gpu(gpu, s.data), s)}
+    # a module has no model notes: the datasheet figures outside the training GPUs' range
+    summary = {**summary, "warnings": warn_out_of_range(spec, s.data)}
     return frame, with_interval(summary, predictor, s.data, s.quick)
-
-
-def _module_notes(spec: GPU, settings: Settings) -> list[str]:
-    """The datasheet figures outside the training GPUs' range (a module has no model notes)."""
-    return warn_out_of_range(spec, settings.data)
 
 
 def _range_notes(spec: GPU, step: Step, par: Parallel, settings: Settings) -> list[str]:
@@ -196,12 +185,12 @@ def _predict_one(ask: _Ask) -> tuple[pd.DataFrame, dict]:
         tp = ask.tensor_predictor
         tensor = tensor_predictors(tp, s.quick) if isinstance(tp, str) else tuple(tp)
         frame["pred_ms"] = stream_ms(pred, frame, launch_us, s.data, tensor=(ask.spec, *tensor))
-        return frame, {**summarize(frame), "launch_us": launch_us}
+        return frame, {**step_summary(frame), "launch_us": launch_us}
     if getattr(pred, "plain_sum", False):  # the method's own aggregation (NeuSight's plain sum)
         launch_us = None
     frame["pred_ms"] = step_ms(pred, frame, launch_us, s.data)
     extra = {"fused": True, "n_kernels_unfused": int(len(tr))} if st.fused else {}
-    return frame, {**summarize(frame), **extra, "launch_us": launch_us}
+    return frame, {**step_summary(frame), **extra, "launch_us": launch_us}
 
 
 def with_interval16(summary: dict, frame: pd.DataFrame, predictor, tensor_predictor,

@@ -296,6 +296,14 @@ def per_class_ms(frame: pd.DataFrame) -> dict[str, float]:
     return {k: float(v) for k, v in per.items()}
 
 
+def step_summary(frame: pd.DataFrame) -> dict:
+    """``{e2e_ms, fw_ms, bw_ms, per_class_ms: {...}, n_kernels}`` of a predicted frame."""
+    fw = float(frame.loc[frame["phase"] == "fw", "pred_ms"].sum())
+    bw = float(frame.loc[frame["phase"] == "bw", "pred_ms"].sum())
+    return {"e2e_ms": fw + bw, "fw_ms": fw, "bw_ms": bw, "per_class_ms": per_class_ms(frame),
+            "n_kernels": int(len(frame))}
+
+
 # ----- 16-bit rows: the tensor-core kernels and their FP32-equivalent vector kernels
 TENSOR_KINDS = ("gemm", "attention")
 
