@@ -214,7 +214,7 @@ def write_index(figs: Path, res: Path, dhash: str) -> Path:
         if f.suffix not in (".png", ".pdf", ".csv", ".md") or f.name == "README.md":
             continue
         nb = next((n for n in stamps if f.name.startswith(n[:3])), None)
-        if nb is None and f.name in old:
+        if nb is None and f.stem != "layout" and f.name in old:
             lines.append(old[f.name])
             continue
         st = stamps.get(nb, {})

@@ -5,6 +5,7 @@ campaign (and the shared one when there is one)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -321,6 +322,64 @@ def test_predict_model_leaves_the_callers_module_alone(data_dir):
     assert summ["n_kernels"] >= 1
     assert net.training and net[0].weight.device.type == "cpu"
     assert torch.equal(net[0].weight.detach(), before)
+
+
+def test_factory_returning_the_callers_module_leaves_it_alone(data_dir):
+    from nslib.model.predict import predict_model
+    net = nn.Sequential(nn.Linear(8, 4), nn.BatchNorm1d(4))    # real weights and buffers
+    before = net[0].weight.detach().clone()
+    _, summ = predict_model("V100", lambda: net, predictor="roofline", inputs=[(2, 8)],
+                            settings=Settings(progress=False))
+    assert summ["n_kernels"] >= 1
+    assert net[0].weight.device.type == "cpu" and net[1].running_mean.device.type == "cpu"
+    assert torch.equal(net[0].weight.detach(), before)
+
+
+def test_module_specs_and_inputs_in_every_form(tmp_path, data_dir):
+    from nslib.model.module_predict import is_module_spec, module_trace_of
+    from nslib.model.predict import predict_model
+    path = _net_file(tmp_path)
+    # a path object with a factory name is a module, whatever colons the folder holds
+    assert is_module_spec(Path(f"{path}:Net")) and is_module_spec(f"{path}:Net")
+    assert not is_module_spec("gpt2_large") and not is_module_spec(Path("config.json"))
+    colon_dir = tmp_path / "a:b"
+    colon_dir.mkdir()
+    moved = colon_dir / "mynet.py"
+    moved.write_text(path.read_text())
+    one = module_trace_of(f"{moved}:Net", inputs=[(2, 3, 32, 32)])
+    # one shape, or one tensor, alone is the module's one input
+    assert len(module_trace_of(f"{moved}:Net", inputs=(2, 3, 32, 32))) == len(one)
+    assert len(module_trace_of(Path(f"{path}:Net"), inputs=torch.randn(2, 3, 32, 32))) == \
+        len(one)
+    # a wrong shape is told apart from a module that needs real data
+    with pytest.raises(ValueError, match=r"inputs \[2x3x16x16\].*check that the input shapes"):
+        predict_model("V100", f"{path}:Net", predictor="roofline", inputs=[(2, 3, 16, 16)],
+                      settings=Settings(progress=False))
+    with pytest.raises(ValueError, match="building the module failed"):
+        module_trace_of(lambda: nn.Linear(-1, 2), inputs=[(2, 2)])
+
+
+def test_unpriced_share_counts_calls_and_warns(data_dir):
+    from nslib.model.predict import predict_model
+
+    class Rnn(nn.Module):   # one LSTM call (many kernels) and one op without a mapping
+        def __init__(self):
+            super().__init__()
+            self.rnn = nn.LSTM(8, 8, batch_first=True)
+
+        def forward(self, x):
+            return torch.special.i0(self.rnn(x)[0])
+
+    _, summ = predict_model("V100", Rnn, predictor="roofline", inputs=[(2, 16, 8)],
+                            settings=Settings(progress=False))
+    assert list(summ["unpriced"].values()) == [1]
+    assert summ["unpriced_share"] == pytest.approx(0.5)   # 1 of 2 calls, not of ~50 kernels
+    assert any(w.startswith("not priced") for w in summ["warnings"])
+
+
+def test_cli_module_that_is_not_a_python_file(data_dir, capsys):
+    assert main(["predict", "--gpu", "V100", "--module", "gpt2_large"]) == 2
+    assert "--module takes FILE.py" in capsys.readouterr().err
 
 
 def test_module_forecast_carries_the_interval(data_dir, monkeypatch, capsys, tmp_path):

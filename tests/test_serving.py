@@ -6,7 +6,6 @@ import json
 from types import SimpleNamespace
 
 import numpy as np
-import pandas as pd
 import pytest
 
 from nslib.cli import main

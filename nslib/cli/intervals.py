@@ -37,8 +37,8 @@ def _calibrate(args) -> int:
     for c, (lo, hi) in cal.bounds.items():
         print(f"  {c:12s} lower {np.exp(-hi):.3f}  upper {np.exp(-lo):.3f}  ({cal.n[c]} "
               "kernels)")
-    print(f"\nEach GPU against the calibration of the others (achieved coverage and half-width, "
-          f"%), the +-MAPE band beside:")
+    print("\nEach GPU against the calibration of the others (achieved coverage and half-width, "
+          "%), the +-MAPE band beside:")
     print(tab.round(1).to_string())
     for m, t in e2e.items():
         print(f"\nEnd to end, {m}, GPUs never trained on:")

@@ -36,7 +36,7 @@ from nslib.data.settings import Settings, settings_of
 from nslib.evaluation import kernelbench as level1
 from nslib.evaluation.metrics import ape
 from nslib.model.inputs import kernel_frame
-from nslib.model.module_trace import ProblemError
+from nslib.model.module_trace import ProblemError, unpriced_calls
 from nslib.model.stream import LAUNCH_US, step_ms
 
 # (family, words of the problem name), first match wins; level 2 by its first operator
@@ -81,11 +81,10 @@ def problem_steps(root=None, level: int = 3, progress: bool = True) -> pd.DataFr
             if isinstance(trace, ProblemError):
                 row["reason"] = f"cannot trace: {str(trace).split(': ', 1)[-1][:120]}"
             else:
-                unknown = trace.attrs.get("unknown_ops", {})
-                n_unknown = sum(unknown.values())
+                unknown, share = unpriced_calls(trace)
                 row.update(n_kernels=len(trace), unpriced=", ".join(
                     f"{k.split('.')[1]} x{v}" for k, v in sorted(unknown.items())),
-                    unpriced_share=n_unknown / max(n_unknown + len(trace), 1))
+                    unpriced_share=share)
                 if unknown:
                     row["reason"] = "aten ops without a kernel mapping"
                 elif not len(trace):

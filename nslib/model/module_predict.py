@@ -25,7 +25,8 @@ import pandas as pd
 
 from nslib.data.settings import Settings, settings_of
 from nslib.model.inputs import get_predictor, kernel_frame, resolve_gpu
-from nslib.model.module_trace import ProblemError, load_problem, meta_trace, run_file
+from nslib.model.module_trace import (ProblemError, load_problem, meta_trace, run_file,
+                                      unpriced_calls)
 from nslib.model.stream import LAUNCH_US, step_ms, step_summary
 
 __all__ = ["is_module_spec", "module_trace_of", "predict_module", "parse_shapes",
@@ -33,15 +34,17 @@ __all__ = ["is_module_spec", "module_trace_of", "predict_module", "parse_shapes"
 
 # more than this share of the traced operator calls without a kernel mapping: no forecast
 MAX_UNPRICED_SHARE = 0.5
+# FILE.py or FILE.py:NAME (the path itself may hold colons, e.g. a drive letter)
+SPEC = re.compile(r"(?P<path>.+\.py)(?::(?P<name>[A-Za-z_]\w*))?")
 
 
 def is_module_spec(model) -> bool:
     """Whether ``model`` names a module rather than a model config: an ``nn.Module``, a
     callable (a module class or factory), or a path to a ``.py`` file (``FILE.py[:NAME]``)."""
-    if isinstance(model, (dict, Path)) and not str(model).endswith(".py"):
+    if isinstance(model, dict):
         return False
     if isinstance(model, (str, Path)):
-        return bool(re.search(r"\.py(:[A-Za-z_]\w*)?$", str(model)))
+        return SPEC.fullmatch(str(model)) is not None
     try:
         import torch
     except ImportError:   # no torch: nothing can be a module
@@ -69,7 +72,11 @@ def _load(spec) -> tuple[object, object]:
     """``(module or factory, the file's get_inputs or None)`` for a module spec."""
     if not isinstance(spec, (str, Path)):
         return spec, None
-    path, _, name = str(spec).partition(":") if ".py:" in str(spec) else (str(spec), "", "")
+    match = SPEC.fullmatch(str(spec))
+    if match is None:
+        raise ProblemError(f"{spec}: a module is given as FILE.py (Model, get_inputs(), "
+                           "get_init_inputs()) or FILE.py:NAME (a module class or factory)")
+    path, name = match["path"], match["name"]
     if not Path(path).is_file():
         raise ProblemError(f"{path}: no such module file (give FILE.py with Model, get_inputs() "
                            "and get_init_inputs(), or FILE.py:NAME with --inputs)")
@@ -82,31 +89,51 @@ def _load(spec) -> tuple[object, object]:
     return ns[name], (ns["get_inputs"] if callable(ns.get("get_inputs")) else None)
 
 
+def _is_shape(v) -> bool:
+    """Whether ``v`` is one tensor shape: a tuple or list of ints."""
+    return isinstance(v, (tuple, list)) and len(v) > 0 and all(isinstance(d, int) for d in v)
+
+
+def meta_copy(module):
+    """A copy of ``module`` whose parameters and buffers are meta tensors of the same shapes,
+    the caller's own module (its weights, device, train/eval flag) left as it is. Weights are
+    never copied: each is replaced by its meta twin in the copy."""
+    import torch
+
+    memo = {}
+    for p in module.parameters():
+        memo[id(p)] = torch.nn.Parameter(torch.empty_like(p, device="meta"),
+                                         requires_grad=p.requires_grad)
+    for b in module.buffers():
+        memo[id(b)] = torch.empty_like(b, device="meta")
+    return copy.deepcopy(module, memo)
+
+
 def module_trace_of(model, inputs=None, eval_mode: bool = True) -> pd.DataFrame:
     """The kernel rows of one inference forward of ``model`` (see :func:`is_module_spec`) on
-    ``inputs``: tensors, or shapes (tuples of ints) made FP32 tensors; ``None`` takes the
-    file's ``get_inputs()``. Everything is built on the meta device (no weights, no memory);
+    ``inputs``: a list of tensors or shapes (tuples of ints, made FP32 tensors), or one of
+    them alone; ``None`` takes the file's ``get_inputs()``. Everything is built on the meta device (no weights, no memory);
     a caller's own module is copied first (its weights, device and train/eval flag stay as
     they are). :class:`nslib.model.module_trace.ProblemError` (a ValueError) naming what
     failed."""
     import torch
 
     target, get_inputs = _load(model)
-    label = Path(str(model).split(":")[0]).name if isinstance(model, (str, Path)) else \
-        getattr(model, "__name__", type(model).__name__)
+    label = Path(SPEC.fullmatch(str(model))["path"]).name if isinstance(model, (str, Path)) \
+        else getattr(model, "__name__", type(model).__name__)
 
     def build():
         module = target if isinstance(target, torch.nn.Module) else target()
         if not isinstance(module, torch.nn.Module):
             raise ProblemError(f"{label}: the factory returned {type(module).__name__}, not "
                                "an nn.Module")
-        # a meta module copies for free; one with weights is copied once
-        return (copy.deepcopy(module) if module is target else module).to("meta")
+        return meta_copy(module)
 
     def make_inputs():
         if inputs is not None:
-            return [torch.randn(*v) if isinstance(v, (tuple, list)) and all(
-                isinstance(d, int) for d in v) else v for v in inputs]
+            return [torch.randn(*v) if _is_shape(v) else v
+                    for v in ([inputs] if _is_shape(inputs) or isinstance(inputs, torch.Tensor)
+                              else inputs)]
         if get_inputs is None:
             raise ProblemError(f"{label}: give the inputs (shapes such as [(8, 3, 224, 224)], "
                                "or --inputs 8x3x224x224)")
@@ -127,9 +154,7 @@ def predict_module(gpu, model, inputs=None, predictor="nslib", *,
     s = settings_of(settings)
     spec = resolve_gpu(gpu, s.data)
     trace = module_trace_of(model, inputs, eval_mode)
-    unknown = dict(trace.attrs.get("unknown_ops", {}))
-    n_unknown = sum(unknown.values())
-    share = n_unknown / max(n_unknown + len(trace), 1)
+    unknown, share = unpriced_calls(trace)
     if share > MAX_UNPRICED_SHARE or not len(trace):
         listed = ", ".join(f"{k} x{v}" for k, v in sorted(unknown.items())) or "none"
         raise ValueError(f"cannot price this module: {share:.0%} of its operator calls have no "
@@ -140,5 +165,11 @@ def predict_module(gpu, model, inputs=None, predictor="nslib", *,
     if getattr(pred, "plain_sum", False):   # the method's own aggregation
         launch_us = None
     frame["pred_ms"] = step_ms(pred, frame, launch_us, s.data, per_call=True)
-    return frame, {**step_summary(frame), "launch_us": launch_us, "unpriced": unknown,
+    summary = step_summary(frame)
+    if unknown:
+        listed = ", ".join(f"{k} x{v}" for k, v in sorted(unknown.items()))
+        summary["warnings"] = [*summary.get("warnings", []),
+                               f"not priced, left out of the time ({share:.0%} of the operator "
+                               f"calls): {listed}"]
+    return frame, {**summary, "launch_us": launch_us, "unpriced": unknown,
                    "unpriced_share": share}

@@ -17,7 +17,7 @@ from nslib.model.blocks import install_hooks
 from nslib.model.recorder import Tracer, make_modes
 
 __all__ = ["trace_module", "load_problem", "problem_trace", "meta_trace", "run_file",
-           "ProblemError", "rnn_rows"]
+           "ProblemError", "rnn_rows", "unpriced_calls"]
 
 # gate GEMM widths per hidden unit of PyTorch's recurrent layers (nn.RNNBase.mode)
 GATES = {"LSTM": 4, "GRU": 3, "RNN_TANH": 1, "RNN_RELU": 1}
@@ -59,6 +59,16 @@ def trace_module(model, inputs, mode: str = "inf", eval_mode: bool = True) -> pd
     frame = tracer.frame()
     frame.attrs["unknown_ops"] = dict(tracer.unknown)
     return frame
+
+
+def unpriced_calls(trace: pd.DataFrame) -> tuple[dict, float]:
+    """``(aten op -> calls without a kernel mapping, their share of the traced operator
+    calls)`` of a :func:`trace_module` frame: a call counts once however many kernel rows it
+    launched (a recurrent layer's hundreds of steps are one call)."""
+    unknown = dict(trace.attrs.get("unknown_ops", {}))
+    n_unknown = sum(unknown.values())
+    n_calls = int(trace["call"].nunique()) if "call" in trace.columns else len(trace)
+    return unknown, n_unknown / max(n_unknown + n_calls, 1)
 
 
 def rnn_rows(tracer, rnn, x) -> None:
@@ -148,23 +158,44 @@ def load_problem(path: str | Path) -> dict:
 def meta_trace(build, make_inputs, label: str, eval_mode: bool = True) -> pd.DataFrame:
     """:func:`trace_module` of ``build()`` on ``make_inputs()``, both called under
     ``torch.device("meta")`` (tensors the forward makes without a device stay on meta too).
-    :class:`ProblemError` starting with ``label`` when the module needs real data (a
-    data-dependent shape, a CPU-only op) or fails to build."""
+    :class:`ProblemError` starting with ``label`` that says which step failed: building the
+    module, making its inputs, or its forward (wrong input shapes, or a module that needs real
+    data: a data-dependent shape, a CPU-only op)."""
     import torch
 
-    try:
-        with torch.device("meta"), warnings.catch_warnings():
-            warnings.simplefilter("ignore")
+    def why(e: Exception) -> str:
+        first = str(e).splitlines()[0][:200] if str(e) else ""
+        return f"{type(e).__name__}: {first}"
+
+    with torch.device("meta"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
             model = build()
+        except ProblemError:
+            raise
+        except Exception as e:  # the user's constructor raises anything
+            raise ProblemError(f"{label}: building the module failed ({why(e)})") from None
+        try:
             inputs = [t.to("meta") if isinstance(t, torch.Tensor) else t for t in make_inputs()]
+        except ProblemError:
+            raise
+        except Exception as e:
+            raise ProblemError(f"{label}: making its inputs failed ({why(e)})") from None
+        try:
             return trace_module(model, inputs, eval_mode=eval_mode)
-    except ProblemError:
-        raise
-    except Exception as e:  # the module's own code raises anything on meta tensors
-        raise ProblemError(f"{label}: cannot trace on the meta device "
-                           f"({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''})"
-                           "; a module with data-dependent shapes or values needs real inputs"
-                           ) from None
+        except ProblemError:
+            raise
+        except Exception as e:  # the module's own code raises anything on meta tensors
+            shapes = ", ".join("x".join(str(d) for d in t.shape) if isinstance(t, torch.Tensor)
+                               else type(t).__name__ for t in inputs) or "none"
+            # a meta tensor has no values: reading one is what a data-dependent module does
+            needs_data = any(w in str(e) for w in ("meta", "data-dependent", ".item()",
+                                                   "nonzero", "Cannot copy out"))
+            hint = ("a module with data-dependent shapes or values needs real inputs, which "
+                    "this meta-device trace does not have" if needs_data else
+                    "check that the input shapes are the ones the module expects")
+            raise ProblemError(f"{label}: its forward failed on the meta device with inputs "
+                               f"[{shapes}] ({why(e)}); {hint}") from None
 
 
 def problem_trace(path: str | Path) -> pd.DataFrame:

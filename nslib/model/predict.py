@@ -115,8 +115,10 @@ def _predict_module(gpu, model, step, predictor, parallel, launch_us, settings, 
     spec = resolve_gpu(gpu, s.data)
     frame, summary = predict_module(spec, model, inputs, predictor, launch_us=launch_us,
                                     settings=s)
-    # a module has no model notes: the datasheet figures outside the training GPUs' range
-    summary = {**summary, "warnings": warn_out_of_range(spec, s.data)}
+    # a module has no model notes: its unpriced calls, then the datasheet figures outside the
+    # training GPUs' range
+    summary = {**summary, "warnings": [*summary.get("warnings", []),
+                                       *warn_out_of_range(spec, s.data)]}
     return frame, with_interval(summary, predictor, s.data, s.quick)
 
 

@@ -198,14 +198,21 @@ def stream_terms(pred, frame: pd.DataFrame, launch_us: float | None = LAUNCH_US,
     dispatch is another host's one-op floor times the class ratio (:func:`floors`); the GPU
     time still takes the predictor's own floor off. The plain sum (``launch_us=None`` or
     ``plain_sum``) has no dispatch term and ignores it."""
+    return _stream_parts(pred, frame, launch_us, data, raw, plain_sum, host_floor_ms)[:3]
+
+
+def _stream_parts(pred, frame, launch_us, data, raw=None, plain_sum=None, host_floor_ms=None):
+    """:func:`stream_terms`' three arrays and, fourth, the host's one-op floor per row (ms:
+    ``host_floor_ms`` or the predictor's elementwise probe, :func:`_floor_parts`; zeros for
+    the plain sum), from one prediction and one probe lookup."""
     if not len(frame):
-        return np.zeros(0), np.zeros(0), np.zeros(0)
+        return np.zeros(0), np.zeros(0), np.zeros(0), np.zeros(0)
     raw = published_memory(pred, frame, pred.predict(frame)) if raw is None else raw
     raw = np.asarray(raw, float)
     if plain_sum is None:
         plain_sum = bool(getattr(pred, "plain_sum", False))
     if launch_us is None or plain_sum:
-        return raw, raw, np.zeros(len(raw))
+        return raw, raw, np.zeros(len(raw)), np.zeros(len(raw))
     if launch_us < 0:
         raise ValueError(f"launch_us must be >= 0 (microseconds), got {launch_us}")
     base, ratio = _floor_parts(pred, frame, data)
@@ -214,8 +221,9 @@ def stream_terms(pred, frame: pd.DataFrame, launch_us: float | None = LAUNCH_US,
     if getattr(pred, "library_sizing", False):  # kernels as the library runs them
         gpu_ms = np.maximum(gpu_ms, row_latency.floor_ms(frame))
     if host_floor_ms is not None:
-        return raw, gpu_ms, float(host_floor_ms) * ratio
-    return raw, gpu_ms, np.minimum(floor, raw)
+        host = np.full(len(raw), float(host_floor_ms))
+        return raw, gpu_ms, host * ratio, host
+    return raw, gpu_ms, np.minimum(floor, raw), base
 
 
 def published_memory(pred, frame: pd.DataFrame, raw) -> np.ndarray:
@@ -249,15 +257,13 @@ def step_ms(pred, frame: pd.DataFrame, launch_us: float | None = LAUNCH_US,
     host is not the training data's but one whose cheapest operator call was measured at
     this floor (ms): each call costs it that times its class ratio (:func:`floors`);
     ignored by the plain sum (:func:`stream_terms`)."""
-    _, gpu_ms, dispatch = stream_terms(pred, frame, launch_us, data,
-                                       host_floor_ms=host_floor_ms)
+    _, gpu_ms, dispatch, host = _stream_parts(pred, frame, launch_us, data,
+                                              host_floor_ms=host_floor_ms)
     plain = launch_us is None or bool(getattr(pred, "plain_sum", False))
     if per_call and "call" in frame.columns and not plain:
         calls = frame["call"].to_numpy()
         again = (calls >= 0) & pd.Series(calls).duplicated().to_numpy()
         if again.any():
-            host = (np.full(len(frame), float(host_floor_ms)) if host_floor_ms is not None
-                    else _floor_parts(pred, frame, data)[0])
             dispatch = np.where(again, library_launch_ms(host, launch_us), dispatch)
     return host_bound(frame, gpu_ms, dispatch)
 
