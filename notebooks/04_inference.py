@@ -234,10 +234,14 @@ for level, st in kb_steps.items():
 # The door the KernelBench problems went through takes any `nn.Module`: a class or factory
 # and its input shapes (`predict_model(gpu, module, inputs=[...])`, or
 # `nslib predict --gpu G --module file.py:Name --inputs 8x3x64x64`). The module is built on the
-# meta device (no weights, no memory), one inference forward is traced and priced on the
+# meta device (no weights, no memory), one inference forward, or with `Step(..., "train")`
+# (`--mode train`) a training step, forward and backward, is traced and priced on the
 # datasheet. Below, a small CNN and a two-layer GRU written here, on every FP32 datasheet of
 # the data: where the time goes changes with the GPU (the GRU's hundreds of small kernels are
-# the host's, whatever the GPU; the CNN's convolutions are GEMMs).
+# the host's, whatever the GPU; the CNN's convolutions are GEMMs). A training step adds the
+# backward: each layer's two gradient GEMMs, the norms' and activations' backward kernels,
+# and for the GRU cuDNN's backward (per step a pointwise kernel and a GEMM, then the weight
+# gradients over every step).
 
 # %%
 import warnings
@@ -249,6 +253,7 @@ import torch.nn as nn
 
 from nslib.data.gpus import load_gpus
 from nslib.model.predict import predict_model
+from nslib.model.step import Step
 
 
 def small_cnn():
@@ -273,19 +278,30 @@ if own_modules:
     sheets = {g.name: g for g in load_gpus(data).values()}   # one per Device name
     for gpu in sheets.values():
         for what, (factory, shapes) in own.items():
-            with warnings.catch_warnings():   # the datasheet-range notes are in the summary
-                warnings.simplefilter("ignore")
-                _, summ = predict_model(gpu, factory, inputs=shapes, settings=settings)
-            rows.append({"gpu": gpu.name, "module": what, "ms": summ["e2e_ms"],
-                         "kernels": summ["n_kernels"], **summ["per_class_ms"]})
+            for mode in ("inf", "train"):
+                with warnings.catch_warnings():   # the datasheet-range notes are in the summary
+                    warnings.simplefilter("ignore")
+                    _, summ = predict_model(gpu, factory, Step(1, 1, mode), inputs=shapes,
+                                            settings=settings)
+                rows.append({"gpu": gpu.name, "module": what, "mode": mode,
+                             "ms": summ["e2e_ms"], "backward ms": summ["bw_ms"],
+                             "kernels": summ["n_kernels"], **summ["per_class_ms"]})
 own_table = pd.DataFrame(rows)
 if len(own_table):
-    save_table(own_table.set_index(["module", "gpu"]), "04_own_modules", out)
-    per_class = own_table.set_index(["module", "gpu"]).drop(columns=["ms", "kernels"]).fillna(0)
-    fig, axes = plt.subplots(1, len(own), figsize=(5 * len(own) + 2, 0.45 * len(sheets) + 1.5),
-                             sharey=True)
-    for ax, what in zip(np.atleast_1d(axes), own):
-        per_class.loc[what].plot.barh(stacked=True, ax=ax, legend=ax is np.atleast_1d(axes)[-1])
-        ax.set(title=what, xlabel="forecast inference forward (ms), per kernel class", ylabel="")
+    keys = ["module", "mode", "gpu"]
+    save_table(own_table.set_index(keys), "04_own_modules", out)
+    per_class = own_table.set_index(keys).drop(columns=["ms", "backward ms", "kernels"])
+    per_class = per_class.fillna(0)
+    modes = {"inf": "inference forward", "train": "training step"}
+    fig, axes = plt.subplots(len(modes), len(own), squeeze=False, sharey=True,
+                             figsize=(5 * len(own) + 2, 2 * (0.45 * len(sheets) + 1.5)))
+    for i, (mode, label) in enumerate(modes.items()):
+        for j, what in enumerate(own):
+            ax = axes[i, j]
+            per_class.loc[(what, mode)].plot.barh(stacked=True, ax=ax,
+                                                  legend=(i, j) == (0, len(own) - 1))
+            ax.set(title=f"{what}: {label}", xlabel="forecast ms, per kernel class",
+                   ylabel="")
     save_figure(fig, "04_own_modules", out)
-    display(own_table.pivot(index="gpu", columns="module", values="ms").round(3))
+    display(own_table.pivot_table(index="gpu", columns=["module", "mode"], values="ms")
+            .round(3))

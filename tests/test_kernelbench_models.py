@@ -268,8 +268,9 @@ def test_predict_module_errors_say_the_fix(tmp_path, data_dir):
     with pytest.raises(ValueError, match="no module class or factory named 'Nope'"):
         predict_model("V100", f"{_net_file(tmp_path)}:Nope", predictor="roofline",
                       inputs=[(1, 3, 32, 32)], settings=s)
-    with pytest.raises(ValueError, match="FP32 inference forward"):
-        predict_model("V100", _cnn, Step(2, 1, "train"), "roofline", inputs=[(2, 3, 32, 32)],
+    with pytest.raises(ValueError, match="FP32 step.*drop --dtype"):
+        predict_model("V100", _cnn, Step(2, 1, "inf", dtype="bf16"), "roofline",
+                      inputs=[(2, 3, 32, 32)],
                       settings=s)
     with pytest.raises(ValueError, match=r"cannot price this module: 100%.*i0\.default x1"):
         predict_model("V100", lambda: _Bessel(), predictor="roofline", inputs=[(8, 8)],

@@ -83,6 +83,10 @@ def test_04_05_model_tables(data_dir, tmp_path, name, mode):
         own = pd.read_csv(tmp_path / "04_own_modules.csv")
         assert own["module"].nunique() == 2 and (own["ms"] > 0).all()
         assert own.groupby("module")["gpu"].nunique().min() >= 5
+        # a training step is the inference forward and a backward
+        wide = own.pivot_table(index=["module", "gpu"], columns="mode", values="ms")
+        assert (wide["train"] > wide["inf"]).all()
+        assert (own.loc[own["mode"] == "inf", "backward ms"] == 0).all()
         assert (tmp_path / "04_own_modules.png").exists()
 
 

@@ -65,11 +65,12 @@ def _predict_module(args) -> int:
                                                        "optimizer", "link_bw")
                   if getattr(args, k, None) is not None]
     step_flags += [f"--{k.replace('_', '-')}" for k in ("fused", "kv_cache") if getattr(args, k)]
-    if args.mode != "inf" or (args.dtype or "fp32") != "fp32":
-        step_flags.append("--mode/--dtype")
+    if (args.dtype or "fp32") != "fp32":
+        step_flags.append("--dtype")
     if step_flags:
-        raise ValueError(f"--module forecasts one FP32 inference forward on one GPU, its shapes "
-                         f"from --inputs or the file's get_inputs(): drop {', '.join(step_flags)}")
+        raise ValueError(f"--module forecasts one FP32 step (--mode inf or train) on one GPU, "
+                         f"its shapes from --inputs or the file's get_inputs(): drop "
+                         f"{', '.join(step_flags)}")
     if not is_module_spec(args.module):
         raise ValueError(f"--module takes FILE.py (a file with Model, get_inputs() and "
                          f"get_init_inputs()) or FILE.py:NAME (a module class or factory), not "
@@ -80,16 +81,18 @@ def _predict_module(args) -> int:
     launch = _options(args).get("launch_us", LAUNCH_US)   # the step flags are gone by now
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        frame, summary = predict_model(gpu, args.module, predictor=args.predictor,
-                                       inputs=inputs, launch_us=launch,
-                                       settings=Settings(quick=args.quick))
+        frame, summary = predict_model(gpu, args.module, Step(1, 1, args.mode),
+                                       predictor=args.predictor, inputs=inputs,
+                                       launch_us=launch, settings=Settings(quick=args.quick))
     summary = {"gpu": args.gpu_spec or args.gpu, "gpu_name": name, "module": args.module,
-               "inputs": args.inputs, "mode": "inf", "predictor": args.predictor, **summary}
+               "inputs": args.inputs, "mode": args.mode, "predictor": args.predictor,
+               **summary}
     if args.json:
         print(json.dumps(summary, indent=1, allow_nan=False))
     else:
         shapes = f" on inputs {args.inputs}" if args.inputs else ""
-        print(f"{args.module}{shapes}, inference forward on {name} ({args.predictor}): "
+        step = "inference forward" if args.mode == "inf" else "training step (forward + backward)"
+        print(f"{args.module}{shapes}, {step} on {name} ({args.predictor}): "
               f"{_fmt_ms(summary['e2e_ms'])} ms{_band(summary)}, {summary['n_kernels']} "
               "kernels")
         _print_classes(summary["per_class_ms"])

@@ -110,7 +110,9 @@ SOFTMAX = {"_softmax", "_log_softmax", "_softmax_backward_data", "_log_softmax_b
 # batch's statistics, in training mode) as an elementwise kernel; a group norm normalizes
 # rows of (channels / groups) x positions, a layer norm's kernel
 NORM = {"native_batch_norm", "_native_batch_norm_legit", "_native_batch_norm_legit_functional",
-        "_native_batch_norm_legit_no_training", "cudnn_batch_norm", "native_group_norm"}
+        "_native_batch_norm_legit_no_training", "cudnn_batch_norm", "native_group_norm",
+        "native_batch_norm_backward", "cudnn_batch_norm_backward",
+        "native_group_norm_backward"}
 LAYERNORM = {"native_layer_norm", "native_layer_norm_backward", "_fused_rms_norm",
               "_fused_rms_norm_backward"}
 # memory ops: (read spec) -- "all" reads every tensor input fully, "gather" reads the index
@@ -146,6 +148,14 @@ MEMORY = {
         "uniform", "normal", "random", "rand", "randn", "rand_like", "randn_like", "randint",
         "exponential", "eye")},
     "embedding_dense_backward": "embedding_backward",
+    # pooling and resampling backward: the output gradient (and a max pool's indices) read,
+    # the input gradient written; the forward input is passed for its shape only
+    **{k: "grad" for k in (
+        "max_pool2d_with_indices_backward", "max_pool3d_with_indices_backward",
+        "avg_pool2d_backward", "avg_pool3d_backward", "_adaptive_avg_pool2d_backward",
+        "_adaptive_avg_pool3d_backward", "adaptive_max_pool2d_backward",
+        "adaptive_max_pool3d_backward", "upsample_nearest2d_backward",
+        "upsample_bilinear2d_backward")},
 }
 
 

@@ -175,7 +175,14 @@ class KernelRows:
     def _norm(self, base, aten, args, ins, outs):
         """A batch norm as one elementwise row over its output (``add``, two streams read, when
         it computes batch statistics; ``addu`` with running ones); a group norm as an ``ln``
-        row of ``N x groups`` rows of ``C / groups x positions`` elements."""
+        row of ``N x groups`` rows of ``C / groups x positions`` elements. Backward: a batch norm
+        that computed batch statistics launches a reduction (the per-channel sums of the
+        gradient and of gradient x input, two streams read) and the elementwise pass writing the
+        input gradient (an ``add`` row each); with running statistics only the second, a scale
+        (``mulu``); a group norm's input gradient is a layer norm's backward row (``ln_bw``)."""
+        if base.endswith("_backward"):
+            self._norm_backward(base, aten, args, ins, outs)
+            return
         x = args[0]
         if base == "native_group_norm":  # (input, weight, bias, N, C, HxW, group, eps)
             n, c, hw, g = (int(args[i]) for i in (3, 4, 5, 6))
@@ -185,6 +192,23 @@ class KernelRows:
             base != "_native_batch_norm_legit_no_training" and bool(args[5]))
         B, H = rows_of(x.shape)
         self._vector(aten, "elementwise", "add" if training else "addu", B, H, ins, outs[:1])
+
+    def _norm_backward(self, base, aten, args, ins, outs):
+        """The rows of a batch or group norm's backward (:meth:`_norm`)."""
+        if base == "native_group_norm_backward":  # (grad, input, mean, rstd, weight, N, C, HxW, g)
+            n, c, hw, g = (int(args[i]) for i in (5, 6, 7, 8))
+            self._vector(aten, "layernorm", "ln_bw", n * g, c // max(g, 1) * hw, ins, outs[:1])
+            return
+        # native: (grad, input, weight, running mean/var, saved mean/invstd, train, ...);
+        # cuDNN's: (input, grad, ...), always after a training forward
+        cudnn = base == "cudnn_batch_norm_backward"
+        x = args[0] if cudnn else args[1]
+        B, H = rows_of(x.shape)
+        if cudnn or bool(args[7]):
+            self._vector(aten, "elementwise", "add", B, H, ins, [])
+            self._vector(aten, "elementwise", "add", B, H, ins, outs[:1])
+        else:
+            self._vector(aten, "elementwise", "mulu", B, H, ins, outs[:1])
 
     def _layernorm(self, base, aten, args, ins, outs):
         """An ``ln`` row forward; backward the input-gradient row and the weight/bias one."""
@@ -244,6 +268,9 @@ class KernelRows:
         elif kind == "embedding_backward":
             grad, idx = args[0], args[1]
             rbytes = tensor_bytes(grad) + tensor_bytes(idx)
+            inputs = self.producers(ins)
+        elif kind == "grad":  # a pooling backward: its forward input gives the shape only
+            rbytes = sum(tensor_bytes(t) for t in ins if t is not args[1])
             inputs = self.producers(ins)
         else:  # "all"
             srcs = ins[1:] if base == "copy" else ins

@@ -9,7 +9,8 @@ further kernels launched from C++ (:func:`nslib.model.stream.library_launch_ms`)
 A file is either KernelBench's convention (``Model``, ``get_inputs()``,
 ``get_init_inputs()``) or ``FILE.py:NAME``, ``NAME`` a module class or a factory taking no
 arguments, with the inputs given as shapes. Inputs are FP32 tensors; an inference forward
-(``no_grad``) is what is traced.
+(``no_grad``) or a training step (forward and the backward of the output's sum, every
+parameter's gradient; no optimizer step) is what is traced.
 
 Aten ops without a kernel mapping are listed with their share of the traced calls
 (``unpriced``, ``unpriced_share``); a step whose calls are mostly unpriced is an error, not a
@@ -109,8 +110,11 @@ def meta_copy(module):
     return copy.deepcopy(module, memo)
 
 
-def module_trace_of(model, inputs=None, eval_mode: bool = True) -> pd.DataFrame:
-    """The kernel rows of one inference forward of ``model`` (see :func:`is_module_spec`) on
+def module_trace_of(model, inputs=None, eval_mode: bool = True, mode: str = "inf"
+                    ) -> pd.DataFrame:
+    """The kernel rows of one step of ``model`` (see :func:`is_module_spec`; ``mode`` ``inf``,
+    an inference forward, or ``train``, forward and backward:
+    :func:`nslib.model.module_trace.trace_module`) on
     ``inputs``: a list of tensors or shapes (tuples of ints, made FP32 tensors), or one of
     them alone; ``None`` takes the file's ``get_inputs()``. Everything is built on the meta device (no weights, no memory);
     a caller's own module is copied first (its weights, device and train/eval flag stay as
@@ -139,13 +143,15 @@ def module_trace_of(model, inputs=None, eval_mode: bool = True) -> pd.DataFrame:
                                "or --inputs 8x3x224x224)")
         return get_inputs()
 
-    return meta_trace(build, make_inputs, label, eval_mode)
+    return meta_trace(build, make_inputs, label, eval_mode, mode)
 
 
 def predict_module(gpu, model, inputs=None, predictor="nslib", *,
                    launch_us: float | None = LAUNCH_US, eval_mode: bool = True,
-                   settings: Settings | None = None) -> tuple[pd.DataFrame, dict]:
-    """One inference forward of a module (see :func:`module_trace_of`) on ``gpu``:
+                   mode: str = "inf", settings: Settings | None = None
+                   ) -> tuple[pd.DataFrame, dict]:
+    """One step of a module (see :func:`module_trace_of`: ``mode`` ``inf``, an inference
+    forward, or ``train``, forward and backward) on ``gpu``:
     ``(kernels frame with pred_ms, summary)``. The summary is
     :func:`nslib.model.stream.step_summary`'s (``e2e_ms``, ``fw_ms``, ``per_class_ms``,
     ``n_kernels``) plus ``unpriced`` (aten op -> calls without a kernel mapping) and
@@ -153,7 +159,7 @@ def predict_module(gpu, model, inputs=None, predictor="nslib", *,
     :data:`MAX_UNPRICED_SHARE` of the calls are unpriced, or the module cannot be traced."""
     s = settings_of(settings)
     spec = resolve_gpu(gpu, s.data)
-    trace = module_trace_of(model, inputs, eval_mode)
+    trace = module_trace_of(model, inputs, eval_mode, mode)
     unknown, share = unpriced_calls(trace)
     if share > MAX_UNPRICED_SHARE or not len(trace):
         listed = ", ".join(f"{k} x{v}" for k, v in sorted(unknown.items())) or "none"

@@ -13,11 +13,12 @@ from pathlib import Path
 
 import pandas as pd
 
+from nslib.model.aten import tensors_in
 from nslib.model.blocks import install_hooks
 from nslib.model.recorder import Tracer, make_modes
 
 __all__ = ["trace_module", "load_problem", "problem_trace", "meta_trace", "run_file",
-           "ProblemError", "rnn_rows", "unpriced_calls"]
+           "ProblemError", "rnn_rows", "rnn_backward_rows", "unpriced_calls", "module_loss"]
 
 # gate GEMM widths per hidden unit of PyTorch's recurrent layers (nn.RNNBase.mode)
 GATES = {"LSTM": 4, "GRU": 3, "RNN_TANH": 1, "RNN_RELU": 1}
@@ -27,31 +28,53 @@ class ProblemError(ValueError):
     """A problem file or module that cannot be built or traced on the meta device."""
 
 
-def trace_module(model, inputs, mode: str = "inf", eval_mode: bool = True) -> pd.DataFrame:
+def trace_module(model, inputs, mode: str = "inf", eval_mode: bool = True,
+                 grad_accumulation: bool = False) -> pd.DataFrame:
     """The kernel rows (:data:`nslib.model.recorder.TRACE_COLUMNS` plus the memory columns) of
-    one forward of ``model`` on ``inputs`` (a list of meta tensors or other arguments), FP32,
-    under ``no_grad`` (``mode="inf"``), in eval mode unless ``eval_mode=False`` (the module's
-    own flag then decides: batch norms computing batch statistics, dropout on). Unknown aten
-    ops give no row; they are listed in ``frame.attrs["unknown_ops"]`` (op -> calls)."""
+    one step of ``model`` on ``inputs`` (a list of meta tensors or other arguments), FP32.
+
+    ``mode="inf"``: one forward under ``no_grad``, in eval mode unless ``eval_mode=False``
+    (the module's own flag then decides: batch norms computing batch statistics, dropout on).
+    ``mode="train"``: the forward in train mode and the backward of :func:`module_loss` (phase
+    ``bw``): a ones gradient into the module's output, every parameter's gradient computed
+    (the inputs', as data, not); ``grad_accumulation`` pre-sets each ``.grad`` so the adds of a
+    step that accumulates gradients are traced too (a step after ``zero_grad(set_to_none=True)``,
+    the default here, has none). The optimizer step is not traced.
+    Unknown aten ops give no row; they are listed in ``frame.attrs["unknown_ops"]`` (op ->
+    calls)."""
     import torch
 
-    if mode != "inf":
-        raise ValueError(f"trace_module traces inference (mode='inf') only, got {mode!r}")
-    if eval_mode:
+    if mode not in ("inf", "train"):
+        raise ValueError(f"trace_module traces mode 'inf' or 'train', got {mode!r}")
+    train = mode == "train"
+    if train:
+        model.train(True)
+    elif eval_mode:
         model.train(False)
+    if train and grad_accumulation:
+        with torch.no_grad():
+            for prm in model.parameters():
+                if prm.requires_grad:
+                    prm.grad = torch.zeros_like(prm)
     tracer = Tracer(model, block_of={})
-    recorder, calls = make_modes(tracer, redirect_dropout=False)
+    recorder, calls = make_modes(tracer, redirect_dropout=train)
     tracer.mark([p for p in model.parameters()], "param")
+    tracer.mark([p for p in model.parameters() if p.requires_grad], "trainable")
     tracer.mark(list(model.buffers()), "param")
     tracer.mark([t for t in inputs if isinstance(t, torch.Tensor)], "held")
-    handles = install_hooks(model, tracer) + _rnn_hooks(model, tracer)
+    handles = install_hooks(model, tracer) + _rnn_hooks(model, tracer, train)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            with torch.no_grad(), recorder, calls:
+            with torch.set_grad_enabled(train), recorder, calls:
                 out = model(*inputs)
-        tracer.mark([t for t in (out if isinstance(out, (list, tuple)) else [out])
-                     if isinstance(t, torch.Tensor)], "held")
+                held = [t for t in tensors_in(out, []) if isinstance(t, torch.Tensor)]
+                tracer.mark(held, "held")
+                if train:
+                    loss = module_loss(out)
+                    tracer.phase = "bw"
+                    tracer.fw_stack.clear()
+                    loss.backward()
     finally:
         tracer.closed = True
         for h in handles:
@@ -59,6 +82,19 @@ def trace_module(model, inputs, mode: str = "inf", eval_mode: bool = True) -> pd
     frame = tracer.frame()
     frame.attrs["unknown_ops"] = dict(tracer.unknown)
     return frame
+
+
+def module_loss(out):
+    """The scalar a module's training trace backpropagates: the sum of its first floating-point
+    output that needs a gradient (one reduction kernel; a real loss adds a few vector kernels
+    over that output). A ValueError when no output needs one (no parameter to train)."""
+    import torch
+
+    for t in tensors_in(out, []):
+        if isinstance(t, torch.Tensor) and t.is_floating_point() and t.requires_grad:
+            return t.sum()
+    raise ProblemError("the module returned no floating-point output that depends on a "
+                       "trainable parameter: nothing to train (use mode 'inf')")
 
 
 def unpriced_calls(trace: pd.DataFrame) -> tuple[dict, float]:
@@ -88,6 +124,7 @@ def rnn_rows(tracer, rnn, x) -> None:
     # one operator call launches them all (the host dispatches it once)
     saved, tracer.call = tracer.call, tracer.n_calls
     tracer.n_calls += 1
+    rnn_call = tracer.call
     for layer in range(rnn.num_layers):
         width = rnn.input_size if layer == 0 else H * dirs
         for _ in range(dirs):
@@ -103,20 +140,101 @@ def rnn_rows(tracer, rnn, x) -> None:
                                        int(G * H)), float(B * G * H), 12.0 * B * G * H, (g,)),)
             last = step
     tracer.call = saved
+    return rnn_call
 
 
-def _rnn_hooks(model, tracer) -> list:
+def rnn_backward_rows(tracer, rnn, x, call: int, input_grad: bool) -> None:
+    """The kernels of cuDNN's backward of recurrent layer ``rnn`` on input ``x`` (the forward's
+    operator ``call``), appended to ``tracer``: layers last to first, per direction the data
+    gradient step by step backwards (one fused pointwise kernel over the gates, two streams in
+    and one out, then the recurrent GEMM ``B x gates*H @ gates*H x H``), the input-projection
+    GEMM's data gradient (``T*B x gates*H @ gates*H x in``; the first layer's only when its
+    input needs a gradient), and the weight gradients as two GEMMs over every step
+    (``in x T*B @ T*B x gates*H`` and ``H x T*B @ T*B x gates*H``)."""
+    T, B = (x.shape[1], x.shape[0]) if rnn.batch_first else (x.shape[0], x.shape[1])
+    T, B = int(T), int(B)
+    H, G = rnn.hidden_size, GATES[rnn.mode]
+    dirs = 2 if rnn.bidirectional else 1
+    aten = f"cudnn_rnn_backward.{rnn.mode}"
+    saved, tracer.call = tracer.call, call
+    last = ()
+    for layer in reversed(range(rnn.num_layers)):
+        width = rnn.input_size if layer == 0 else H * dirs
+        for _ in range(dirs):
+            step = last
+            for _ in range(T):
+                pw = tracer.add_row(aten, "elementwise", "add", (B, None, None, None, G * H),
+                                    float(B * G * H), 12.0 * B * G * H, step)
+                step = (tracer.add_row(aten, "linear", "linear", (1, B, G * H, H, None),
+                                       2.0 * B * G * H * H,
+                                       4.0 * (B * G * H + G * H * H + B * H), (pw,)),)
+            m = T * B
+            gemms = [(m, G * H, width)] if layer > 0 or input_grad else []
+            gemms += [(width, m, G * H), (H, m, G * H)]
+            for a, b, c in gemms:
+                kid = tracer.add_row(aten, "linear", "linear", (1, a, b, c, None),
+                                     2.0 * a * b * c, 4.0 * (a * b + b * c + a * c), step)
+            last = (kid,)
+    tracer.call = saved
+
+
+def _rnn_hooks(model, tracer, train: bool = False) -> list:
     """Hooks pricing each recurrent layer of ``model`` as :func:`rnn_rows` (its own aten calls
-    muted while it runs)."""
+    muted while it runs). Training: the layer's forward runs without autograd and its outputs
+    come back through one autograd node whose backward writes :func:`rnn_backward_rows`, so
+    the backward is cuDNN's, not the autograd of PyTorch's step-by-step decomposition."""
     import torch
+
+    class CudnnRnn(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, mod, x, n_out, *tensors):
+            ctx.mod, ctx.x, ctx.call = mod, x, mod._nslib_call
+            ctx.set_materialize_grads(False)   # an unused output's gradient is no zeros kernel
+            return tuple(t.view_as(t) for t in tensors[:n_out])
+
+        @staticmethod
+        def backward(ctx, *grads):
+            input_grad = ctx.needs_input_grad[1]
+            rnn_backward_rows(tracer, ctx.mod, ctx.x, ctx.call, input_grad)
+            tracer.muted += 1   # gradients of the right shapes, no kernel of their own
+            try:
+                params = list(ctx.mod.parameters())
+                out = (None, torch.empty_like(ctx.x) if input_grad else None, None)
+                return out + tuple(None for _ in range(len(grads))) + tuple(
+                    torch.empty_like(q) for q in params)
+            finally:
+                tracer.muted -= 1
 
     def pre(mod, args):
         tracer.muted = getattr(tracer, "muted", 0) + 1
+        if train:
+            mod._nslib_grad = torch.is_grad_enabled()
+            torch.set_grad_enabled(False)
 
     def post(mod, args, out):
         tracer.muted -= 1
-        if not tracer.muted:
-            rnn_rows(tracer, mod, args[0])
+        if tracer.muted:
+            return None
+        mod._nslib_call = rnn_rows(tracer, mod, args[0])
+        if not train:
+            return None
+        torch.set_grad_enabled(mod._nslib_grad)
+        flat = [out[0], *(out[1] if isinstance(out[1], tuple) else (out[1],))]
+        tracer.muted += 1   # the node's views launch nothing
+        try:
+            new = CudnnRnn.apply(mod, args[0], len(flat), *flat, *mod.parameters())
+        finally:
+            tracer.muted -= 1
+        # the backward is the layer's call (cuDNN launches it from C++), and so are its
+        # parameters' gradient accumulators
+        node = new[0].grad_fn
+        tracer.node_call[node] = mod._nslib_call
+        params = [id(q) for q in mod.parameters()]
+        for n, _ in node.next_functions:
+            if id(getattr(n, "variable", None)) in params:
+                tracer.node_call[n] = mod._nslib_call
+        rest = tuple(new[1:]) if isinstance(out[1], tuple) else new[1]
+        return new[0], rest
 
     handles = []
     for mod in model.modules():
@@ -155,8 +273,9 @@ def load_problem(path: str | Path) -> dict:
     return ns
 
 
-def meta_trace(build, make_inputs, label: str, eval_mode: bool = True) -> pd.DataFrame:
-    """:func:`trace_module` of ``build()`` on ``make_inputs()``, both called under
+def meta_trace(build, make_inputs, label: str, eval_mode: bool = True, mode: str = "inf"
+               ) -> pd.DataFrame:
+    """:func:`trace_module` (``mode``) of ``build()`` on ``make_inputs()``, both called under
     ``torch.device("meta")`` (tensors the forward makes without a device stay on meta too).
     :class:`ProblemError` starting with ``label`` that says which step failed: building the
     module, making its inputs, or its forward (wrong input shapes, or a module that needs real
@@ -182,7 +301,7 @@ def meta_trace(build, make_inputs, label: str, eval_mode: bool = True) -> pd.Dat
         except Exception as e:
             raise ProblemError(f"{label}: making its inputs failed ({why(e)})") from None
         try:
-            return trace_module(model, inputs, eval_mode=eval_mode)
+            return trace_module(model, inputs, mode, eval_mode=eval_mode)
         except ProblemError:
             raise
         except Exception as e:  # the module's own code raises anything on meta tensors
@@ -194,7 +313,8 @@ def meta_trace(build, make_inputs, label: str, eval_mode: bool = True) -> pd.Dat
             hint = ("a module with data-dependent shapes or values needs real inputs, which "
                     "this meta-device trace does not have" if needs_data else
                     "check that the input shapes are the ones the module expects")
-            raise ProblemError(f"{label}: its forward failed on the meta device with inputs "
+            what = "forward" if mode == "inf" else "forward or backward"
+            raise ProblemError(f"{label}: its {what} failed on the meta device with inputs "
                                f"[{shapes}] ({why(e)}); {hint}") from None
 
 

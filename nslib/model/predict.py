@@ -37,10 +37,11 @@ def predict_model(gpu, model, step: Step | None = None, predictor="nslib", *,
 
     ``gpu``: name/alias, spec file or :class:`GPU`; ``model``: a config name in the data
     (``gpt3_27``), a JSON path or a config dict; or any PyTorch module (an ``nn.Module``, a
-    factory returning one, a ``FILE.py[:NAME]``), whose inference forward on ``inputs``
-    (tensors or shapes; a KernelBench-style file's own ``get_inputs()`` when ``None``) is
-    traced and priced (:func:`nslib.model.module_predict.predict_module`; ``step`` then may
-    be omitted, or an FP32 inference step whose batch and sequence the inputs override);
+    factory returning one, a ``FILE.py[:NAME]``), whose step on ``inputs`` (tensors or
+    shapes; a KernelBench-style file's own ``get_inputs()`` when ``None``) is traced and
+    priced (:func:`nslib.model.module_predict.predict_module`; ``step`` then may be omitted,
+    an inference forward, or an FP32 step whose mode, ``inf`` or ``train``, is taken and whose
+    batch and sequence the inputs override);
     ``step``: a :class:`nslib.model.step.Step`
     (batch, seq, mode ``inf``/``train``, dtype, fused, mixture-of-experts imbalance);
     ``predictor``: a registered name (trained and cached on first use) or a fitted predictor.
@@ -103,18 +104,22 @@ def _config_step(step, inputs) -> Step:
 
 
 def _predict_module(gpu, model, step, predictor, parallel, launch_us, settings, inputs):
-    """:func:`predict_model` of a PyTorch module: an FP32 inference forward on one GPU."""
+    """:func:`predict_model` of a PyTorch module: an FP32 inference forward or training step
+    on one GPU."""
+    mode = "inf"
     if step is not None:
         st = step_of(step)
-        if st.mode != "inf" or st.dtype != "fp32" or st.fused or st.imbalance != 1.0:
-            raise ValueError("a PyTorch module is forecast as an FP32 inference forward: drop "
-                             "the training mode, --dtype, --fused and --imbalance")
+        if st.dtype != "fp32" or st.fused or st.imbalance != 1.0:
+            raise ValueError("a PyTorch module is forecast as an FP32 step (an inference "
+                             "forward or a training step): drop --dtype, --fused and "
+                             "--imbalance")
+        mode = st.mode
     if parallel is not None and parallel_of(parallel).multi:
         raise ValueError("a PyTorch module is forecast on one GPU: drop dp/tp/pp")
     s = settings_of(settings)
     spec = resolve_gpu(gpu, s.data)
     frame, summary = predict_module(spec, model, inputs, predictor, launch_us=launch_us,
-                                    settings=s)
+                                    mode=mode, settings=s)
     # a module has no model notes: its unpriced calls, then the datasheet figures outside the
     # training GPUs' range
     summary = {**summary, "warnings": [*summary.get("warnings", []),

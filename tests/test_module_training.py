@@ -1,0 +1,125 @@
+"""A PyTorch module's training step (issue: forecast any PyTorch model): the kernels the
+backward launches, checked by hand for an MLP, a small CNN and cuDNN's recurrent backward; the
+step priced forward and backward from the library and the command line."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.nn as nn
+
+from nslib.cli import main
+from nslib.data.settings import Settings
+from nslib.model.module_trace import ProblemError, trace_module
+from nslib.model.step import Step
+
+
+def _meta(build, *shape):
+    with torch.device("meta"):
+        return build(), torch.randn(*shape)
+
+
+def test_mlp_backward_by_hand():
+    model, x = _meta(lambda: nn.Sequential(nn.Linear(8, 4), nn.ReLU(), nn.Linear(4, 2)), 3, 8)
+    tr = trace_module(model, [x], mode="train")
+    assert tr["phase"].tolist() == ["fw"] * 4 + ["bw"] * 7
+    # forward: two GEMMs, the ReLU and the loss's sum; backward from a ones gradient
+    assert tr["op"].tolist() == ["linear", "relu", "linear", "mem",
+                                 "mem", "linear", "linear", "mem", "mul", "linear", "mem"]
+    gemms = tr[tr["cls"] == "linear"][["M", "N", "K"]].astype(int).values.tolist()
+    assert gemms == [[3, 8, 4], [3, 4, 2],
+                     [3, 2, 4],    # dX of the second layer: (3 x 2) @ (2 x 4)
+                     [2, 3, 4],    # its dW: (2 x 3) @ (3 x 4)
+                     [4, 3, 8]]    # the first layer's dW; its input is data, no dX
+    # the backward GEMMs belong to the forward call whose gradient they compute
+    assert tr["call"].iloc[5] == tr["call"].iloc[6] == tr["call"].iloc[2]
+    # accumulating into existing gradients adds one add per parameter
+    acc = trace_module(model, [x], mode="train", grad_accumulation=True)
+    assert len(acc) - len(tr) == 4 and (acc["aten"] == "aten.add_.Tensor").sum() == 4
+
+
+def test_cnn_backward_has_no_unpriced_op():
+    model, x = _meta(lambda: nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(),
+                                           nn.MaxPool2d(2)), 2, 3, 10, 10)
+    tr = trace_module(model, [x], mode="train")
+    assert tr.attrs["unknown_ops"] == {}
+    bw = tr[tr["phase"] == "bw"]
+    pool = bw[bw["aten"].str.contains("max_pool2d_with_indices_backward")].iloc[0]
+    # reads the 2x8x4x4 output gradient and its int64 indices, writes the 2x8x8x8 input's
+    assert pool["bytes"] == 4 * 256 + 8 * 256 + 4 * 1024
+    # batch statistics: the per-channel reduction, then the elementwise pass
+    bn = bw[bw["aten"].str.contains("native_batch_norm_backward")]
+    assert bn["op"].tolist() == ["add", "add"] and (bn["B"] * bn["H"] == 2 * 8 * 64).all()
+    conv = bw[bw["aten"].str.contains("convolution_backward")]
+    # the weight gradient GEMM and the bias reduction; the image needs no gradient
+    assert conv["cls"].tolist() == ["linear", "memory"]
+    assert conv.iloc[0][["M", "N", "K"]].astype(int).tolist() == [8, 2 * 64, 27]
+
+
+def test_lstm_backward_is_cudnns():
+    T, B, H, layers = 5, 4, 32, 2
+    model, x = _meta(lambda: nn.LSTM(16, H, num_layers=layers, batch_first=True), B, T, 16)
+    tr = trace_module(model, [x], mode="train")
+    assert tr.attrs["unknown_ops"] == {}
+    bw = tr[tr["aten"] == "cudnn_rnn_backward.LSTM"]
+    # per layer, per step a pointwise kernel and the recurrent data-gradient GEMM; then the
+    # input projection's data gradient (not the first layer's: its input is data) and the
+    # two weight-gradient GEMMs over every step
+    assert (bw["cls"] == "elementwise").sum() == layers * T
+    assert (bw["cls"] == "linear").sum() == layers * T + (layers - 1) + 2 * layers
+    step = bw[bw["cls"] == "linear"].iloc[0]
+    assert step[["M", "N", "K"]].astype(int).tolist() == [B, 4 * H, H]
+    dw = bw[bw["cls"] == "linear"].iloc[-2:][["M", "N", "K"]].astype(int).values.tolist()
+    assert dw == [[16, T * B, 4 * H], [H, T * B, 4 * H]]
+    # one operator call: the forward's, launched by cuDNN from C++
+    fw_call = tr[tr["aten"] == "cudnn_rnn.LSTM"]["call"].unique()
+    assert bw["call"].unique().tolist() == fw_call.tolist()
+    # accumulated gradients: one add per parameter, filed under the layer's call
+    acc = trace_module(model, [x], mode="train", grad_accumulation=True)
+    adds = acc[acc["aten"] == "aten.add_.Tensor"]
+    assert len(adds) == len(list(model.parameters())) and (adds["call"] == fw_call[0]).all()
+    # no autograd of PyTorch's own step-by-step decomposition
+    assert set(tr[tr["phase"] == "bw"]["aten"]) == {"cudnn_rnn_backward.LSTM",
+                                                   "aten.ones_like.default"}
+
+
+def test_training_a_module_without_parameters_is_a_clear_error():
+    model, x = _meta(nn.ReLU, 2, 2)
+    with pytest.raises(ProblemError, match="nothing to train"):
+        trace_module(model, [x], mode="train")
+
+
+def test_predict_a_modules_training_step(data_dir):
+    from nslib.model.predict import predict_model
+
+    def net():
+        return nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(), nn.Flatten(),
+                             nn.Linear(8 * 30 * 30, 10))
+
+    s = Settings(progress=False)
+    _, inf = predict_model("V100", net, predictor="roofline", inputs=[(4, 3, 32, 32)],
+                           settings=s)
+    frame, train = predict_model("V100", net, Step(1, 1, "train"), "roofline",
+                                 inputs=[(4, 3, 32, 32)], settings=s)
+    assert inf["bw_ms"] == 0 and train["bw_ms"] > 0
+    assert train["e2e_ms"] == pytest.approx(train["fw_ms"] + train["bw_ms"])
+    assert train["e2e_ms"] == pytest.approx(frame["pred_ms"].sum())
+    assert train["fw_ms"] >= inf["fw_ms"] * 0.99 and train["e2e_ms"] > 1.5 * inf["e2e_ms"]
+
+
+def test_cli_predict_module_training(tmp_path, data_dir, capsys):
+    path = tmp_path / "mlp.py"
+    path.write_text("import torch.nn as nn\n"
+                    "def Net():\n    return nn.Sequential(nn.Linear(64, 64), nn.ReLU(), "
+                    "nn.Linear(64, 8))\n")
+    assert main(["predict", "--gpu", "V100", "--module", f"{path}:Net", "--inputs", "32x64",
+                 "--mode", "train", "--predictor", "roofline", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["mode"] == "train" and out["bw_ms"] > 0
+    assert main(["predict", "--gpu", "V100", "--module", f"{path}:Net", "--inputs", "32x64",
+                 "--mode", "train", "--predictor", "roofline"]) == 0
+    assert "training step (forward + backward)" in capsys.readouterr().out
+    assert main(["predict", "--gpu", "V100", "--module", f"{path}:Net", "--inputs", "32x64",
+                 "--dtype", "bf16"]) == 2
+    assert "drop --dtype" in capsys.readouterr().err
