@@ -285,6 +285,15 @@ def test_predict_module_errors_say_the_fix(tmp_path, data_dir):
         parse_shapes("8x3x224x")
 
 
+class _Masked(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.mask, self.lin = torch.ones(4), nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.lin(x) * self.mask.to(x.device)
+
+
 class _Bessel(nn.Module):
     def forward(self, x):
         return torch.special.i0(x)
@@ -358,6 +367,17 @@ def test_module_specs_and_inputs_in_every_form(tmp_path, data_dir):
                       settings=Settings(progress=False))
     with pytest.raises(ValueError, match="building the module failed"):
         module_trace_of(lambda: nn.Linear(-1, 2), inputs=[(2, 2)])
+    with pytest.raises(ValueError, match="making its inputs failed"):
+        module_trace_of(lambda: nn.Linear(2, 2), inputs=[(2, -2)])
+    # a malformed name after the file is told, not taken for a model config
+    assert is_module_spec(f"{path}:1Net")
+    with pytest.raises(ValueError, match="FILE.py:NAME"):
+        module_trace_of(f"{path}:1Net", inputs=[(2, 3, 32, 32)])
+    # a module a factory built on meta is traced as it is; a lazy one too; a caller's module
+    # with a plain tensor attribute keeps it on its device
+    assert len(module_trace_of(lambda: nn.LazyLinear(8), inputs=[(2, 4)])) >= 1
+    held = _Masked()
+    assert len(module_trace_of(held, inputs=[(2, 4)])) >= 1 and held.mask.device.type == "cpu"
 
 
 def test_unpriced_share_counts_calls_and_warns(data_dir):

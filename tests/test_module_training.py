@@ -84,6 +84,69 @@ def test_lstm_backward_is_cudnns():
                                                    "aten.ones_like.default"}
 
 
+def test_gru_bidirectional_time_major_backward():
+    T, B, H, layers = 5, 4, 32, 2
+    model, x = _meta(lambda: nn.GRU(16, H, num_layers=layers, bidirectional=True), T, B, 16)
+    tr = trace_module(model, [x], mode="train")
+    bw = tr[tr["aten"] == "cudnn_rnn_backward.GRU"]
+    assert (bw["cls"] == "elementwise").sum() == layers * 2 * T
+    # per layer and direction T recurrent GEMMs and two weight GEMMs; the second layer's two
+    # directions also take the data gradient of their 2H-wide input
+    assert (bw["cls"] == "linear").sum() == layers * 2 * (T + 2) + 2
+    gemms = bw[bw["cls"] == "linear"][["M", "N", "K"]].astype(int).values.tolist()
+    assert [B, 3 * H, H] in gemms and [T * B, 3 * H, 2 * H] in gemms
+    assert [16, T * B, 3 * H] in gemms and [2 * H, T * B, 3 * H] in gemms
+
+
+class _FrozenEncoder(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.rnn, self.head = nn.LSTM(8, 8, batch_first=True), nn.Linear(8, 2)
+        for prm in self.rnn.parameters():
+            prm.requires_grad_(False)
+
+    def forward(self, x):
+        return self.head(self.rnn(x)[0])
+
+
+class _EncoderDecoder(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.enc, self.dec = nn.LSTM(8, 8, batch_first=True), nn.LSTM(8, 8, batch_first=True)
+
+    def forward(self, x):
+        _, state = self.enc(x)
+        return self.dec(x, state)[0]
+
+
+def test_frozen_and_stacked_recurrent_layers():
+    model, x = _meta(_FrozenEncoder, 2, 3, 8)
+    tr = trace_module(model, [x], mode="train")
+    # the frozen layer has nothing to compute backwards; the head its weight gradients only
+    assert not tr["aten"].str.startswith("cudnn_rnn_backward").any()
+    assert sorted(tr.loc[tr["phase"] == "bw", "cls"]) == ["linear", "memory", "memory"]
+    # the decoder's initial state is the encoder's output: both layers run backwards
+    model, x = _meta(_EncoderDecoder, 2, 3, 8)
+    bw = trace_module(model, [x], mode="train")
+    bw = bw[bw["aten"] == "cudnn_rnn_backward.LSTM"]
+    assert bw["call"].nunique() == 2 and len(bw) == 2 * (3 + 3 + 2)
+
+
+def test_training_trace_leaves_the_module_as_it_was():
+    model, x = _meta(lambda: nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4)), 3, 4)
+    model.eval()
+    first = trace_module(model, [x], mode="train")
+    again = trace_module(model, [x], mode="train")
+    assert len(first) == len(again)           # no gradient left behind to accumulate into
+    assert not model.training and not model[1].training
+    assert all(q.grad is None for q in model.parameters())
+    with pytest.raises(ProblemError, match="packed sequence"):
+        from torch.nn.utils.rnn import pack_padded_sequence
+        with torch.device("meta"):
+            rnn = nn.LSTM(4, 4)
+        trace_module(rnn, [pack_padded_sequence(torch.randn(3, 2, 4), torch.tensor([3, 2]))])
+
+
 def test_training_a_module_without_parameters_is_a_clear_error():
     model, x = _meta(nn.ReLU, 2, 2)
     with pytest.raises(ProblemError, match="nothing to train"):
@@ -119,7 +182,7 @@ def test_cli_predict_module_training(tmp_path, data_dir, capsys):
     assert out["mode"] == "train" and out["bw_ms"] > 0
     assert main(["predict", "--gpu", "V100", "--module", f"{path}:Net", "--inputs", "32x64",
                  "--mode", "train", "--predictor", "roofline"]) == 0
-    assert "training step (forward + backward)" in capsys.readouterr().out
+    assert "training step (forward + backward, no optimizer" in capsys.readouterr().out
     assert main(["predict", "--gpu", "V100", "--module", f"{path}:Net", "--inputs", "32x64",
                  "--dtype", "bf16"]) == 2
     assert "drop --dtype" in capsys.readouterr().err

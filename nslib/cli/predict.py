@@ -91,7 +91,8 @@ def _predict_module(args) -> int:
         print(json.dumps(summary, indent=1, allow_nan=False))
     else:
         shapes = f" on inputs {args.inputs}" if args.inputs else ""
-        step = "inference forward" if args.mode == "inf" else "training step (forward + backward)"
+        step = "inference forward" if args.mode == "inf" else \
+            "training step (forward + backward, no optimizer step)"
         print(f"{args.module}{shapes}, {step} on {name} ({args.predictor}): "
               f"{_fmt_ms(summary['e2e_ms'])} ms{_band(summary)}, {summary['n_kernels']} "
               "kernels")

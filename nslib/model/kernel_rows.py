@@ -178,8 +178,10 @@ class KernelRows:
         row of ``N x groups`` rows of ``C / groups x positions`` elements. Backward: a batch norm
         that computed batch statistics launches a reduction (the per-channel sums of the
         gradient and of gradient x input, two streams read) and the elementwise pass writing the
-        input gradient (an ``add`` row each); with running statistics only the second, a scale
-        (``mulu``); a group norm's input gradient is a layer norm's backward row (``ln_bw``)."""
+        input gradient (an ``add`` row each); with running statistics the second is a scale
+        (``mulu``), and the sums are there only for a trained weight or bias; the input
+        gradient's pass only when the input needs one. A group norm's input gradient is a layer
+        norm's backward row (``ln_bw``)."""
         if base.endswith("_backward"):
             self._norm_backward(base, aten, args, ins, outs)
             return
@@ -204,11 +206,13 @@ class KernelRows:
         cudnn = base == "cudnn_batch_norm_backward"
         x = args[0] if cudnn else args[1]
         B, H = rows_of(x.shape)
-        if cudnn or bool(args[7]):
-            self._vector(aten, "elementwise", "add", B, H, ins, [])
-            self._vector(aten, "elementwise", "add", B, H, ins, outs[:1])
-        else:
-            self._vector(aten, "elementwise", "mulu", B, H, ins, outs[:1])
+        training = cudnn or bool(args[7])
+        mask = (True, True, True) if cudnn else tuple(bool(m) for m in args[9])
+        if training or mask[1] or mask[2]:   # the per-channel sums
+            self._vector(aten, "elementwise", "add", B, H, ins, [] if mask[0] else outs[1:])
+        if mask[0]:
+            self._vector(aten, "elementwise", "add" if training else "mulu", B, H, ins,
+                         outs[:1])
 
     def _layernorm(self, base, aten, args, ins, outs):
         """An ``ln`` row forward; backward the input-gradient row and the weight/bias one."""

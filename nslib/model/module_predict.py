@@ -19,6 +19,7 @@ number. Units: ms.
 from __future__ import annotations
 
 import copy
+import numbers
 import re
 from pathlib import Path
 
@@ -35,8 +36,10 @@ __all__ = ["is_module_spec", "module_trace_of", "predict_module", "parse_shapes"
 
 # more than this share of the traced operator calls without a kernel mapping: no forecast
 MAX_UNPRICED_SHARE = 0.5
-# FILE.py or FILE.py:NAME (the path itself may hold colons, e.g. a drive letter)
+# FILE.py or FILE.py:NAME (the path itself may hold colons, e.g. a drive letter); anything
+# ending in .py or .py:... is taken for a module, and a bad name is then told apart
 SPEC = re.compile(r"(?P<path>.+\.py)(?::(?P<name>[A-Za-z_]\w*))?")
+LOOSE = re.compile(r".+\.py(:.*)?")
 
 
 def is_module_spec(model) -> bool:
@@ -45,7 +48,7 @@ def is_module_spec(model) -> bool:
     if isinstance(model, dict):
         return False
     if isinstance(model, (str, Path)):
-        return SPEC.fullmatch(str(model)) is not None
+        return LOOSE.fullmatch(str(model)) is not None
     try:
         import torch
     except ImportError:   # no torch: nothing can be a module
@@ -90,23 +93,34 @@ def _load(spec) -> tuple[object, object]:
     return ns[name], (ns["get_inputs"] if callable(ns.get("get_inputs")) else None)
 
 
-def _is_shape(v) -> bool:
-    """Whether ``v`` is one tensor shape: a tuple or list of ints."""
-    return isinstance(v, (tuple, list)) and len(v) > 0 and all(isinstance(d, int) for d in v)
+def _is_shape(v, alone: bool = False) -> bool:
+    """Whether ``v`` is one tensor shape: a tuple (or, inside the inputs' list, a list) of
+    integers; a bare list of integers is the module's integer arguments, not a shape."""
+    kinds = tuple if alone else (tuple, list)
+    return isinstance(v, kinds) and len(v) > 0 and all(
+        isinstance(d, numbers.Integral) and not isinstance(d, bool) for d in v)
 
 
 def meta_copy(module):
-    """A copy of ``module`` whose parameters and buffers are meta tensors of the same shapes,
-    the caller's own module (its weights, device, train/eval flag) left as it is. Weights are
-    never copied: each is replaced by its meta twin in the copy."""
+    """``module`` with every parameter, buffer and tensor attribute on the meta device: itself
+    when they already are (a factory's module built on meta), else a copy whose tensors are
+    meta twins of the same shapes (put in place through the copy's memo: no weight is ever
+    copied), the caller's own module (its weights, device, train/eval flag) left as it is.
+    A lazy module's uninitialised parameters are copied as they are (they hold no data)."""
     import torch
 
+    tensors = [*module.parameters(), *module.buffers()]
+    for m in module.modules():   # plain tensors held as attributes (masks, tables)
+        tensors += [v for v in vars(m).values() if isinstance(v, torch.Tensor)]
+    if all(t.is_meta for t in tensors):
+        return module
     memo = {}
-    for p in module.parameters():
-        memo[id(p)] = torch.nn.Parameter(torch.empty_like(p, device="meta"),
-                                         requires_grad=p.requires_grad)
-    for b in module.buffers():
-        memo[id(b)] = torch.empty_like(b, device="meta")
+    for t in tensors:
+        if id(t) in memo or torch.nn.parameter.is_lazy(t):
+            continue
+        twin = torch.empty_like(t, device="meta")
+        memo[id(t)] = torch.nn.Parameter(twin, requires_grad=t.requires_grad) \
+            if isinstance(t, torch.nn.Parameter) else twin
     return copy.deepcopy(module, memo)
 
 
@@ -115,15 +129,15 @@ def module_trace_of(model, inputs=None, eval_mode: bool = True, mode: str = "inf
     """The kernel rows of one step of ``model`` (see :func:`is_module_spec`; ``mode`` ``inf``,
     an inference forward, or ``train``, forward and backward:
     :func:`nslib.model.module_trace.trace_module`) on
-    ``inputs``: a list of tensors or shapes (tuples of ints, made FP32 tensors), or one of
-    them alone; ``None`` takes the file's ``get_inputs()``. Everything is built on the meta device (no weights, no memory);
+    ``inputs``: a list of tensors or shapes (tuples of ints, made FP32 tensors) and other
+    arguments, or one tensor or shape tuple alone; ``None`` takes the file's ``get_inputs()``. Everything is built on the meta device (no weights, no memory);
     a caller's own module is copied first (its weights, device and train/eval flag stay as
     they are). :class:`nslib.model.module_trace.ProblemError` (a ValueError) naming what
     failed."""
     import torch
 
     target, get_inputs = _load(model)
-    label = Path(SPEC.fullmatch(str(model))["path"]).name if isinstance(model, (str, Path)) \
+    label = Path(str(model)).name if isinstance(model, (str, Path)) \
         else getattr(model, "__name__", type(model).__name__)
 
     def build():
@@ -135,9 +149,9 @@ def module_trace_of(model, inputs=None, eval_mode: bool = True, mode: str = "inf
 
     def make_inputs():
         if inputs is not None:
-            return [torch.randn(*v) if _is_shape(v) else v
-                    for v in ([inputs] if _is_shape(inputs) or isinstance(inputs, torch.Tensor)
-                              else inputs)]
+            alone = _is_shape(inputs, alone=True) or isinstance(inputs, torch.Tensor)
+            return [torch.randn(*(int(d) for d in v)) if _is_shape(v) else v
+                    for v in ([inputs] if alone else inputs)]
         if get_inputs is None:
             raise ProblemError(f"{label}: give the inputs (shapes such as [(8, 3, 224, 224)], "
                                "or --inputs 8x3x224x224)")

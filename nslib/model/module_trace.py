@@ -16,6 +16,7 @@ import pandas as pd
 from nslib.model.aten import tensors_in
 from nslib.model.blocks import install_hooks
 from nslib.model.recorder import Tracer, make_modes
+from nslib.model.trace import mark_storages
 
 __all__ = ["trace_module", "load_problem", "problem_trace", "meta_trace", "run_file",
            "ProblemError", "rnn_rows", "rnn_backward_rows", "unpriced_calls", "module_loss"]
@@ -36,10 +37,11 @@ def trace_module(model, inputs, mode: str = "inf", eval_mode: bool = True,
     ``mode="inf"``: one forward under ``no_grad``, in eval mode unless ``eval_mode=False``
     (the module's own flag then decides: batch norms computing batch statistics, dropout on).
     ``mode="train"``: the forward in train mode and the backward of :func:`module_loss` (phase
-    ``bw``): a ones gradient into the module's output, every parameter's gradient computed
-    (the inputs', as data, not); ``grad_accumulation`` pre-sets each ``.grad`` so the adds of a
-    step that accumulates gradients are traced too (a step after ``zero_grad(set_to_none=True)``,
-    the default here, has none). The optimizer step is not traced.
+    ``bw``): a ones gradient into the module's output, every trainable parameter's gradient
+    computed (the inputs', as data, not); ``grad_accumulation`` pre-sets each ``.grad`` so the
+    adds of a step that accumulates gradients are traced too (a step after
+    ``zero_grad(set_to_none=True)``, the default here, has none). The optimizer step is not
+    traced. The module's train/eval flags and gradients are restored afterwards.
     Unknown aten ops give no row; they are listed in ``frame.attrs["unknown_ops"]`` (op ->
     calls)."""
     import torch
@@ -47,21 +49,22 @@ def trace_module(model, inputs, mode: str = "inf", eval_mode: bool = True,
     if mode not in ("inf", "train"):
         raise ValueError(f"trace_module traces mode 'inf' or 'train', got {mode!r}")
     train = mode == "train"
+    # the caller's module comes back as it was: train/eval flags and gradients
+    flags = [(m, m.training) for m in model.modules()]
+    grads = [(q, q.grad) for q in model.parameters()]
     if train:
         model.train(True)
     elif eval_mode:
         model.train(False)
-    if train and grad_accumulation:
+    if train:
         with torch.no_grad():
-            for prm in model.parameters():
-                if prm.requires_grad:
-                    prm.grad = torch.zeros_like(prm)
+            for prm, _ in grads:
+                # accumulating adds into an existing gradient; a zeroed step has none
+                prm.grad = torch.zeros_like(prm) if grad_accumulation and prm.requires_grad \
+                    else None
     tracer = Tracer(model, block_of={})
     recorder, calls = make_modes(tracer, redirect_dropout=train)
-    tracer.mark([p for p in model.parameters()], "param")
-    tracer.mark([p for p in model.parameters() if p.requires_grad], "trainable")
-    tracer.mark(list(model.buffers()), "param")
-    tracer.mark([t for t in inputs if isinstance(t, torch.Tensor)], "held")
+    mark_storages(tracer, model, [t for t in inputs if isinstance(t, torch.Tensor)])
     handles = install_hooks(model, tracer) + _rnn_hooks(model, tracer, train)
     try:
         with warnings.catch_warnings():
@@ -79,6 +82,10 @@ def trace_module(model, inputs, mode: str = "inf", eval_mode: bool = True,
         tracer.closed = True
         for h in handles:
             h.remove()
+        for m, flag in flags:
+            m.training = flag
+        for prm, g in grads:
+            prm.grad = g
     frame = tracer.frame()
     frame.attrs["unknown_ops"] = dict(tracer.unknown)
     return frame
@@ -143,14 +150,17 @@ def rnn_rows(tracer, rnn, x) -> None:
     return rnn_call
 
 
-def rnn_backward_rows(tracer, rnn, x, call: int, input_grad: bool) -> None:
+def rnn_backward_rows(tracer, rnn, x, call: int, input_grad: bool,
+                      weight_grad: bool = True) -> None:
     """The kernels of cuDNN's backward of recurrent layer ``rnn`` on input ``x`` (the forward's
     operator ``call``), appended to ``tracer``: layers last to first, per direction the data
     gradient step by step backwards (one fused pointwise kernel over the gates, two streams in
     and one out, then the recurrent GEMM ``B x gates*H @ gates*H x H``), the input-projection
     GEMM's data gradient (``T*B x gates*H @ gates*H x in``; the first layer's only when its
-    input needs a gradient), and the weight gradients as two GEMMs over every step
-    (``in x T*B @ T*B x gates*H`` and ``H x T*B @ T*B x gates*H``)."""
+    input needs a gradient), and, when the layer's weights are trained (``weight_grad``), their
+    gradients as two GEMMs over every step (``in x T*B @ T*B x gates*H`` and
+    ``H x T*B @ T*B x gates*H``; the bias gradients, reductions cuDNN folds into them, are not
+    rows of their own)."""
     T, B = (x.shape[1], x.shape[0]) if rnn.batch_first else (x.shape[0], x.shape[1])
     T, B = int(T), int(B)
     H, G = rnn.hidden_size, GATES[rnn.mode]
@@ -170,69 +180,87 @@ def rnn_backward_rows(tracer, rnn, x, call: int, input_grad: bool) -> None:
                                        4.0 * (B * G * H + G * H * H + B * H), (pw,)),)
             m = T * B
             gemms = [(m, G * H, width)] if layer > 0 or input_grad else []
-            gemms += [(width, m, G * H), (H, m, G * H)]
+            if weight_grad:
+                gemms += [(width, m, G * H), (H, m, G * H)]
+            last = step
             for a, b, c in gemms:
-                kid = tracer.add_row(aten, "linear", "linear", (1, a, b, c, None),
-                                     2.0 * a * b * c, 4.0 * (a * b + b * c + a * c), step)
-            last = (kid,)
+                last = (tracer.add_row(aten, "linear", "linear", (1, a, b, c, None),
+                                       2.0 * a * b * c, 4.0 * (a * b + b * c + a * c), step),)
     tracer.call = saved
 
 
 def _rnn_hooks(model, tracer, train: bool = False) -> list:
     """Hooks pricing each recurrent layer of ``model`` as :func:`rnn_rows` (its own aten calls
     muted while it runs). Training: the layer's forward runs without autograd and its outputs
-    come back through one autograd node whose backward writes :func:`rnn_backward_rows`, so
-    the backward is cuDNN's, not the autograd of PyTorch's step-by-step decomposition."""
+    come back through one autograd node (over its input, initial state and parameters) whose
+    backward writes :func:`rnn_backward_rows`, so the backward is cuDNN's, not the autograd of
+    PyTorch's step-by-step decomposition. A packed sequence is a clear error."""
     import torch
+
+    state: dict = {}   # per layer (by id): grad mode before its forward, its operator call
 
     class CudnnRnn(torch.autograd.Function):
         @staticmethod
-        def forward(ctx, mod, x, n_out, *tensors):
-            ctx.mod, ctx.x, ctx.call = mod, x, mod._nslib_call
+        def forward(ctx, mod, x, n_out, n_state, *tensors):
+            ctx.mod, ctx.x, ctx.call = mod, x, state[id(mod)][1]
+            ctx.n_state, ctx.ins = n_state, tensors[n_out:]   # for the gradients' shapes
             ctx.set_materialize_grads(False)   # an unused output's gradient is no zeros kernel
             return tuple(t.view_as(t) for t in tensors[:n_out])
 
         @staticmethod
         def backward(ctx, *grads):
-            input_grad = ctx.needs_input_grad[1]
-            rnn_backward_rows(tracer, ctx.mod, ctx.x, ctx.call, input_grad)
+            need = ctx.needs_input_grad
+            n_params = len(need) - 4 - len(grads) - ctx.n_state
+            rnn_backward_rows(tracer, ctx.mod, ctx.x, ctx.call, input_grad=need[1],
+                              weight_grad=any(need[len(need) - n_params:]))
             tracer.muted += 1   # gradients of the right shapes, no kernel of their own
             try:
-                params = list(ctx.mod.parameters())
-                out = (None, torch.empty_like(ctx.x) if input_grad else None, None)
-                return out + tuple(None for _ in range(len(grads))) + tuple(
-                    torch.empty_like(q) for q in params)
+                ins = ctx.ins
+                return (None, torch.empty_like(ctx.x) if need[1] else None, None, None,
+                        *(None for _ in grads),
+                        *(torch.empty_like(t) if n else None
+                          for t, n in zip(ins, need[4 + len(grads):])))
             finally:
                 tracer.muted -= 1
 
     def pre(mod, args):
         tracer.muted = getattr(tracer, "muted", 0) + 1
+        if isinstance(args[0], torch.nn.utils.rnn.PackedSequence):
+            tracer.muted -= 1
+            raise ProblemError(f"{type(mod).__name__}: a packed sequence is not traced; give "
+                               "the padded batch (batch x steps x features)")
         if train:
-            mod._nslib_grad = torch.is_grad_enabled()
+            state[id(mod)] = (torch.is_grad_enabled(), None)
             torch.set_grad_enabled(False)
 
     def post(mod, args, out):
         tracer.muted -= 1
+        if train:
+            torch.set_grad_enabled(state[id(mod)][0])
         if tracer.muted:
             return None
-        mod._nslib_call = rnn_rows(tracer, mod, args[0])
+        call = rnn_rows(tracer, mod, args[0])
         if not train:
             return None
-        torch.set_grad_enabled(mod._nslib_grad)
+        state[id(mod)] = (state[id(mod)][0], call)
         flat = [out[0], *(out[1] if isinstance(out[1], tuple) else (out[1],))]
+        hx = [t for t in tensors_in(list(args[1:]), []) if isinstance(t, torch.Tensor)]
+        ins = [*hx, *mod.parameters()]
         tracer.muted += 1   # the node's views launch nothing
         try:
-            new = CudnnRnn.apply(mod, args[0], len(flat), *flat, *mod.parameters())
+            new = CudnnRnn.apply(mod, args[0], len(flat), len(hx), *flat, *ins)
         finally:
             tracer.muted -= 1
+        if not new[0].requires_grad:   # nothing upstream needs a gradient: no backward
+            return None
         # the backward is the layer's call (cuDNN launches it from C++), and so are its
         # parameters' gradient accumulators
         node = new[0].grad_fn
-        tracer.node_call[node] = mod._nslib_call
+        tracer.node_call[node] = call
         params = [id(q) for q in mod.parameters()]
         for n, _ in node.next_functions:
             if id(getattr(n, "variable", None)) in params:
-                tracer.node_call[n] = mod._nslib_call
+                tracer.node_call[n] = call
         rest = tuple(new[1:]) if isinstance(out[1], tuple) else new[1]
         return new[0], rest
 
@@ -286,6 +314,14 @@ def meta_trace(build, make_inputs, label: str, eval_mode: bool = True, mode: str
         first = str(e).splitlines()[0][:200] if str(e) else ""
         return f"{type(e).__name__}: {first}"
 
+    def needs_data(e: Exception) -> bool:
+        # a meta tensor has no values: reading one is what a data-dependent module does
+        return any(w in str(e) for w in ("meta", "data-dependent", ".item()", "nonzero",
+                                         "Cannot copy out"))
+
+    data_hint = ("a module that reads tensor values (data-dependent shapes, Python numbers "
+                 "from tensors) needs real data, which this meta-device trace does not have")
+
     with torch.device("meta"), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
@@ -293,7 +329,8 @@ def meta_trace(build, make_inputs, label: str, eval_mode: bool = True, mode: str
         except ProblemError:
             raise
         except Exception as e:  # the user's constructor raises anything
-            raise ProblemError(f"{label}: building the module failed ({why(e)})") from None
+            raise ProblemError(f"{label}: building the module failed ({why(e)})"
+                               + (f"; {data_hint}" if needs_data(e) else "")) from None
         try:
             inputs = [t.to("meta") if isinstance(t, torch.Tensor) else t for t in make_inputs()]
         except ProblemError:
@@ -307,12 +344,8 @@ def meta_trace(build, make_inputs, label: str, eval_mode: bool = True, mode: str
         except Exception as e:  # the module's own code raises anything on meta tensors
             shapes = ", ".join("x".join(str(d) for d in t.shape) if isinstance(t, torch.Tensor)
                                else type(t).__name__ for t in inputs) or "none"
-            # a meta tensor has no values: reading one is what a data-dependent module does
-            needs_data = any(w in str(e) for w in ("meta", "data-dependent", ".item()",
-                                                   "nonzero", "Cannot copy out"))
-            hint = ("a module with data-dependent shapes or values needs real inputs, which "
-                    "this meta-device trace does not have" if needs_data else
-                    "check that the input shapes are the ones the module expects")
+            hint = data_hint if needs_data(e) else \
+                "check that the input shapes are the ones the module expects"
             what = "forward" if mode == "inf" else "forward or backward"
             raise ProblemError(f"{label}: its {what} failed on the meta device with inputs "
                                f"[{shapes}] ({why(e)}); {hint}") from None

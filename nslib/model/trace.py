@@ -57,15 +57,16 @@ __all__ = ["trace", "summarize", "logits_loss", "model_notes", "warn_model_notes
 TRACE_VERSION = 8
 
 
-def _mark_storages(tracer: Tracer, model, inputs: dict) -> None:
+def mark_storages(tracer: Tracer, model, inputs) -> None:
     """Tell the tracer which storages live for the whole step (parameters, buffers, gradients)
-    and which the caller holds (the inputs), for the memory columns."""
+    and which the caller holds (``inputs``, a dict or list of tensors), for the memory
+    columns."""
     params = list(model.parameters())
     tracer.mark([p for p in params if p.requires_grad], "trainable")
     tracer.mark([p for p in params if not p.requires_grad], "param")
     tracer.mark(list(model.buffers()), "param")
     tracer.mark([p.grad for p in params if p.grad is not None], "grad")
-    tracer.mark(list(inputs.values()), "held")
+    tracer.mark(list(inputs.values()) if isinstance(inputs, dict) else list(inputs), "held")
 
 def _vision(hf, name: str):
     """A vision setting of the config, or of its ``vision_config`` (CLIP-style models)."""
@@ -281,7 +282,7 @@ def _trace(config, batch, seq, mode, grad_accumulation, architecture, imbalance,
             for p in model.parameters():
                 if p.requires_grad:
                     p.grad = torch.zeros_like(p)
-    _mark_storages(tracer, model, inputs)
+    mark_storages(tracer, model, inputs)
 
     handles = install_hooks(model, tracer)
     try:
