@@ -147,6 +147,24 @@ def test_training_trace_leaves_the_module_as_it_was():
         trace_module(rnn, [pack_padded_sequence(torch.randn(3, 2, 4), torch.tensor([3, 2]))])
 
 
+class _InPlaceAfterRelu(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x):
+        y = torch.relu(self.lin(x))
+        y += 1.0                    # ReLU's backward needs its output: PyTorch refuses
+        return y
+
+
+def test_a_module_pytorch_cannot_train_is_a_clear_error():
+    from nslib.model.module_predict import module_trace_of
+    with pytest.raises(ProblemError, match="backward failed.*cannot train this module"):
+        module_trace_of(_InPlaceAfterRelu, inputs=[(2, 4)], mode="train")
+    assert len(module_trace_of(_InPlaceAfterRelu, inputs=[(2, 4)])) == 3
+
+
 def test_training_a_module_without_parameters_is_a_clear_error():
     model, x = _meta(nn.ReLU, 2, 2)
     with pytest.raises(ProblemError, match="nothing to train"):
@@ -186,3 +204,30 @@ def test_cli_predict_module_training(tmp_path, data_dir, capsys):
     assert main(["predict", "--gpu", "V100", "--module", f"{path}:Net", "--inputs", "32x64",
                  "--dtype", "bf16"]) == 2
     assert "drop --dtype" in capsys.readouterr().err
+
+
+def test_kernelbench_level3_models_trace_a_training_step(kernelbench_dir):
+    """Every level-3 model of one campaign traces a training step on the meta device (no
+    unmapped op), but the four PyTorch itself cannot: ShuffleNet's two (an in-place op on a
+    tensor its backward needs, refused by autograd as on a real GPU) and Swin's two (built
+    from tensor values, as in inference)."""
+    import glob
+    from pathlib import Path
+
+    from nslib.model.module_trace import load_problem, meta_trace
+    files = sorted(glob.glob(str(kernelbench_dir / "*" / "level3" / "*.py")))
+    campaign = Path(files[0]).parent.parent
+    failed, unknown = {}, {}
+    for path in sorted(campaign.glob("level3/*.py")):
+        ns = load_problem(path)
+        try:
+            tr = meta_trace(lambda: ns["Model"](*ns["get_init_inputs"]()), ns["get_inputs"],
+                            path.name, eval_mode=False, mode="train")
+            unknown.update(tr.attrs["unknown_ops"])
+        except ProblemError as e:
+            failed[path.name] = str(e)
+    assert unknown == {}
+    assert all("backward failed" in why for name, why in failed.items() if "Shuffle" in name)
+    assert all("building the module failed" in why for name, why in failed.items()
+               if "Swin" in name)
+    assert {n for n in failed if "Shuffle" not in n and "Swin" not in n} == set()

@@ -77,7 +77,14 @@ def trace_module(model, inputs, mode: str = "inf", eval_mode: bool = True,
                     loss = module_loss(out)
                     tracer.phase = "bw"
                     tracer.fw_stack.clear()
-                    loss.backward()
+                    try:
+                        loss.backward()
+                    except RuntimeError as e:
+                        raise ProblemError(
+                            f"its backward failed ({str(e).splitlines()[0][:160]}): PyTorch "
+                            "cannot train this module as written (e.g. an in-place operation "
+                            "on a tensor the backward needs); its inference forward can be "
+                            "forecast") from None
     finally:
         tracer.closed = True
         for h in handles:
@@ -339,8 +346,8 @@ def meta_trace(build, make_inputs, label: str, eval_mode: bool = True, mode: str
             raise ProblemError(f"{label}: making its inputs failed ({why(e)})") from None
         try:
             return trace_module(model, inputs, mode, eval_mode=eval_mode)
-        except ProblemError:
-            raise
+        except ProblemError as e:
+            raise ProblemError(f"{label}: {e}") from None
         except Exception as e:  # the module's own code raises anything on meta tensors
             shapes = ", ".join("x".join(str(d) for d in t.shape) if isinstance(t, torch.Tensor)
                                else type(t).__name__ for t in inputs) or "none"
