@@ -198,9 +198,17 @@ def test_cli_predict_module_training(tmp_path, data_dir, capsys):
                  "--mode", "train", "--predictor", "roofline", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["mode"] == "train" and out["bw_ms"] > 0
+    # memory: the weights (2 x 64 x 64 + ... FP32) and as much again in gradients, the Adam
+    # states twice that
+    mem = out["memory_gb"]
+    n_params = 64 * 64 + 64 + 64 * 8 + 8
+    assert mem["weights"] * 2**30 == pytest.approx(4 * n_params)
+    assert mem["grads"] == pytest.approx(mem["weights"])
+    assert mem["optimizer"] >= 2 * mem["weights"] and out["fits"]
     assert main(["predict", "--gpu", "V100", "--module", f"{path}:Net", "--inputs", "32x64",
                  "--mode", "train", "--predictor", "roofline"]) == 0
-    assert "training step (forward + backward, no optimizer" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert "training step (forward + backward, no optimizer" in text and "memory: fits" in text
     assert main(["predict", "--gpu", "V100", "--module", f"{path}:Net", "--inputs", "32x64",
                  "--dtype", "bf16"]) == 2
     assert "drop --dtype" in capsys.readouterr().err

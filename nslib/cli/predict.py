@@ -9,7 +9,7 @@ from pathlib import Path
 from nslib.data.checks import arg_float, arg_int
 from nslib.data.settings import Settings
 from nslib.kernels.dtypes import DTYPES
-from nslib.model.memory import memory_of
+from nslib.model.memory import memory_of, trace_memory
 from nslib.model.parallel import LINK_UTILISATION
 from nslib.model.inputs import resolve_gpu
 from nslib.model.predict import predict_model
@@ -61,8 +61,7 @@ def _predict_module(args) -> int:
     from nslib.model.module_predict import is_module_spec, parse_shapes
 
     step_flags = [f"--{k.replace('_', '-')}" for k in ("batch", "seq", "dp", "tp", "pp",
-                                                       "microbatches", "imbalance",
-                                                       "optimizer", "link_bw")
+                                                       "microbatches", "imbalance", "link_bw")
                   if getattr(args, k, None) is not None]
     step_flags += [f"--{k.replace('_', '-')}" for k in ("fused", "kv_cache") if getattr(args, k)]
     if (args.dtype or "fp32") != "fp32":
@@ -84,9 +83,10 @@ def _predict_module(args) -> int:
         frame, summary = predict_model(gpu, args.module, Step(1, 1, args.mode),
                                        predictor=args.predictor, inputs=inputs,
                                        launch_us=launch, settings=Settings(quick=args.quick))
+        mem = trace_memory(gpu, frame, args.mode, args.optimizer or "adam").to_dict()
     summary = {"gpu": args.gpu_spec or args.gpu, "gpu_name": name, "module": args.module,
                "inputs": args.inputs, "mode": args.mode, "predictor": args.predictor,
-               **summary}
+               **summary, "memory_gb": mem, "fits": mem["fits"]}
     if args.json:
         print(json.dumps(summary, indent=1, allow_nan=False))
     else:
@@ -97,6 +97,7 @@ def _predict_module(args) -> int:
               f"{_fmt_ms(summary['e2e_ms'])} ms{_band(summary)}, {summary['n_kernels']} "
               "kernels")
         _print_classes(summary["per_class_ms"])
+        print(_memory_line(mem, False))
     # the unpriced calls are the module's own note, not a datasheet range
     own = [w for w in summary["warnings"] if w.startswith("not priced")]
     _print_warnings(summary["warnings"], own, caught)

@@ -8,7 +8,7 @@ that fits) and the published per-layer formula, for comparison.
 """
 from nslib.model.memory.laws import (korthikanti_bytes, largest_batch, law_memory,
                                      layer_saved_bytes, storage_law, sweep_memory)
-from nslib.model.memory.scenario import memory_of, pipeline_memory, tp_scales
+from nslib.model.memory.scenario import memory_of, pipeline_memory, tp_scales, trace_memory
 from nslib.model.memory.step import (CONTEXT_BASE_GB, CONTEXT_STACK_BYTES, CONTEXT_THREADS_PER_SM,
                                      CUBLAS_WORKSPACE_BYTES, FP32_BYTES, GIB, OPTIMIZERS, Held, Memory,
                                      Share, framework_bytes, kv_cache_bytes, live_bytes,
@@ -18,4 +18,4 @@ __all__ = ["CONTEXT_BASE_GB", "CONTEXT_STACK_BYTES", "CONTEXT_THREADS_PER_SM",
            "CUBLAS_WORKSPACE_BYTES", "FP32_BYTES", "GIB", "Held", "OPTIMIZERS", "Memory", "Share",
            "framework_bytes", "korthikanti_bytes", "kv_cache_bytes", "largest_batch",
            "law_memory", "layer_saved_bytes", "live_bytes", "memory_of", "pipeline_memory",
-           "step_memory", "storage_law", "sweep_memory", "tp_scales"]
+           "step_memory", "storage_law", "sweep_memory", "tp_scales", "trace_memory"]

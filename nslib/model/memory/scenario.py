@@ -30,7 +30,7 @@ from nslib.model.memory.step import (FP32_BYTES, GIB, Held, Memory, Share, check
 from nslib.model.parallel import check_degrees, model_info, pipeline_stages, shard_tensor_parallel
 from nslib.model.step import Parallel, Step, parallel_of, step_of
 
-__all__ = ["tp_scales", "memory_of", "pipeline_memory"]
+__all__ = ["tp_scales", "memory_of", "pipeline_memory", "trace_memory"]
 
 
 def _out_elems(df: pd.DataFrame) -> np.ndarray:
@@ -91,9 +91,7 @@ def memory_of(gpu, model, step: Step, *, parallel: Parallel | None = None,
     if dtype != "fp32" and not (dp == pp == microbatches == 1 and (tp == 1 or mode == "inf")):
         raise ValueError(f"memory of a multi-GPU {dtype} step is tensor-parallel inference "
                          "only for now: dp = pp = 1, and tp > 1 with mode inf")
-    spec = resolve_gpu(gpu, data)
-    fw, src = framework_bytes(spec, data, spec_path(gpu))
-    fixed = Held(framework=fw, capacity=float(spec.mem_gb) * GIB, context_source=src)
+    fixed = _fixed(gpu, data)
     if dp == tp == pp == microbatches == 1:
         kv = _kv(model, batch, seq, mode, kv_cache, data, bytes_per_elem(dtype))
         trace = traced(model, batch, seq, mode, data, imbalance, dtype=dtype)
@@ -117,6 +115,24 @@ def memory_of(gpu, model, step: Step, *, parallel: Parallel | None = None,
     return max(stages, key=lambda m: m.total)
 
 
+def _fixed(gpu, data=None) -> Held:
+    """What every point of a step on ``gpu`` holds besides the trace: the framework's context
+    (:func:`framework_bytes`) and the GPU's capacity."""
+    spec = resolve_gpu(gpu, data)
+    fw, src = framework_bytes(spec, data, spec_path(gpu))
+    return Held(framework=fw, capacity=float(spec.mem_gb) * GIB, context_source=src)
+
+
+def trace_memory(gpu, trace: pd.DataFrame, mode: str, optimizer: str = "adam",
+                 settings: Settings | None = None) -> Memory:
+    """Peak memory on ``gpu`` of one step already traced (``trace``: rows with the memory
+    columns, e.g. a PyTorch module's from :func:`nslib.model.module_predict.predict_module`),
+    FP32: weights, gradients and ``optimizer`` states (``mode`` "train"), the live activations
+    and the framework (:func:`step_memory`)."""
+    check_step(mode, optimizer)
+    return step_memory(trace, mode, optimizer, held=_fixed(gpu, settings_of(settings).data))
+
+
 def pipeline_memory(gpu, model, step: Step, *, parallel: Parallel, optimizer: str = "adam",
                     kv_cache: bool = False, settings: Settings | None = None) -> list[Memory]:
     """Peak memory of each of the ``parallel.pp`` pipeline stages (GPipe, see the module
@@ -125,10 +141,9 @@ def pipeline_memory(gpu, model, step: Step, *, parallel: Parallel, optimizer: st
     batch, seq, mode, imbalance = step.batch, step.seq, step.mode, step.imbalance
     pp, microbatches = par.pp, par.microbatches
     check_step(mode, optimizer)
-    spec = resolve_gpu(gpu, data)
     info = model_info(model, mode, data)
     check_degrees(info, batch, 1, 1, pp, microbatches)
-    fw, src = framework_bytes(spec, data, spec_path(gpu))
+    fixed = _fixed(gpu, data)
     mb = batch // microbatches
     tr = traced(model, mb, seq, mode, data, imbalance)
     stage = pipeline_stages(tr, pp, info["layers"])
@@ -142,9 +157,7 @@ def pipeline_memory(gpu, model, step: Step, *, parallel: Parallel, optimizer: st
         flight = (microbatches - 1) * saved
         if s > 0:
             flight += received * (microbatches if mode == "train" else 1)
-        held = Held(framework=fw, kv_cache=kv, capacity=float(spec.mem_gb) * GIB,
-                    context_source=src)
-        out.append(step_memory(tr, mode, optimizer, held=held,
+        out.append(step_memory(tr, mode, optimizer, held=replace(fixed, kv_cache=kv),
                                share=Share(select=sel, in_flight=flight)))
     return out
 
