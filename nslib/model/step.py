@@ -22,7 +22,8 @@ MODES = ("inf", "train")
 @dataclass(frozen=True)
 class Step:
     """One step of a model: ``batch`` sequences (the global batch on several GPUs) of ``seq``
-    tokens, ``mode`` ``inf`` (a forward) or ``train`` (forward, backward, optimizer);
+    tokens, ``mode`` ``inf`` (a forward) or ``train`` (forward and backward; the optimizer's
+    states count in its memory, its update is not timed, as in the measurements);
     ``dtype`` ``fp32`` (the paper's setting) or ``bf16``/``fp16``; ``fused``: elementwise and
     memory chains merged (:func:`nslib.model.fusion.fuse`); ``imbalance``: mixture-of-experts
     routing, the busiest expert's share over an even one (1: even;
