@@ -39,9 +39,8 @@ def predict_model(gpu, model, step: Step | None = None, predictor="nslib", *,
     (``gpt3_27``), a JSON path or a config dict; or any PyTorch module (an ``nn.Module``, a
     factory returning one, a ``FILE.py[:NAME]``), whose step on ``inputs`` (tensors or
     shapes; a KernelBench-style file's own ``get_inputs()`` when ``None``) is traced and
-    priced (:func:`nslib.model.module_predict.predict_module`; ``step`` then may be omitted,
-    an inference forward, or an FP32 step whose mode, ``inf`` or ``train``, is taken and whose
-    batch and sequence the inputs override);
+    priced (:func:`nslib.model.module_predict.predict_module`; ``step`` omitted: an inference
+    forward, else an FP32 step whose mode is taken, its batch and sequence the inputs');
     ``step``: a :class:`nslib.model.step.Step`
     (batch, seq, mode ``inf``/``train``, dtype, fused, mixture-of-experts imbalance);
     ``predictor``: a registered name (trained and cached on first use) or a fitted predictor.

@@ -1,0 +1,193 @@
+"""Recurrent layers as cuDNN runs them, forward and backward, in a module's trace.
+
+PyTorch's ``nn.LSTM``/``GRU``/``RNN`` on the meta device runs a step-by-step decomposition (a
+dozen kernels a step, and its autograd in a training step): what a CPU runs, not what the GPU
+launches. Hooks on each recurrent layer (:func:`rnn_hooks`) mute it and write cuDNN's standard
+algorithm instead (:func:`rnn_rows`; in training :func:`rnn_backward_rows` through one autograd
+node), all launched by the layer's one operator call. Units: FLOPs, bytes (FP32).
+"""
+from __future__ import annotations
+
+from nslib.model.aten import tensors_in
+
+__all__ = ["GATES", "rnn_rows", "rnn_backward_rows", "rnn_hooks", "RnnError"]
+
+# gate GEMM widths per hidden unit of PyTorch's recurrent layers (nn.RNNBase.mode)
+GATES = {"LSTM": 4, "GRU": 3, "RNN_TANH": 1, "RNN_RELU": 1}
+
+
+class RnnError(ValueError):
+    """A recurrent layer's input that cannot be traced (a packed sequence, an unbatched input)."""
+
+
+def rnn_rows(tracer, rnn, x) -> None:
+    """The kernels cuDNN's standard algorithm launches for recurrent layer ``rnn`` on input
+    ``x``, appended to ``tracer``: per layer and direction one GEMM projecting every step's
+    input onto the gates (``T*B x in @ in x gates*H``), then per step the recurrent GEMM
+    (``B x H @ H x gates*H``) and one fused pointwise kernel over the gates (two streams in,
+    one out), the steps in sequence. PyTorch's own decomposition (a dozen kernels a step) is
+    what a CPU runs, not what the GPU launches."""
+    if x.dim() != 3:
+        raise RnnError(f"{type(rnn).__name__}: only batched (3-D) inputs are traced")
+    T, B = (x.shape[1], x.shape[0]) if rnn.batch_first else (x.shape[0], x.shape[1])
+    H, G = rnn.hidden_size, GATES[rnn.mode]
+    dirs = 2 if rnn.bidirectional else 1
+    aten = f"cudnn_rnn.{rnn.mode}"
+    last = ()
+    # one operator call launches them all (the host dispatches it once)
+    saved, tracer.call = tracer.call, tracer.n_calls
+    tracer.n_calls += 1
+    rnn_call = tracer.call
+    for layer in range(rnn.num_layers):
+        width = rnn.input_size if layer == 0 else H * dirs
+        for _ in range(dirs):
+            m, n, k = int(T * B), int(width), int(G * H)
+            kid = tracer.add_row(aten, "linear", "linear", (1, m, n, k, None), 2.0 * m * n * k,
+                                 4.0 * (m * n + n * k + m * k), last)
+            step = (kid,)
+            for _ in range(int(T)):
+                g = tracer.add_row(aten, "linear", "linear", (1, B, H, G * H, None),
+                                   2.0 * B * H * G * H, 4.0 * (B * H + H * G * H + B * G * H),
+                                   step)
+                step = (tracer.add_row(aten, "elementwise", "add", (int(B), None, None, None,
+                                       int(G * H)), float(B * G * H), 12.0 * B * G * H, (g,)),)
+            last = step
+    tracer.call = saved
+    return rnn_call
+
+
+def rnn_backward_rows(tracer, rnn, x, call: int, input_grad: bool,
+                      weight_grad: bool = True) -> None:
+    """The kernels of cuDNN's backward of recurrent layer ``rnn`` on input ``x`` (the forward's
+    operator ``call``), appended to ``tracer``: layers last to first, per direction the data
+    gradient step by step backwards (one fused pointwise kernel over the gates, two streams in
+    and one out, then the recurrent GEMM ``B x gates*H @ gates*H x H``), the input-projection
+    GEMM's data gradient (``T*B x gates*H @ gates*H x in``; the first layer's only when its
+    input needs a gradient), and, when the layer's weights are trained (``weight_grad``), their
+    gradients as two GEMMs over every step (``in x T*B @ T*B x gates*H`` and
+    ``H x T*B @ T*B x gates*H``; the bias gradients, reductions cuDNN folds into them, are not
+    rows of their own)."""
+    T, B = (x.shape[1], x.shape[0]) if rnn.batch_first else (x.shape[0], x.shape[1])
+    T, B = int(T), int(B)
+    H, G = rnn.hidden_size, GATES[rnn.mode]
+    dirs = 2 if rnn.bidirectional else 1
+    aten = f"cudnn_rnn_backward.{rnn.mode}"
+    saved, tracer.call = tracer.call, call
+    last = ()
+    for layer in reversed(range(rnn.num_layers)):
+        width = rnn.input_size if layer == 0 else H * dirs
+        for _ in range(dirs):
+            step = last
+            for _ in range(T):
+                pw = tracer.add_row(aten, "elementwise", "add", (B, None, None, None, G * H),
+                                    float(B * G * H), 12.0 * B * G * H, step)
+                step = (tracer.add_row(aten, "linear", "linear", (1, B, G * H, H, None),
+                                       2.0 * B * G * H * H,
+                                       4.0 * (B * G * H + G * H * H + B * H), (pw,)),)
+            m = T * B
+            gemms = [(m, G * H, width)] if layer > 0 or input_grad else []
+            if weight_grad:
+                gemms += [(width, m, G * H), (H, m, G * H)]
+            last = step
+            for a, b, c in gemms:
+                last = (tracer.add_row(aten, "linear", "linear", (1, a, b, c, None),
+                                       2.0 * a * b * c, 4.0 * (a * b + b * c + a * c), step),)
+    tracer.call = saved
+
+
+def rnn_hooks(model, tracer, train: bool = False) -> list:
+    """Hooks pricing each recurrent layer of ``model`` as :func:`rnn_rows` (its own aten calls
+    muted while it runs). Training: the layer's forward runs without autograd and its outputs
+    come back through one autograd node (over its input, initial state and parameters) whose
+    backward writes :func:`rnn_backward_rows` (:func:`_through_cudnn_node`), so the backward
+    is cuDNN's, not the autograd of PyTorch's step-by-step decomposition. A packed sequence
+    is a clear error."""
+    import torch
+
+    state: dict = {}   # per layer (by id): grad mode before its forward, its operator call
+    node_fn = _cudnn_node(tracer, state)
+
+    def pre(mod, args):
+        if isinstance(args[0], torch.nn.utils.rnn.PackedSequence):
+            raise RnnError(f"{type(mod).__name__}: a packed sequence is not traced; give "
+                           "the padded batch (batch x steps x features)")
+        tracer.muted = getattr(tracer, "muted", 0) + 1
+        if train:
+            state[id(mod)] = (torch.is_grad_enabled(), None)
+            torch.set_grad_enabled(False)
+
+    def post(mod, args, out):
+        tracer.muted -= 1
+        if train:
+            torch.set_grad_enabled(state[id(mod)][0])
+        if tracer.muted:
+            return None
+        call = rnn_rows(tracer, mod, args[0])
+        if not train:
+            return None
+        state[id(mod)] = (state[id(mod)][0], call)
+        return _through_cudnn_node(tracer, node_fn, mod, args, out, call)
+
+    handles = []
+    for mod in model.modules():
+        if isinstance(mod, torch.nn.RNNBase) and mod.mode in GATES:
+            handles += [mod.register_forward_pre_hook(pre), mod.register_forward_hook(post)]
+    return handles
+
+
+def _through_cudnn_node(tracer, node_fn, mod, args, out, call):
+    """The layer's outputs ``out`` passed through one autograd node (``node_fn``) over its
+    input, initial state and parameters, the node and the parameters' gradient accumulators
+    filed under the layer's operator ``call`` (cuDNN launches the backward from C++); ``None``
+    (outputs unchanged) when nothing upstream needs a gradient."""
+    import torch
+
+    flat = [out[0], *(out[1] if isinstance(out[1], tuple) else (out[1],))]
+    hx = [t for t in tensors_in(list(args[1:]), []) if isinstance(t, torch.Tensor)]
+    tracer.muted += 1   # the node's views launch nothing
+    try:
+        new = node_fn.apply(mod, args[0], len(flat), len(hx), *flat, *hx, *mod.parameters())
+    finally:
+        tracer.muted -= 1
+    if not new[0].requires_grad:
+        return None
+    node = new[0].grad_fn
+    tracer.node_call[node] = call
+    params = [id(q) for q in mod.parameters()]
+    for n, _ in node.next_functions:
+        if id(getattr(n, "variable", None)) in params:
+            tracer.node_call[n] = call
+    return new[0], (tuple(new[1:]) if isinstance(out[1], tuple) else new[1])
+
+
+def _cudnn_node(tracer, state: dict):
+    """The autograd function whose backward writes a recurrent layer's cuDNN backward rows
+    (:func:`rnn_backward_rows`) into ``tracer`` and returns gradients of the right shapes
+    (meta, no kernel). Its inputs: the layer, its input, the counts of outputs and of state
+    tensors, then the outputs, the initial state tensors and the parameters."""
+    import torch
+
+    class CudnnRnn(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, mod, x, n_out, n_state, *tensors):
+            ctx.mod, ctx.x, ctx.call = mod, x, state[id(mod)][1]
+            ctx.n_state, ctx.ins = n_state, tensors[n_out:]   # for the gradients' shapes
+            ctx.set_materialize_grads(False)   # an unused output's gradient is no zeros kernel
+            return tuple(t.view_as(t) for t in tensors[:n_out])
+
+        @staticmethod
+        def backward(ctx, *grads):
+            need = ctx.needs_input_grad
+            n_params = len(need) - 4 - len(grads) - ctx.n_state
+            rnn_backward_rows(tracer, ctx.mod, ctx.x, ctx.call, input_grad=need[1],
+                              weight_grad=any(need[len(need) - n_params:]))
+            tracer.muted += 1   # gradients of the right shapes, no kernel of their own
+            try:
+                return (None, torch.empty_like(ctx.x) if need[1] else None, None, None,
+                        *(None for _ in grads),
+                        *(torch.empty_like(t) if n else None
+                          for t, n in zip(ctx.ins, need[4 + len(grads):])))
+            finally:
+                tracer.muted -= 1
+
+    return CudnnRnn
