@@ -186,7 +186,9 @@ by_batch
 # DenseNet, MobileNet, EfficientNet, ViT, RNN/LSTM/GRU, MinGPT blocks, U-Net) and level-2 chain
 # (a convolution or GEMM followed by activations, norms, pooling) is traced from its own file on
 # the meta device, as its harness ran it (the module as built, in training mode), and priced on
-# the datasheet of the GPU it ran on like any step: convolutions as implicit GEMMs, batch norms
+# the datasheet of the GPU it ran on like any step: convolutions as implicit GEMMs (a wide 3x3
+# stride-1 one as cuDNN's FP32 Winograd F(4x4, 3x3), two transforms and 36 small GEMMs, when the
+# datasheet's roofline says that form is faster), batch norms
 # and pooling as streams, recurrent layers as cuDNN's standard algorithm launches them
 # (`nslib.evaluation.kernelbench_models`; `nslib eval-models --kernelbench --level 3`).
 # Predictors are trained on the NeuSight training GPUs; problems that do not trace, or hold ops
@@ -238,7 +240,8 @@ for level, st in kb_steps.items():
 # (`--mode train`) a training step, forward and backward, is traced and priced on the
 # datasheet. Below, a small CNN and a two-layer GRU written here, on every FP32 datasheet of
 # the data: where the time goes changes with the GPU (the GRU's hundreds of small kernels are
-# the host's, whatever the GPU; the CNN's convolutions are GEMMs). A training step adds the
+# the host's, whatever the GPU; the CNN's convolutions are GEMMs, its wide 3x3 one as Winograd's
+# transforms and 36 small GEMMs where the datasheet says that is faster). A training step adds the
 # backward: each layer's two gradient GEMMs, the norms' and activations' backward kernels,
 # and for the GRU cuDNN's backward (per step a pointwise kernel and a GEMM, then the weight
 # gradients over every step).

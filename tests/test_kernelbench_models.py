@@ -32,17 +32,60 @@ def test_tiny_cnn_kernels_by_hand():
     with torch.device("meta"):
         model, x = _cnn(), torch.randn(2, 3, 32, 32)
     tr = trace_module(model, [x])  # eval mode: the batch norm applies its running statistics
-    assert tr["op"].tolist() == ["linear", "addu", "relu", "mem", "linear"]
-    conv = tr.iloc[0]  # implicit GEMM: (2 x 30 x 30 positions) x (3 x 3 x 3) @ (.. x 8)
+    # the 3x3 stride-1 conv: the implicit GEMM, (2 x 30 x 30 positions) x (3 x 3 x 3) @ 8, and
+    # beside it Winograd F(4x4, 3x3): 2 x 8 x 8 tiles of 4x4 outputs (30 -> 8 per side), 36
+    # transformed points each; the datasheet picks one (kernel_frame)
+    assert tr["op"].tolist() == ["linear", "mem", "bmm", "mem", "addu", "relu", "mem", "linear"]
+    assert tr.attrs["alternatives"] == [((0,), (1, 2, 3))]
+    conv = tr.iloc[0]
     assert (conv["M"], conv["N"], conv["K"]) == (2 * 30 * 30, 27, 8)
-    assert tr.iloc[1]["B"] * tr.iloc[1]["H"] == 2 * 8 * 30 * 30
-    pool = tr.iloc[3]  # reads the 2x8x30x30 input, writes values and int64 indices (2x8x15x15)
+    tin, gemm, tout = tr.iloc[1], tr.iloc[2], tr.iloc[3]
+    assert tin["bytes"] == 4 * (2 * 3 * 32 * 32 + 36 * 128 * 3)   # input read, tiles written
+    assert (gemm["B"], gemm["M"], gemm["N"], gemm["K"]) == (36, 128, 3, 8)
+    assert gemm["flops"] == 2 * 36 * 128 * 3 * 8
+    assert tout["bytes"] == 4 * (36 * 128 * 8 + 2 * 8 * 30 * 30)   # products read, output written
+    assert tr.iloc[4]["B"] * tr.iloc[4]["H"] == 2 * 8 * 30 * 30
+    pool = tr.iloc[6]  # reads the 2x8x30x30 input, writes values and int64 indices (2x8x15x15)
     assert pool["bytes"] == 4 * 14400 + 4 * 3600 + 8 * 3600
-    fc = tr.iloc[4]
+    fc = tr.iloc[7]
     assert (fc["M"], fc["N"], fc["K"]) == (2, 1800, 10)
     model.train(True)  # as KernelBench runs a module: batch statistics, two streams read
     train = trace_module(model, [x], eval_mode=False)
     assert "add" in train.loc[train["aten"].str.contains("batch_norm"), "op"].tolist()
+    # any other convolution is the implicit GEMM: (2 x 15 x 15 positions) x (3 x 3 x 3) @ 8
+    for conv in (nn.Conv2d(3, 8, 3, stride=2), nn.Conv2d(3, 8, 3, dilation=2, padding=2),
+                 nn.Conv2d(4, 8, 3, groups=2), nn.Conv2d(3, 8, (3, 1)), nn.Conv1d(3, 8, 3)):
+        conv = conv.to("meta")
+        shape = (2, conv.in_channels) + (32,) * (conv.weight.dim() - 2)
+        rows = trace_module(conv, [torch.empty(shape, device="meta")])
+        assert rows["op"].tolist() == ["bmm" if conv.groups > 1 else "linear"], conv
+        assert "alternatives" not in rows.attrs
+    g = trace_module(nn.Conv2d(3, 8, 3, stride=2).to("meta"),
+                     [torch.empty(2, 3, 32, 32, device="meta")]).iloc[0]
+    assert (g["M"], g["N"], g["K"]) == (2 * 15 * 15, 27, 8)
+
+
+def _roofline_s(rows, gpu):
+    return np.maximum(rows["flops"] / (gpu.peak_gflops * 1e9),
+                      rows["bytes"] / (gpu.mem_bw * 1e9)).sum()
+
+
+def test_a_3x3_convolution_runs_the_cheaper_algorithm():
+    from nslib.data.gpus import GPU
+    from nslib.model.inputs import kernel_frame
+    gpu = GPU("Fake", 16, 900, 80, 64, 1500, 15000, 6)
+    for cin, algo in ((3, ["linear"]), (256, ["memory", "bmm", "memory"])):
+        conv = nn.Conv2d(cin, 256, 3, padding=1).to("meta")
+        tr = trace_module(conv, [torch.empty(8, cin, 56, 56, device="meta")])
+        [((gemm,), wino)] = tr.attrs["alternatives"]
+        by_kid = tr.set_index("kid")
+        costs = [_roofline_s(by_kid.loc[list(k)], gpu) for k in ((gemm,), wino)]
+        frame = kernel_frame(tr, gpu)
+        # the thin layer pays more for its transforms than Winograd's quarter of the
+        # multiplies saves; the wide one the other way round
+        assert frame["kernel_class"].tolist() == algo
+        assert (costs[0] <= costs[1]) == (algo == ["linear"])
+        assert "alternatives" not in frame.attrs and frame.index.tolist() == list(range(len(algo)))
 
 
 def test_lstm_as_cudnn_runs_it():

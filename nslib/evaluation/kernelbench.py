@@ -61,11 +61,11 @@ def _one_kernel(trace) -> tuple[dict | None, str]:
         return None, "cannot trace"
     if trace.attrs.get("unknown_ops"):
         return None, "op without a kernel class"
+    if len(trace) and trace["aten"].str.contains("convolution").any():
+        return None, "convolution"  # one operator, but an implicit GEMM or a Winograd's three
     if len(trace) != 1:
         return None, f"{len(trace)} kernels" if len(trace) else "no kernel"
     row = trace.iloc[0]
-    if "convolution" in row["aten"]:
-        return None, "convolution"
     if row["aten"].split(".")[1] in NORM:
         return None, ("batch or group norm (an elementwise or layer-norm pass in models, not a "
                       "measured class)")

@@ -104,21 +104,41 @@ TRACE_FORMAT = Format(".parquet", lambda df: PARQUET.to_bytes(
     df.assign(**{c: df[c].map(list) for c in TUPLE_COLUMNS})), _read_trace)
 
 
+def one_algorithm(trace: pd.DataFrame, gpu: GPU) -> pd.DataFrame:
+    """A copy of ``trace`` with one algorithm per op that two can run (its
+    ``attrs["alternatives"]``: a 3x3 convolution's implicit GEMM and Winograd rows): the one
+    whose rows take less time at ``gpu``'s datasheet peak and bandwidth (the roofline, sum of
+    ``max(flops / peak, bytes / bandwidth)``), as cuDNN's heuristics pick the faster algorithm
+    for a shape. The losing rows are dropped."""
+    alts = trace.attrs.get("alternatives") or ()
+    df = trace.copy()
+    df.attrs.pop("alternatives", None)
+    if not alts:
+        return df
+    row_s = np.maximum(df["flops"].to_numpy(float) / (gpu.peak_gflops * 1e9),
+                       df["bytes"].to_numpy(float) / (gpu.mem_bw * 1e9))
+    cost = pd.Series(row_s, index=df["kid"].to_numpy())
+    lose = [k for a, b in alts for k in (b if cost[list(a)].sum() <= cost[list(b)].sum() else a)]
+    return df[~df["kid"].isin(lose)].reset_index(drop=True)
+
+
 def kernel_frame(trace: pd.DataFrame, gpu: GPU) -> pd.DataFrame:
     """Trace rows as predictor input on ``gpu``: GPU columns added, memory ops as copies.
 
     Memory ops (copies, gathers, concatenations) are predicted as a one-input elementwise
-    kernel (``addu``: read one element, write one) over the elements they write.
+    kernel (``addu``: read one element, write one) over the elements they write. An op two
+    algorithms can run keeps the one :func:`one_algorithm` picks on ``gpu``.
     """
-    df = trace.copy()
-    mem = (df["cls"] == "memory").to_numpy()
+    df = one_algorithm(trace, gpu)
+    cls = df["cls"].to_numpy()
+    mem = cls == "memory"
     if mem.any():
         n = np.maximum(df.loc[mem, "bytes"].to_numpy(float) / 8.0, 1.0)
         df.loc[mem, ["cls", "op"]] = ["elementwise", "addu"]
         df.loc[mem, "B"], df.loc[mem, "H"] = 1.0, np.ceil(n)
     for k, v in clock.frame_columns(gpu).items():
         df[k] = v
-    df["kernel_class"] = np.where(mem, "memory", trace["cls"].to_numpy())
+    df["kernel_class"] = np.where(mem, "memory", cls)
     return df
 
 

@@ -15,7 +15,18 @@ from nslib.kernels import sizes
 from nslib.model.aten import (CONV, EW_FIXED, EW_PAIR, GEMM, LAYERNORM, MEMORY, NO_KERNEL, NORM,
                               SOFTMAX, rows_of, split_name, tensor_bytes, tensors_in)
 
-__all__ = ["KernelRows"]
+__all__ = ["KernelRows", "WINOGRAD_TILE", "winograd_shape"]
+
+# cuDNN's FP32 Winograd for 3x3 filters: F(4x4, 3x3) outputs per tile (Lavin & Gray 2016; the
+# non-fused algorithm); F(2x2, 3x3) was the alternative (docs/decisions.md, "3x3 convolutions")
+WINOGRAD_TILE = 4
+
+
+def winograd_shape(w, stride, dilation, transposed: bool, groups: int) -> bool:
+    """Whether a forward convolution is one cuDNN can run as a Winograd transform: a 2-D 3x3
+    filter, stride 1, no dilation, not transposed, not grouped."""
+    return (not transposed and groups == 1 and tuple(int(v) for v in w.shape[2:]) == (3, 3)
+            and all(int(v) == 1 for v in stride) and all(int(v) == 1 for v in dilation))
 
 # (aten base names, handler kind), first match wins
 _KIND_OF = ((NO_KERNEL, "none"), (GEMM, "gemm"), (CONV, "conv"), (EW_FIXED, "ew"),
@@ -28,6 +39,8 @@ class KernelRows:
 
     def __init__(self):
         self.unknown: Counter = Counter()    # aten ops without a mapping -> calls
+        # (kids of one form, kids of another) of an op two algorithms can run; one is priced
+        self.alternatives: list[tuple[tuple, tuple]] = []
         self._func_info: dict = {}
 
     def _info(self, func) -> tuple:
@@ -142,7 +155,9 @@ class KernelRows:
         """A convolution as the implicit GEMM cuDNN runs: ``(batch * output positions) x
         (in channels * kernel size) @ (... x out channels)`` (transposed: ``(batch * input
         positions) x in channels @ (... x out channels * kernel size)``); the backward as the two GEMMs of
-        the input and weight gradients plus a reduction for the bias gradient."""
+        the input and weight gradients plus a reduction for the bias gradient. A forward one
+        of :func:`winograd_shape` also gets its Winograd rows as the alternative
+        (:meth:`_winograd`)."""
         fw = base == "convolution"
         x, w = (args[0], args[1]) if fw else (args[1], args[2])
         y = outs[0] if fw else args[0]                       # output / its gradient
@@ -165,12 +180,38 @@ class KernelRows:
                                          2.0 * groups * m * n * k, float(
                                              self.elem(x) * groups * (m * n + n * k + m * k)),
                                          inputs))
+        if kids and fw and winograd_shape(w, args[3], args[5], bool(args[6]), groups):
+            wino = self._winograd(aten, x, w, y, inputs)
+            self.alternatives.append((tuple(kids), wino))
+            kids.extend(wino)
         if not fw and len(mask) > 2 and mask[2]:
             written = int(w.shape[0])
             kids.append(self.add_row(aten, "memory", "mem", (1, None, None, None, written), 0.0,
                                      float(tensor_bytes(y) + written * y.element_size()), inputs))
         if kids:
             self.set_writer(outs, tuple(kids))
+
+    def _winograd(self, aten, x, w, y, inputs) -> tuple:
+        """A 3x3 stride-1 convolution as cuDNN's FP32 Winograd F(m x m, 3x3), ``m`` =
+        :data:`WINOGRAD_TILE`: the input transform (input read, ``a^2`` transformed tiles of
+        every input channel written, ``a = m + 2``), ``a^2`` independent GEMMs ``tiles x in
+        channels @ in channels x out channels`` (one ``bmm`` row), the output transform
+        (``a^2`` products read, the output written). ``tiles`` = batch x output positions / m^2,
+        rounded up per side. 36 multiplies per 16 outputs and input channel instead of 144.
+        Written beside the implicit GEMM as its alternative (``alternatives``): the GPU's
+        datasheet picks one (:func:`nslib.model.inputs.kernel_frame`). Returns the kids."""
+        m = WINOGRAD_TILE
+        a2 = (m + 2) ** 2
+        n, cin, cout = int(x.shape[0]), int(x.shape[1]), int(w.shape[0])
+        tiles = n * math.prod(-(-int(v) // m) for v in y.shape[2:])
+        e = self.elem(x)
+        return (self.add_row(aten, "memory", "mem", (1, None, None, None, a2 * tiles * cin), 0.0,
+                             float(tensor_bytes(x) + e * a2 * tiles * cin), inputs),
+                self.add_row(aten, "bmm", "bmm", (a2, tiles, cin, cout, None),
+                             2.0 * a2 * tiles * cin * cout,
+                             float(e * a2 * (tiles * cin + cin * cout + tiles * cout)), inputs),
+                self.add_row(aten, "memory", "mem", (1, None, None, None, int(y.numel())), 0.0,
+                             float(tensor_bytes(y) + e * a2 * tiles * cout), inputs))
 
     def _norm(self, base, aten, args, ins, outs):
         """A batch norm as one elementwise row over its output (``add``, two streams read, when

@@ -132,8 +132,11 @@ class Tracer(KernelRows, StorageTracker):
         for c in ("B", "M", "N", "K", "H", "flops", "bytes") + self.extra_cols:
             df[c] = df[c].astype(np.float64)
         extra = df[list(self.extra_cols)]
-        return pd.concat([df.drop(columns=list(self.extra_cols)), self.memory_frame(), extra],
-                         axis=1)
+        out = pd.concat([df.drop(columns=list(self.extra_cols)), self.memory_frame(), extra],
+                        axis=1)
+        if self.alternatives:
+            out.attrs["alternatives"] = list(self.alternatives)
+        return out
 
 
 def _same_dense(args, kwargs):
