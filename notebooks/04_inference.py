@@ -187,7 +187,7 @@ by_batch
 # (a convolution or GEMM followed by activations, norms, pooling) is traced from its own file on
 # the meta device, as its harness ran it (the module as built, in training mode), and priced on
 # the datasheet of the GPU it ran on like any step: convolutions as implicit GEMMs (a wide 3x3
-# stride-1 one as cuDNN's FP32 Winograd F(4x4, 3x3), two transforms and 36 small GEMMs, when the
+# stride-1 one as cuDNN's FP32 Winograd F(4x4, 3x3), its transforms and 36 small GEMMs, when the
 # datasheet's roofline says that form is faster), batch norms
 # and pooling as streams, recurrent layers as cuDNN's standard algorithm launches them
 # (`nslib.evaluation.kernelbench_models`; `nslib eval-models --kernelbench --level 3`).

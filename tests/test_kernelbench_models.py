@@ -35,19 +35,24 @@ def test_tiny_cnn_kernels_by_hand():
     # the 3x3 stride-1 conv: the implicit GEMM, (2 x 30 x 30 positions) x (3 x 3 x 3) @ 8, and
     # beside it Winograd F(4x4, 3x3): 2 x 8 x 8 tiles of 4x4 outputs (30 -> 8 per side), 36
     # transformed points each; the datasheet picks one (kernel_frame)
-    assert tr["op"].tolist() == ["linear", "mem", "bmm", "mem", "addu", "relu", "mem", "linear"]
-    assert tr.attrs["alternatives"] == [((0,), (1, 2, 3))]
+    assert tr["op"].tolist() == ["linear", "mem", "mem", "bmm", "mem", "addu", "relu", "mem",
+                                 "linear"]
+    assert tr.attrs["alternatives"] == [((0,), (1, 2, 3, 4))]
     conv = tr.iloc[0]
     assert (conv["M"], conv["N"], conv["K"]) == (2 * 30 * 30, 27, 8)
-    tin, gemm, tout = tr.iloc[1], tr.iloc[2], tr.iloc[3]
+    filt, tin, gemm, tout = tr.iloc[1], tr.iloc[2], tr.iloc[3], tr.iloc[4]
+    assert filt["bytes"] == 4 * (9 + 36) * 3 * 8   # 3x3 filters read, 6x6 transforms written
+    # each Winograd kernel reads the one before; the next op reads either form's output
+    assert tr["inputs"].iloc[3] == (1, 2) and tr["inputs"].iloc[4] == (3,)
+    assert set(tr["inputs"].iloc[5]) == {0, 4}
     assert tin["bytes"] == 4 * (2 * 3 * 32 * 32 + 36 * 128 * 3)   # input read, tiles written
     assert (gemm["B"], gemm["M"], gemm["N"], gemm["K"]) == (36, 128, 3, 8)
     assert gemm["flops"] == 2 * 36 * 128 * 3 * 8
     assert tout["bytes"] == 4 * (36 * 128 * 8 + 2 * 8 * 30 * 30)   # products read, output written
-    assert tr.iloc[4]["B"] * tr.iloc[4]["H"] == 2 * 8 * 30 * 30
-    pool = tr.iloc[6]  # reads the 2x8x30x30 input, writes values and int64 indices (2x8x15x15)
+    assert tr.iloc[5]["B"] * tr.iloc[5]["H"] == 2 * 8 * 30 * 30
+    pool = tr.iloc[7]  # reads the 2x8x30x30 input, writes values and int64 indices (2x8x15x15)
     assert pool["bytes"] == 4 * 14400 + 4 * 3600 + 8 * 3600
-    fc = tr.iloc[7]
+    fc = tr.iloc[8]
     assert (fc["M"], fc["N"], fc["K"]) == (2, 1800, 10)
     model.train(True)  # as KernelBench runs a module: batch statistics, two streams read
     train = trace_module(model, [x], eval_mode=False)
@@ -74,18 +79,36 @@ def test_a_3x3_convolution_runs_the_cheaper_algorithm():
     from nslib.data.gpus import GPU
     from nslib.model.inputs import kernel_frame
     gpu = GPU("Fake", 16, 900, 80, 64, 1500, 15000, 6)
-    for cin, algo in ((3, ["linear"]), (256, ["memory", "bmm", "memory"])):
-        conv = nn.Conv2d(cin, 256, 3, padding=1).to("meta")
-        tr = trace_module(conv, [torch.empty(8, cin, 56, 56, device="meta")])
+    for cin, algo in ((3, ["linear"]), (256, ["memory", "memory", "bmm", "memory"])):
+        net = nn.Sequential(nn.Conv2d(cin, 256, 3, padding=1), nn.ReLU()).to("meta")
+        tr = trace_module(net, [torch.empty(8, cin, 56, 56, device="meta")])
         [((gemm,), wino)] = tr.attrs["alternatives"]
         by_kid = tr.set_index("kid")
         costs = [_roofline_s(by_kid.loc[list(k)], gpu) for k in ((gemm,), wino)]
         frame = kernel_frame(tr, gpu)
         # the thin layer pays more for its transforms than Winograd's quarter of the
         # multiplies saves; the wide one the other way round
-        assert frame["kernel_class"].tolist() == algo
+        assert frame["kernel_class"].tolist() == algo + ["elementwise"]
         assert (costs[0] <= costs[1]) == (algo == ["linear"])
-        assert "alternatives" not in frame.attrs and frame.index.tolist() == list(range(len(algo)))
+        assert "alternatives" not in frame.attrs
+        assert frame.index.tolist() == list(range(len(algo) + 1))
+        # nothing the storage model filed is lost with the dropped form, and every
+        # dependency and free points at a kernel that is kept
+        for c in ("params", "trainable"):
+            assert frame[c].sum() == tr[c].sum() > 0
+        assert sum(map(len, frame["allocs"])) == sum(map(len, tr["allocs"]))
+        kept = set(frame["kid"])
+        assert all(k in kept for ins in frame["inputs"] for k in ins)
+        assert all(f in kept or f < 0 for fs in frame["frees"] for f in fs)
+        assert frame["inputs"].iloc[-1] == (frame["kid"].iloc[-2],)   # the ReLU reads the conv
+
+
+def test_config_traces_carry_no_alternatives():
+    # a config's trace is fused, swept and split into stages, which keep every row: its
+    # convolutions are the implicit GEMM alone (16-bit ones too)
+    from nslib.model.recorder import Tracer
+    assert not Tracer(nn.Linear(2, 2), {}).algorithms
+    assert not Tracer(nn.Linear(2, 2), {}, half=True, algorithms=True).algorithms
 
 
 def test_lstm_as_cudnn_runs_it():

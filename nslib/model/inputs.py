@@ -26,6 +26,7 @@ from nslib.kernels.dtypes import check_dtype
 from nslib.model.config import load_model_config
 from nslib.model.moe import expert_tokens
 from nslib.model.step import MODES, Step  # MODES: the one list of modes
+from nslib.model.storages import MEMORY_COLUMNS
 from nslib.model.trace import TRACE_VERSION, trace, warn_model_notes
 from nslib.predictors import trained
 
@@ -109,7 +110,8 @@ def one_algorithm(trace: pd.DataFrame, gpu: GPU) -> pd.DataFrame:
     ``attrs["alternatives"]``: a 3x3 convolution's implicit GEMM and Winograd rows): the one
     whose rows take less time at ``gpu``'s datasheet peak and bandwidth (the roofline, sum of
     ``max(flops / peak, bytes / bandwidth)``), as cuDNN's heuristics pick the faster algorithm
-    for a shape. The losing rows are dropped."""
+    for a shape. The losing rows are dropped (their memory and dependencies kept,
+    :func:`_drop_kernels`)."""
     alts = trace.attrs.get("alternatives") or ()
     df = trace.copy()
     df.attrs.pop("alternatives", None)
@@ -118,8 +120,33 @@ def one_algorithm(trace: pd.DataFrame, gpu: GPU) -> pd.DataFrame:
     row_s = np.maximum(df["flops"].to_numpy(float) / (gpu.peak_gflops * 1e9),
                        df["bytes"].to_numpy(float) / (gpu.mem_bw * 1e9))
     cost = pd.Series(row_s, index=df["kid"].to_numpy())
-    lose = [k for a, b in alts for k in (b if cost[list(a)].sum() <= cost[list(b)].sum() else a)]
-    return df[~df["kid"].isin(lose)].reset_index(drop=True)
+    moved = {}   # a dropped kid -> the kept form's last kernel
+    for a, b in alts:
+        keep, lose = (a, b) if cost[list(a)].sum() <= cost[list(b)].sum() else (b, a)
+        moved.update(dict.fromkeys(lose, keep[-1]))
+    return _drop_kernels(df, moved)
+
+
+def _drop_kernels(df: pd.DataFrame, moved: dict) -> pd.DataFrame:
+    """``df`` without the kernels ``moved`` maps (kid -> kid): what the storage model filed
+    under a dropped kernel (allocations, frees, parameters) goes to the kernel it maps to, and
+    dependencies on it point there too."""
+    pos = dict(zip(df["kid"].tolist(), range(len(df))))
+    kids = df["kid"].tolist()
+    df["inputs"] = [tuple(dict.fromkeys(moved.get(k, k) for k in ins if moved.get(k, k) != me))
+                    for ins, me in zip(df["inputs"], kids)]
+    if set(MEMORY_COLUMNS) <= set(df.columns):
+        allocs, frees = [tuple(a) for a in df["allocs"]], [tuple(f) for f in df["frees"]]
+        params, trainable = (df[c].to_numpy(float).copy() for c in ("params", "trainable"))
+        for k, to in moved.items():
+            i, j = pos[k], pos[to]
+            allocs[j], frees[j] = allocs[j] + allocs[i], frees[j] + frees[i]
+            params[j] += params[i]
+            trainable[j] += trainable[i]
+        df["allocs"] = allocs
+        df["frees"] = [tuple(moved.get(f, f) for f in fs) for fs in frees]
+        df["params"], df["trainable"] = params, trainable
+    return df[~df["kid"].isin(list(moved))].reset_index(drop=True)
 
 
 def kernel_frame(trace: pd.DataFrame, gpu: GPU) -> pd.DataFrame:

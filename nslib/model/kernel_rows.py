@@ -11,6 +11,8 @@ from __future__ import annotations
 import math
 from collections import Counter
 
+import torch
+
 from nslib.kernels import sizes
 from nslib.model.aten import (CONV, EW_FIXED, EW_PAIR, GEMM, LAYERNORM, MEMORY, NO_KERNEL, NORM,
                               SOFTMAX, rows_of, split_name, tensor_bytes, tensors_in)
@@ -37,9 +39,12 @@ _KIND_OF = ((NO_KERNEL, "none"), (GEMM, "gemm"), (CONV, "conv"), (EW_FIXED, "ew"
 class KernelRows:
     """Turns each aten call into zero or more kernel rows (see the module doc)."""
 
-    def __init__(self):
+    def __init__(self, algorithms: bool = False):
         self.unknown: Counter = Counter()    # aten ops without a mapping -> calls
-        # (kids of one form, kids of another) of an op two algorithms can run; one is priced
+        # (kids of one form, kids of another) of an op two algorithms can run, one of them
+        # priced; only in traces that ask for them (FP32 module traces: a config's trace is
+        # fused, swept and split into pipeline stages, which keep every row)
+        self.algorithms = algorithms
         self.alternatives: list[tuple[tuple, tuple]] = []
         self._func_info: dict = {}
 
@@ -180,10 +185,11 @@ class KernelRows:
                                          2.0 * groups * m * n * k, float(
                                              self.elem(x) * groups * (m * n + n * k + m * k)),
                                          inputs))
-        if kids and fw and winograd_shape(w, args[3], args[5], bool(args[6]), groups):
+        if (self.algorithms and kids and fw and x.dtype == torch.float32
+                and winograd_shape(w, args[3], args[5], bool(args[6]), groups)):
             wino = self._winograd(aten, x, w, y, inputs)
             self.alternatives.append((tuple(kids), wino))
-            kids.extend(wino)
+            kids = [kids[0], wino[-1]]   # the output's writer is either form's last kernel
         if not fw and len(mask) > 2 and mask[2]:
             written = int(w.shape[0])
             kids.append(self.add_row(aten, "memory", "mem", (1, None, None, None, written), 0.0,
@@ -192,26 +198,32 @@ class KernelRows:
             self.set_writer(outs, tuple(kids))
 
     def _winograd(self, aten, x, w, y, inputs) -> tuple:
-        """A 3x3 stride-1 convolution as cuDNN's FP32 Winograd F(m x m, 3x3), ``m`` =
-        :data:`WINOGRAD_TILE`: the input transform (input read, ``a^2`` transformed tiles of
-        every input channel written, ``a = m + 2``), ``a^2`` independent GEMMs ``tiles x in
-        channels @ in channels x out channels`` (one ``bmm`` row), the output transform
-        (``a^2`` products read, the output written). ``tiles`` = batch x output positions / m^2,
+        """A 3x3 stride-1 convolution as cuDNN's non-fused FP32 Winograd F(m x m, 3x3), ``m`` =
+        :data:`WINOGRAD_TILE`, ``a = m + 2``: the filter transform (the 3x3 filters read, their
+        ``a^2``-point transforms written), the input transform (input read, ``a^2`` transformed
+        points of every tile and input channel written), ``a^2`` independent GEMMs ``tiles x in
+        channels @ in channels x out channels`` (one ``bmm`` row), the output transform (``a^2``
+        products read, the output written). ``tiles`` = batch x output positions / m^2,
         rounded up per side. 36 multiplies per 16 outputs and input channel instead of 144.
         Written beside the implicit GEMM as its alternative (``alternatives``): the GPU's
-        datasheet picks one (:func:`nslib.model.inputs.kernel_frame`). Returns the kids."""
+        datasheet picks one (:func:`nslib.model.inputs.kernel_frame`). Returns the kids, each
+        kernel reading the one before."""
         m = WINOGRAD_TILE
         a2 = (m + 2) ** 2
         n, cin, cout = int(x.shape[0]), int(x.shape[1]), int(w.shape[0])
         tiles = n * math.prod(-(-int(v) // m) for v in y.shape[2:])
         e = self.elem(x)
-        return (self.add_row(aten, "memory", "mem", (1, None, None, None, a2 * tiles * cin), 0.0,
-                             float(tensor_bytes(x) + e * a2 * tiles * cin), inputs),
-                self.add_row(aten, "bmm", "bmm", (a2, tiles, cin, cout, None),
-                             2.0 * a2 * tiles * cin * cout,
-                             float(e * a2 * (tiles * cin + cin * cout + tiles * cout)), inputs),
-                self.add_row(aten, "memory", "mem", (1, None, None, None, int(y.numel())), 0.0,
-                             float(tensor_bytes(y) + e * a2 * tiles * cout), inputs))
+        filt = self.add_row(aten, "memory", "mem", (1, None, None, None, a2 * cin * cout), 0.0,
+                            float(e * (9 + a2) * cin * cout), inputs)
+        tin = self.add_row(aten, "memory", "mem", (1, None, None, None, a2 * tiles * cin), 0.0,
+                           float(tensor_bytes(x) + e * a2 * tiles * cin), inputs)
+        gemm = self.add_row(aten, "bmm", "bmm", (a2, tiles, cin, cout, None),
+                            2.0 * a2 * tiles * cin * cout,
+                            float(e * a2 * (tiles * cin + cin * cout + tiles * cout)),
+                            (filt, tin))
+        tout = self.add_row(aten, "memory", "mem", (1, None, None, None, int(y.numel())), 0.0,
+                            float(tensor_bytes(y) + e * a2 * tiles * cout), (gemm,))
+        return filt, tin, gemm, tout
 
     def _norm(self, base, aten, args, ins, outs):
         """A batch norm as one elementwise row over its output (``add``, two streams read, when

@@ -48,7 +48,9 @@ def trace_module(model, inputs, mode: str = "inf", eval_mode: bool = True,
     if mode not in ("inf", "train"):
         raise ValueError(f"trace_module traces mode 'inf' or 'train', got {mode!r}")
     train = mode == "train"
-    tracer = Tracer(model, block_of={})
+    # a module's step is priced on one GPU's frame (kernel_frame) without fusion or
+    # pipeline stages: it may carry a convolution's alternative algorithms
+    tracer = Tracer(model, block_of={}, algorithms=True)
     recorder, calls = make_modes(tracer, redirect_dropout=train)
     with _as_it_was(model):
         _set_up(model, train, eval_mode, grad_accumulation)

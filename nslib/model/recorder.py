@@ -27,8 +27,8 @@ TRACE_COLUMNS = ("kid", "phase", "aten", "cls", "op", "B", "M", "N", "K", "H", "
 class Tracer(KernelRows, StorageTracker):
     """The rows of one trace, with the module context each kernel runs in."""
 
-    def __init__(self, model, block_of: dict, half: bool = False):
-        KernelRows.__init__(self)
+    def __init__(self, model, block_of: dict, half: bool = False, algorithms: bool = False):
+        KernelRows.__init__(self, algorithms=algorithms and not half)
         StorageTracker.__init__(self)
         # 16-bit traces: real element sizes, and the attention rows' extra columns
         self.half = half
