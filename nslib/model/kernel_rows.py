@@ -11,8 +11,6 @@ from __future__ import annotations
 import math
 from collections import Counter
 
-import torch
-
 from nslib.kernels import sizes
 from nslib.model.aten import (CONV, EW_FIXED, EW_PAIR, GEMM, LAYERNORM, MEMORY, NO_KERNEL, NORM,
                               SOFTMAX, rows_of, split_name, tensor_bytes, tensors_in)
@@ -185,7 +183,7 @@ class KernelRows:
                                          2.0 * groups * m * n * k, float(
                                              self.elem(x) * groups * (m * n + n * k + m * k)),
                                          inputs))
-        if (self.algorithms and kids and fw and x.dtype == torch.float32
+        if (self.algorithms and kids and fw and x.is_floating_point() and x.element_size() == 4
                 and winograd_shape(w, args[3], args[5], bool(args[6]), groups)):
             wino = self._winograd(aten, x, w, y, inputs)
             self.alternatives.append((tuple(kids), wino))
