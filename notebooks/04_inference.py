@@ -189,7 +189,8 @@ by_batch
 # the datasheet of the GPU it ran on like any step: convolutions as implicit GEMMs (a wide 3x3
 # stride-1 one as cuDNN's FP32 Winograd F(4x4, 3x3), its transforms and 36 small GEMMs, when the
 # datasheet's roofline says that form is faster), batch norms
-# and pooling as streams, recurrent layers as cuDNN's standard algorithm launches them
+# and pooling as streams (a 2-D batch norm, a group norm and `logsumexp` as the several kernels
+# PyTorch launches for them), recurrent layers as cuDNN's standard algorithm launches them
 # (`nslib.evaluation.kernelbench_models`; `nslib eval-models --kernelbench --level 3`).
 # Predictors are trained on the NeuSight training GPUs; problems that do not trace, or hold ops
 # without a kernel mapping, are listed with the reason, not scored. The host is the campaign's:

@@ -168,6 +168,50 @@ def test_data_dependent_shape_is_a_clear_error(tmp_path):
         problem_trace(path)
 
 
+class _Chains(nn.Module):
+    """A 2-D batch norm, a 2-D and a 4-D group norm, and a logsumexp (PyTorch's composites)."""
+
+    def __init__(self):
+        super().__init__()
+        self.bn, self.gn, self.gn4 = nn.BatchNorm1d(16), nn.GroupNorm(4, 16), nn.GroupNorm(2, 4)
+
+    def forward(self, x, y):
+        return torch.logsumexp(self.gn(self.bn(x)), dim=1, keepdim=True), self.gn4(y)
+
+
+def test_ops_that_launch_several_kernels_by_hand():
+    with torch.device("meta"):
+        model, x, y = _Chains(), torch.randn(8, 16), torch.randn(2, 4, 5, 5)
+    tr = trace_module(model, [x, y], eval_mode=False)   # training: batch statistics
+    rows = {a: tr[tr["aten"].str.contains(a)] for a in ("batch_norm", "group_norm", "logsumexp")}
+    # 2-D batch norm (ATen's own, not cuDNN's): statistics, running-statistics update, apply
+    bn = rows["batch_norm"]
+    assert bn["op"].tolist() == ["mem", "mem", "addu"]
+    assert bn["bytes"].tolist() == [4 * (128 + 32), 4 * 6 * 16, 4 * 2 * 128]
+    # group norm: row moments, then (4-D, affine) the per-channel scale and shift, the apply
+    gn = rows["group_norm"]
+    assert gn["op"].tolist() == ["mem", "ln", "mem", "mem", "ln"]
+    assert gn["bytes"].iloc[0] == 4 * (128 + 2 * 8 * 4)
+    assert (gn["B"].iloc[1], gn["H"].iloc[1]) == (8 * 4, 4)
+    assert gn["bytes"].iloc[3] == 4 * (2 * 2 * 2 + 4 * 2 * 4)
+    assert (gn["B"].iloc[4], gn["H"].iloc[4]) == (2 * 2, 2 * 25)
+    # logsumexp: amax, abs, eq, masked_fill_, x - max, exp, sum, log_, add_
+    lse = rows["logsumexp"]
+    assert lse["op"].tolist() == ["mem", "mulu", "mem", "mem", "addu", "tanh", "mem", "tanh",
+                                  "add"]
+    assert lse["bytes"].iloc[4] == 4 * 2 * 128 and lse["bytes"].iloc[0] == 4 * (128 + 8)
+    # one call each, every kernel reading the one before
+    for part in rows.values():
+        for call in part["call"].unique():
+            kids = part.loc[part["call"] == call, "kid"].tolist()
+            assert all(tr.set_index("kid").loc[k, "inputs"] == (p,)
+                       for p, k in zip(kids, kids[1:]))
+    assert len(set(lse["call"])) == 1 and len(set(bn["call"])) == 1
+    # eval mode: the running statistics, one elementwise pass
+    ev = trace_module(model, [x, y])
+    assert ev.loc[ev["aten"].str.contains("batch_norm"), "op"].tolist() == ["addu"]
+
+
 def test_one_dispatch_per_operator_call():
     frame = pd.DataFrame({"phase": ["fw"] * 4, "call": [0, 1, 1, 1]})
     gpu = np.full(4, 0.001)

@@ -116,6 +116,9 @@ class KernelRows:
             self._norm(base, aten, args, ins, outs)
             return
         if kind == "mem":
+            if base == "logsumexp":
+                self._logsumexp(aten, ins[0], outs)
+                return
             self._memory(MEMORY[base], base, inplace, aten, args, ins, outs)
             return
         # unknown: no row; its outputs inherit its inputs' producers
@@ -130,6 +133,40 @@ class KernelRows:
         kid = self.add_row(aten, cls, op, (B, None, None, None, H), float(flops), float(nbytes),
                            self.producers(ins))
         self.set_writer(outs, (kid,))
+
+    def _chain(self, aten, steps, ins, outs) -> int:
+        """Rows of one call that launches several kernels, each reading the one before (the
+        first reads ``ins``; the last writes ``outs``). ``steps``: ``(cls, op, B, H)`` of a
+        vector row, or ``("memory", n_written, bytes)`` of a memory row. Returns the last kid."""
+        inputs = self.producers(ins)
+        for step in steps:
+            if step[0] == "memory":
+                _, written, nbytes = step
+                kid = self.add_row(aten, "memory", "mem", (1, None, None, None, written), 0.0,
+                                   float(nbytes), inputs)
+            else:
+                cls, op, B, H = step
+                n_in, per_o = sizes.OPS[op][1], sizes.OPS[op][2]
+                kid = self.add_row(aten, cls, op, (B, None, None, None, H), float(B * H * per_o),
+                                   float(B * H * self.elem(ins[0]) * (n_in + 1)), inputs)
+            inputs = (kid,)
+        self.set_writer(outs, inputs)
+        return inputs[0]
+
+    def _logsumexp(self, aten, x, outs):
+        """PyTorch's logsumexp, a composite of ATen calls (``ReduceOps.cpp``): the max over the
+        reduced dims; its infinities masked (abs, eq, masked_fill_); ``x - max``; exp; the sum;
+        ``log_`` and ``add_`` of the max: nine kernels, three of them passes over the input."""
+        n, m, e = int(x.numel()), int(outs[0].numel()), self.elem(x)
+        (bn, hn), (bm, hm) = rows_of(x.shape), rows_of(outs[0].shape)
+        reduce = ("memory", m, (n + m) * e)                        # amax, then the sum
+        masks = [("elementwise", "mulu", bm, hm), ("memory", m, 2 * m * e),
+                 ("memory", m, 2 * m * e)]                         # abs, eq, masked_fill_
+        # x - max reads x (the max is m elements), then exp; log_, then add_ of the max
+        self._chain(aten, [reduce, *masks, ("elementwise", "addu", bn, hn),
+                           ("elementwise", "tanh", bn, hn), reduce,
+                           ("elementwise", "tanh", bm, hm), ("elementwise", "add", bm, hm)],
+                    [x], outs)
 
     def _gemm(self, base, aten, args, ins, outs):
         """One ``linear`` or ``bmm`` row of a matrix product (none when a dim is zero)."""
@@ -237,13 +274,30 @@ class KernelRows:
             self._norm_backward(base, aten, args, ins, outs)
             return
         x = args[0]
+        e = self.elem(x)
         if base == "native_group_norm":  # (input, weight, bias, N, C, HxW, group, eps)
             n, c, hw, g = (int(args[i]) for i in (3, 4, 5, 6))
-            self._vector(aten, "layernorm", "ln", n * g, c // max(g, 1) * hw, ins, outs[:1])
+            # the row moments (read x, write a mean and rstd per group); with a weight or bias
+            # and more than one position, the per-channel scale and shift; then the apply
+            steps = [("memory", 2 * n * g, (int(x.numel()) + 2 * n * g) * e)]
+            if hw > 1 and (args[1] is not None or args[2] is not None):
+                steps.append(("memory", 2 * n * c, (2 * n * g + 4 * n * c) * e))
+            steps.append(("layernorm", "ln", n * g, c // max(g, 1) * hw))
+            self._chain(aten, steps, ins, outs[:1])
             return
         training = base == "_native_batch_norm_legit_functional" or (
             base != "_native_batch_norm_legit_no_training" and bool(args[5]))
         B, H = rows_of(x.shape)
+        if training and x.dim() < 3 and base != "cudnn_batch_norm":
+            # PyTorch runs cuDNN's (one kernel) from three dims up; a 2-D input takes ATen's
+            # own: the batch's statistics, the running statistics' update, the apply
+            c = int(x.shape[1]) if x.dim() > 1 else 1
+            running = hasattr(args[3], "shape")
+            steps = [("memory", 2 * c, (int(x.numel()) + 2 * c) * e)]
+            if running:
+                steps.append(("memory", 2 * c, 6 * c * e))
+            self._chain(aten, steps + [("elementwise", "addu", B, H)], ins, outs[:1])
+            return
         self._vector(aten, "elementwise", "add" if training else "addu", B, H, ins, outs[:1])
 
     def _norm_backward(self, base, aten, args, ins, outs):
