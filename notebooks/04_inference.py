@@ -34,6 +34,7 @@ quick = False      # quick profile: quick-trained predictors, a subset of config
 kernelbench = None  # KernelBench timings folder; None: $NSLIB_KERNELBENCH or datasets/kernelbench
 kernelbench_levels = [3, 2]  # its whole models (3) and fused chains (2); [] skips the section
 own_modules = True  # forecast two modules written below on every datasheet of the data
+mixed = None       # 16-bit data root (its datasheets give tensor-core peaks); None: $NSLIB_MIXED or datasets/mixed
 
 # %%
 from nslib.viz.figures import save_figure, save_table
@@ -44,7 +45,7 @@ from nslib.viz.plots import logo_heatmap, pred_vs_measured_bars, share_bars
 from nslib.predictors import available
 
 out = notebook_out(out)   # run by hand: figures/interactive/, never the tracked figures/
-settings = Settings(data=data, quick=quick, seed=seed)  # made once, passed down
+settings = Settings(data=data, quick=quick, seed=seed, mixed=mixed)  # made once, passed down
 
 mode = "inf"
 prefix = "04_inference"[:2]
@@ -309,3 +310,55 @@ if len(own_table):
     save_figure(fig, "04_own_modules", out)
     display(own_table.pivot_table(index="gpu", columns=["module", "mode"], values="ms")
             .round(3))
+
+# %% [markdown]
+# ### TF32 convolutions on tensor cores
+#
+# PyTorch lets cuDNN run FP32 convolutions in TF32 on the tensor cores by default
+# (`torch.backends.cudnn.allow_tf32`), matmuls not. With `tf32=True` (`nslib predict --module
+# ... --tf32`), where a datasheet gives the tensor-core peak (`Bf16FLOPs`; TF32 runs at half
+# that rate), a convolution's implicit GEMM is also priced by the 16-bit GEMM predictor on the
+# datasheet's TF32 twin (twice the bytes per element: half the peak, bandwidth and L2), its
+# input read once from DRAM and its overlapping windows from L2, and runs in whichever form is
+# faster, as cuDNN picks. It is off by default: tried on KernelBench's campaigns with their
+# vendors' tensor-core peaks added, it fixed the wide 3x3 models (VGG-16 on the A100: 1.39x
+# -> 0.93x) but took thin-channel convolutions below their measured times, and the medians got
+# worse (docs/decisions.md). Below, a VGG-style block (two wide 3x3 convolutions, where TF32
+# pays) and the small CNN above (thin layers, host-bound) on the 16-bit data's datasheets, as
+# nslib prices them and with TF32 allowed.
+
+# %%
+from nslib.data.gpus import load_mixed_gpus_if_present
+
+def vgg_block():
+    return nn.Sequential(nn.Conv2d(64, 128, 3, padding=1), nn.ReLU(),
+                         nn.Conv2d(128, 128, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2))
+
+
+wide_and_thin = {"VGG-style block, 32 x 64x112x112": (vgg_block, [(32, 64, 112, 112)]),
+                 "small CNN, 32 x 3x64x64": own["small CNN, 32 x 3x64x64"]}
+tf32_rows = []
+tensor_sheets = {g.name: g for g in load_mixed_gpus_if_present(mixed).values()} \
+    if own_modules else {}
+for gpu in tensor_sheets.values():
+    for what, (factory, shapes) in wide_and_thin.items():
+        for mode in ("inf", "train"):
+            got = {}
+            for allowed in (False, True):
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    _, got[allowed] = predict_model(gpu, factory, Step(1, 1, mode),
+                                                    inputs=shapes, settings=settings,
+                                                    tf32=allowed)
+            tf32_rows.append({"module": what, "mode": mode, "gpu": gpu.name,
+                              "FP32 ms": got[False]["e2e_ms"],
+                              "TF32 allowed ms": got[True]["e2e_ms"],
+                              "TF32 kernels": got[True]["tf32_kernels"],
+                              "speed-up": got[False]["e2e_ms"] / got[True]["e2e_ms"]})
+tf32_table = pd.DataFrame(tf32_rows)
+if len(tf32_table):
+    save_table(tf32_table.set_index(["module", "mode", "gpu"]), "04_own_tf32", out, digits=3)
+    display(tf32_table.pivot_table(index="gpu", columns=["module", "mode"], values="speed-up")
+            .round(2))
+else:
+    print("no 16-bit datasheets (../shared/mixed): nothing can run in TF32")

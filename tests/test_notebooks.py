@@ -88,6 +88,13 @@ def test_04_05_model_tables(data_dir, tmp_path, name, mode):
         assert (wide["train"] > wide["inf"]).all()
         assert (own.loc[own["mode"] == "inf", "backward ms"] == 0).all()
         assert (tmp_path / "04_own_modules.png").exists()
+        tf32 = tmp_path / "04_own_tf32.csv"   # written where the 16-bit datasheets are there
+        if tf32.exists():
+            tf32 = pd.read_csv(tf32)
+            # allowing TF32 never makes a step slower
+            assert len(tf32) and (tf32["TF32 allowed ms"] <= tf32["FP32 ms"] * (1 + 1e-9)).all()
+            wide = tf32[tf32["module"].str.startswith("VGG")]
+            assert (wide["TF32 kernels"] > 0).all() and (wide["speed-up"] > 1).all()
 
 
 def test_09_mixed_precision(data_dir, mixed_dir, tmp_path):

@@ -31,6 +31,9 @@ def _predict(args) -> int:
         return _predict_module(args)
     if args.inputs is not None:
         raise ValueError("--inputs gives a module's input shapes: use it with --module")
+    if args.tf32:
+        raise ValueError("--tf32 applies to a module's convolutions (--module); a model "
+                         "config's GEMMs run in FP32, PyTorch's default for matmuls")
     if args.batch is None or args.seq is None:
         raise ValueError("--model needs --batch N and --seq N")
     # a spec is always a file, whatever its suffix
@@ -58,6 +61,7 @@ def _predict(args) -> int:
 
 def _predict_module(args) -> int:
     """``nslib predict --module FILE.py[:NAME] [--inputs SHAPES]``: one inference forward."""
+    from nslib.model.inputs import tensor_for
     from nslib.model.module_predict import is_module_spec, parse_shapes
 
     step_flags = [f"--{k.replace('_', '-')}" for k in ("batch", "seq", "dp", "tp", "pp",
@@ -82,7 +86,9 @@ def _predict_module(args) -> int:
         warnings.simplefilter("always")
         frame, summary = predict_model(gpu, args.module, Step(1, 1, args.mode),
                                        predictor=args.predictor, inputs=inputs,
-                                       launch_us=launch, settings=Settings(quick=args.quick))
+                                       launch_us=launch, settings=Settings(quick=args.quick),
+                                       tensor_predictor=tensor_for(args.predictor),
+                                       tf32=args.tf32)
         mem = trace_memory(gpu, frame, args.mode, args.optimizer or "adam").to_dict()
     summary = {"gpu": args.gpu_spec or args.gpu, "gpu_name": name, "module": args.module,
                "inputs": args.inputs, "mode": args.mode, "predictor": args.predictor,
@@ -95,13 +101,19 @@ def _predict_module(args) -> int:
             "training step (forward + backward, no optimizer step)"
         print(f"{args.module}{shapes}, {step} on {name} ({args.predictor}): "
               f"{_fmt_ms(summary['e2e_ms'])} ms{_band(summary)}, {summary['n_kernels']} "
-              "kernels")
+              f"kernels{_tf32_note(summary)}")
         _print_classes(summary["per_class_ms"])
         print(_memory_line(mem, False))
     # the unpriced calls are the module's own note, not a datasheet range
     own = [w for w in summary["warnings"] if w.startswith("not priced")]
     _print_warnings(summary["warnings"], own, caught)
     return 0
+
+
+def _tf32_note(summary: dict) -> str:
+    """`` (N convolution kernels in TF32 on tensor cores)`` where a module step has them."""
+    n = summary.get("tf32_kernels", 0)
+    return f" ({n} convolution kernel{'s' * (n != 1)} in TF32 on tensor cores)" if n else ""
 
 
 def _print_warnings(notes: list[str], model: list[str], caught) -> None:
@@ -255,6 +267,10 @@ def add_predict_parser(sub) -> None:
     s.add_argument("--inputs", metavar="SHAPES",
                    help="the module's input shapes, e.g. 8x3x224x224 (several: comma "
                         "separated); default the file's get_inputs()")
+    s.add_argument("--tf32", action="store_true",
+                   help="with --module: its convolutions may run in TF32 on the tensor cores "
+                        "(PyTorch's default; needs the datasheet's Bf16FLOPs), each where "
+                        "that is faster than FP32")
     s.add_argument("--batch", type=arg_int())
     s.add_argument("--seq", type=arg_int())
     s.add_argument("--mode", choices=["inf", "train"], default="inf")

@@ -26,6 +26,7 @@ Families come from the problem's name (what the model is), never from the GPU.
 from __future__ import annotations
 
 import re
+import warnings
 
 import numpy as np
 import pandas as pd
@@ -35,9 +36,10 @@ from nslib.data import kernelbench as kb
 from nslib.data.settings import Settings, settings_of
 from nslib.evaluation import kernelbench as level1
 from nslib.evaluation.metrics import ape
-from nslib.model.inputs import kernel_frame
+from nslib.model.inputs import tensor_for
+from nslib.model.module_predict import priced_frame
 from nslib.model.module_trace import ProblemError, unpriced_calls
-from nslib.model.stream import LAUNCH_US, step_ms
+from nslib.model.stream import LAUNCH_US
 
 # (family, words of the problem name), first match wins; level 2 by its first operator
 FAMILIES = {
@@ -94,33 +96,42 @@ def problem_steps(root=None, level: int = 3, progress: bool = True) -> pd.DataFr
 
 
 def price(pred, steps: pd.DataFrame, harness: pd.Series, root=None, data=None,
-          launch_us: float | None = LAUNCH_US) -> np.ndarray:
+          launch_us: float | None = LAUNCH_US, tensor="nslib",
+          settings: Settings | None = None, tf32: bool = False) -> np.ndarray:
     """Predicted time (ms) of each priced problem of ``steps`` (NaN for the others): the step
     of its traced kernels on its GPU's datasheet, issued by the campaign's host, plus the
     campaign's per-call cost (``harness``, ms per campaign:
     :func:`nslib.evaluation.kernelbench.harness_ms`; module docstring). A campaign missing
     from ``harness`` keeps the predictor's own dispatch floors; ``launch_us=None``, or a
     method that sums kernels as measured (NeuSight as published), prices the plain sum,
-    which has no host term to replace."""
+    which has no host term to replace. ``tf32``: the convolutions may run in TF32 on a
+    datasheet with a tensor-core peak, priced by ``tensor``, a 16-bit GEMM predictor (a name
+    or a fitted one; :func:`nslib.model.inputs.tf32_gpu_ms`; ``settings`` find its data)."""
     sheets = kb.datasheets(root)
+    s = settings_of(settings).but(data=data)
     out = np.full(len(steps), np.nan)
     for i, r in enumerate(steps.itertuples(index=False)):
         if r.reason:
             continue
-        frame = kernel_frame(level1.trace_of(r.path), sheets[r.hardware])
         h = harness.get(r.campaign)
         # a campaign without a bound on its host (or the plain sum) keeps the predictor's floor
         host = None if h is None or launch_us is None else max(float(h), launch_us / 1000.0)
-        gpu_ms = step_ms(pred, frame, launch_us, data, per_call=True, host_floor_ms=host).sum()
+        frame, notes = priced_frame(level1.trace_of(r.path), sheets[r.hardware], pred,
+                                    launch_us, s, tf32, tensor, host)
+        for note in notes:
+            warnings.warn(note, stacklevel=2)
+        gpu_ms = frame["pred_ms"].sum()
         out[i] = gpu_ms + float(h or 0.0)
     return out
 
 
 def evaluate(predictors=("nslib", "roofline"), root=None, level: int = 3,
-             settings: Settings | None = None, **overrides) -> pd.DataFrame:
+             settings: Settings | None = None, tf32: bool = False,
+             **overrides) -> pd.DataFrame:
     """:func:`problem_steps` with ``pred_<name>`` (ms) and ``err_<name>`` (APE, %) per
     predictor (registered names, trained on the NeuSight training GPUs with ``settings`` and
-    the training ``overrides``)."""
+    the training ``overrides``; ``tf32``: convolutions in TF32 where a datasheet allows,
+    :func:`price`)."""
     from nslib.predictors import trained
 
     s = settings_of(settings)
@@ -132,7 +143,8 @@ def evaluate(predictors=("nslib", "roofline"), root=None, level: int = 3,
     harness = level1.harness_ms(level1.problem_rows(root, 1, progress=False)[0])
     for name in [predictors] if isinstance(predictors, str) else predictors:
         pred = trained(name, s, **overrides)
-        steps[f"pred_{name}"] = price(pred, steps, harness, root, data)
+        steps[f"pred_{name}"] = price(pred, steps, harness, root, data,
+                                      tensor=tensor_for(name), settings=s, tf32=tf32)
         steps[f"err_{name}"] = ape(steps[f"pred_{name}"], steps["latency_ms"])
     return steps
 

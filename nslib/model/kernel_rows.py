@@ -22,6 +22,13 @@ __all__ = ["KernelRows", "WINOGRAD_TILE", "winograd_shape"]
 WINOGRAD_TILE = 4
 
 
+# the extra column of a module trace (:class:`nslib.model.recorder.Tracer` with algorithms):
+# ``dram_elems``, the elements a convolution's implicit GEMM reads and writes in DRAM (input,
+# filters, output: its im2col operand is the input read once, its overlapping windows
+# re-read from L2); NaN on other rows
+CONV_COLUMNS = ("dram_elems",)
+
+
 def winograd_shape(w, stride, dilation, transposed: bool, groups: int) -> bool:
     """Whether a forward convolution is one cuDNN can run as a Winograd transform: a 2-D 3x3
     filter, stride 1, no dilation, not transposed, not grouped."""
@@ -214,12 +221,13 @@ class KernelRows:
         cls = "bmm" if groups > 1 else "linear"
         inputs = self.producers(ins)
         kids = []
+        touched = {"dram_elems": float(x.numel() + w.numel() + y.numel())}
         for m, n, k in gemms:
             if min(m, n, k) > 0:
                 kids.append(self.add_row(aten, cls, cls, (groups, m, n, k, None),
                                          2.0 * groups * m * n * k, float(
                                              self.elem(x) * groups * (m * n + n * k + m * k)),
-                                         inputs))
+                                         inputs, touched))
         if (self.algorithms and kids and fw and x.is_floating_point() and x.element_size() == 4
                 and winograd_shape(w, args[3], args[5], bool(args[6]), groups)):
             wino = self._winograd(aten, x, w, y, inputs)

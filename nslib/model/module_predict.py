@@ -23,16 +23,18 @@ import numbers
 import re
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from nslib.data.settings import Settings, settings_of
-from nslib.model.inputs import get_predictor, kernel_frame, resolve_gpu
+from nslib.model.inputs import (get_predictor, kernel_frame, resolve_gpu, tensor_for,
+                                tf32_gpu_ms)
 from nslib.model.module_trace import (ProblemError, load_problem, meta_trace, run_file,
                                       unpriced_calls)
-from nslib.model.stream import LAUNCH_US, step_ms, step_summary
+from nslib.model.stream import LAUNCH_US, step_ms, step_summary, stream_terms
 
-__all__ = ["is_module_spec", "module_trace_of", "predict_module", "parse_shapes",
-           "MAX_UNPRICED_SHARE"]
+__all__ = ["is_module_spec", "module_trace_of", "predict_module", "priced_frame",
+           "parse_shapes", "MAX_UNPRICED_SHARE"]
 
 # more than this share of the traced operator calls without a kernel mapping: no forecast
 MAX_UNPRICED_SHARE = 0.5
@@ -160,16 +162,51 @@ def module_trace_of(model, inputs=None, eval_mode: bool = True, mode: str = "inf
     return meta_trace(build, make_inputs, label, eval_mode, mode)
 
 
+def priced_frame(trace: pd.DataFrame, spec, pred, launch_us: float | None = LAUNCH_US,
+                 settings: Settings | None = None, tf32: bool = False, tensor="nslib",
+                 host_floor_ms: float | None = None) -> tuple[pd.DataFrame, list[str]]:
+    """(the kernel frame of a module's ``trace`` on ``spec`` with ``pred_ms``, each operator
+    call dispatched once (:func:`nslib.model.stream.step_ms`), warnings).
+
+    ``tf32``: the convolutions may also run in TF32 (:func:`nslib.model.inputs.tf32_rows`),
+    each kernel at the faster of its FP32 and its TF32 price (the 16-bit GEMM predictor
+    ``tensor``, :func:`nslib.model.inputs.tf32_gpu_ms`; the ``tf32`` column marks the kernels
+    whose TF32 price wins). Which of a 3x3 convolution's forms runs is read off the rooflines
+    (:func:`nslib.model.inputs.one_algorithm`), where TF32 can favour the implicit GEMM that
+    the predictors price above Winograd: the step is priced both ways and the faster kept, so
+    allowing TF32 never makes a step slower."""
+    s = settings_of(settings)
+    frame = kernel_frame(trace, spec)
+    frame["pred_ms"] = step_ms(pred, frame, launch_us, s.data, per_call=True,
+                               host_floor_ms=host_floor_ms)
+    if not tf32:
+        return frame, []
+    alt = kernel_frame(trace, spec, tf32=True)
+    tensor_ms, notes = tf32_gpu_ms(alt, spec, tensor, s)
+    if tensor_ms is None:
+        return frame, notes
+    alt["pred_ms"] = step_ms(pred, alt, launch_us, s.data, per_call=True,
+                             host_floor_ms=host_floor_ms, other_gpu_ms=tensor_ms)
+    gap = 0.0 if launch_us is None else launch_us / 1000.0
+    fp32 = stream_terms(pred, alt, launch_us, s.data, host_floor_ms=host_floor_ms)[1]
+    alt["tf32"] = np.isfinite(tensor_ms) & (np.maximum(np.nan_to_num(tensor_ms), gap) < fp32)
+    return (alt if alt["pred_ms"].sum() <= frame["pred_ms"].sum() else frame), notes
+
+
 def predict_module(gpu, model, inputs=None, predictor="nslib", *,
                    launch_us: float | None = LAUNCH_US, eval_mode: bool = True,
-                   mode: str = "inf", settings: Settings | None = None
-                   ) -> tuple[pd.DataFrame, dict]:
+                   mode: str = "inf", settings: Settings | None = None,
+                   tensor_predictor=None, tf32: bool = False) -> tuple[pd.DataFrame, dict]:
     """One step of a module (see :func:`module_trace_of`: ``mode`` ``inf``, an inference
     forward, or ``train``, forward and backward) on ``gpu``:
     ``(kernels frame with pred_ms, summary)``. The summary is
     :func:`nslib.model.stream.step_summary`'s (``e2e_ms``, ``fw_ms``, ``per_class_ms``,
     ``n_kernels``) plus ``unpriced`` (aten op -> calls without a kernel mapping) and
-    ``unpriced_share`` (their share of the traced calls). A ValueError when more than
+    ``unpriced_share`` (their share of the traced calls) and ``tf32_kernels`` (with ``tf32``,
+    the convolution kernels that run in TF32: on a datasheet with a tensor-core peak, those whose
+    price by the 16-bit GEMM predictor ``tensor_predictor`` (by default the one of
+    ``predictor``'s name, else nslib's: :func:`nslib.model.inputs.tf32_gpu_ms`) beats their
+    FP32 price; the frame's ``tf32`` column marks them). A ValueError when more than
     :data:`MAX_UNPRICED_SHARE` of the calls are unpriced, or the module cannot be traced."""
     s = settings_of(settings)
     spec = resolve_gpu(gpu, s.data)
@@ -180,12 +217,16 @@ def predict_module(gpu, model, inputs=None, predictor="nslib", *,
         raise ValueError(f"cannot price this module: {share:.0%} of its operator calls have no "
                          f"kernel mapping ({listed}); nslib prices GEMMs, convolutions, "
                          "recurrent layers, norms, pooling and elementwise kernels")
-    frame = kernel_frame(trace, spec)
     pred = get_predictor(predictor, s.data, s.quick)
     if getattr(pred, "plain_sum", False):   # the method's own aggregation
         launch_us = None
-    frame["pred_ms"] = step_ms(pred, frame, launch_us, s.data, per_call=True)
+    frame, notes = priced_frame(trace, spec, pred, launch_us, s, tf32=tf32,
+                                tensor=tensor_for(predictor) if tensor_predictor is None
+                                else tensor_predictor)
     summary = step_summary(frame)
+    summary["tf32_kernels"] = int(frame["tf32"].sum())
+    if notes:
+        summary["warnings"] = [*summary.get("warnings", []), *notes]
     if unknown:
         listed = ", ".join(f"{k} x{v}" for k, v in sorted(unknown.items()))
         summary["warnings"] = [*summary.get("warnings", []),

@@ -32,7 +32,7 @@ from nslib.predictors.intervals import calibration, tensor_calibration
 def predict_model(gpu, model, step: Step | None = None, predictor="nslib", *,
                   parallel: Parallel | None = None, tensor_predictor="nslib",
                   launch_us: float | None = LAUNCH_US, settings: Settings | None = None,
-                  inputs=None):
+                  inputs=None, tf32: bool = False):
     """Predict one step of ``model``: ``(kernels frame, summary dict)``.
 
     ``gpu``: name/alias, spec file or :class:`GPU`; ``model``: a config name in the data
@@ -58,7 +58,10 @@ def predict_model(gpu, model, step: Step | None = None, predictor="nslib", *,
     GEMMs and attention priced by ``tensor_predictor`` (a 16-bit predictor's name,
     ``nslib.predictors.available("gemm")``, or a ``(gemm, attention)`` pair of fitted ones),
     the rest by ``predictor`` at their real bytes (:func:`nslib.model.stream.stream_ms`).
-    Needs ``Bf16FLOPs``; one GPU unfused, or tensor-parallel inference. ``settings``: the data
+    Needs ``Bf16FLOPs``; one GPU unfused, or tensor-parallel inference. ``tf32``: a module's
+    convolutions may run in TF32 where the datasheet gives ``Bf16FLOPs`` (PyTorch's default;
+    off by default here, docs/decisions.md), priced by ``tensor_predictor``'s GEMM predictor
+    where that is faster than their FP32 price. ``settings``: the data
     and training profile (:class:`nslib.data.settings.Settings`).
 
     The summary's ``warnings``: the model's notes, then the datasheet figures outside the
@@ -66,7 +69,10 @@ def predict_model(gpu, model, step: Step | None = None, predictor="nslib", *,
     """
     if is_module_spec(model):
         return _predict_module(gpu, model, step, predictor, parallel, launch_us, settings,
-                               inputs)
+                               inputs, tensor_predictor, tf32)
+    if tf32:
+        raise ValueError("tf32 applies to a PyTorch module's convolutions; a model config's "
+                         "GEMMs run in FP32 (PyTorch's default for matmuls): drop tf32")
     step, par, s = _config_step(step, inputs), parallel_of(parallel), settings_of(settings)
     if step.imbalance != 1.0 and par.multi:
         raise ValueError("imbalance applies to single-GPU predictions for now: drop "
@@ -102,9 +108,10 @@ def _config_step(step, inputs) -> Step:
     return step_of(step)
 
 
-def _predict_module(gpu, model, step, predictor, parallel, launch_us, settings, inputs):
+def _predict_module(gpu, model, step, predictor, parallel, launch_us, settings, inputs,
+                    tensor_predictor="nslib", tf32: bool = False):
     """:func:`predict_model` of a PyTorch module: an FP32 inference forward or training step
-    on one GPU."""
+    on one GPU (its TF32 convolutions priced by ``tensor_predictor``'s GEMM predictor)."""
     mode = "inf"
     if step is not None:
         st = step_of(step)
@@ -117,8 +124,9 @@ def _predict_module(gpu, model, step, predictor, parallel, launch_us, settings, 
         raise ValueError("a PyTorch module is forecast on one GPU: drop dp/tp/pp")
     s = settings_of(settings)
     spec = resolve_gpu(gpu, s.data)
+    gemm = tensor_predictor if isinstance(tensor_predictor, str) else tuple(tensor_predictor)[0]
     frame, summary = predict_module(spec, model, inputs, predictor, launch_us=launch_us,
-                                    mode=mode, settings=s)
+                                    mode=mode, settings=s, tensor_predictor=gemm, tf32=tf32)
     # a module has no model notes: its unpriced calls, then the datasheet figures outside the
     # training GPUs' range
     summary = {**summary, "warnings": [*summary.get("warnings", []),

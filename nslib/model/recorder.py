@@ -14,7 +14,7 @@ import pandas as pd
 
 from nslib.kernels import sizes
 from nslib.model.aten import tensors_in
-from nslib.model.kernel_rows import KernelRows
+from nslib.model.kernel_rows import CONV_COLUMNS, KernelRows
 from nslib.model.sdpa_trace import ATTENTION_COLUMNS
 from nslib.model.storages import StorageTracker
 
@@ -32,7 +32,7 @@ class Tracer(KernelRows, StorageTracker):
         StorageTracker.__init__(self)
         # 16-bit traces: real element sizes, and the attention rows' extra columns
         self.half = half
-        self.extra_cols = ATTENTION_COLUMNS if half else ()
+        self.extra_cols = ATTENTION_COLUMNS if half else (CONV_COLUMNS if algorithms else ())
         self.rows: dict[str, list] = {c: [] for c in TRACE_COLUMNS + self.extra_cols}
         self.phase = "fw"
         self.fw_stack: list[str] = []

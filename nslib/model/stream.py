@@ -62,6 +62,7 @@ from nslib.data.cache import cached
 from nslib.data.mixed_data import gpu_frame
 from nslib.data.paths import data_root, hash_files
 from nslib.data.settings import Settings
+from nslib.data.units import MIB
 from nslib.kernels import measured, row_latency, sizes
 from nslib.model.sdpa_trace import BACKWARD_FLOPS
 from nslib.predictors import trained
@@ -244,8 +245,8 @@ def published_memory(pred, frame: pd.DataFrame, raw) -> np.ndarray:
 
 
 def step_ms(pred, frame: pd.DataFrame, launch_us: float | None = LAUNCH_US,
-            data=None, per_call: bool = False, host_floor_ms: float | None = None
-            ) -> np.ndarray:
+            data=None, per_call: bool = False, host_floor_ms: float | None = None,
+            other_gpu_ms: np.ndarray | None = None) -> np.ndarray:
     """Per kernel of a model step's ``frame`` (launch order, ``phase`` column): ms in the
     step, the kernel stream (:func:`stream_ms`) no faster than the host issues it
     (:func:`host_bound`, each kernel costing the host its dispatch, :func:`stream_terms`).
@@ -256,9 +257,18 @@ def step_ms(pred, frame: pd.DataFrame, launch_us: float | None = LAUNCH_US,
     but a share of one). ``host_floor_ms``: the
     host is not the training data's but one whose cheapest operator call was measured at
     this floor (ms): each call costs it that times its class ratio (:func:`floors`);
-    ignored by the plain sum (:func:`stream_terms`)."""
+    ignored by the plain sum (:func:`stream_terms`). ``other_gpu_ms``: per row, the GPU time
+    (ms) of another algorithm the library may run (cuDNN's TF32 convolutions priced by the
+    16-bit GEMM predictor, :func:`tf32_ms`; NaN where there is none): the row takes the faster
+    of the two, as cuDNN's heuristics pick the faster algorithm, never faster than the launch
+    gap; the host dispatches the row either way."""
     _, gpu_ms, dispatch, host = _stream_parts(pred, frame, launch_us, data,
                                               host_floor_ms=host_floor_ms)
+    if other_gpu_ms is not None:
+        other = np.asarray(other_gpu_ms, float)
+        gap = 0.0 if launch_us is None else launch_us / 1000.0
+        gpu_ms = np.where(np.isfinite(other), np.minimum(gpu_ms, np.maximum(
+            np.nan_to_num(other), gap)), gpu_ms)
     plain = launch_us is None or bool(getattr(pred, "plain_sum", False))
     if per_call and "call" in frame.columns and not plain:
         calls = frame["call"].to_numpy()
@@ -375,6 +385,56 @@ def tensor_ms(frame: pd.DataFrame, gpu, gemm_pred, attn_pred) -> np.ndarray:
         rows = attention_inputs(frame[attn]).assign(**sheet).reset_index(drop=True)
         back = (frame.loc[attn, "op"] == "attention_bw").to_numpy()
         out[attn] = attn_pred.predict(rows) * np.where(back, BACKWARD_FLOPS, 1.0)
+    return out
+
+
+# TF32 tensor-core math runs at half the dense BF16/FP16 rate on every NVIDIA part that has
+# both (vendor datasheets, dense TF32 / BF16 TFLOP/s: A100 156 / 312, H100 SXM 495 / 989,
+# A40 74.8 / 149.7, L40S 183 / 362, RTX A6000 77.4 / 154.8): a TF32 operand takes twice a
+# 16-bit one's datapath width. A GPU without BF16 tensor cores has no TF32 either.
+TF32_PER_BF16 = 0.5
+TWIN_BYTES = 2.0   # bytes per element of the TF32 twin's GEMM (the 16-bit predictor's)
+
+
+def tf32_peak(gpu) -> float | None:
+    """Dense tensor-core TF32 peak of ``gpu``, GFLOP/s (:data:`TF32_PER_BF16` of its
+    ``Bf16FLOPs``), or None when its datasheet gives no tensor-core figure."""
+    return None if gpu.bf16_gflops is None else TF32_PER_BF16 * gpu.bf16_gflops
+
+
+def tf32_sheet(gpu) -> dict:
+    """The 16-bit GEMM predictor's datasheet columns of ``gpu``'s TF32 twin: a TF32 GEMM
+    moves 4 bytes per element at the TF32 tensor rate, so it is the 16-bit GEMM of the same
+    shape on a GPU with the TF32 peak as its BF16 peak, half the bandwidth and half the L2
+    (every term of the law, compute, DRAM, L2 and tile loads, takes the same time; the
+    fixed cost is in clocks). A ValueError when the datasheet has no tensor-core figure."""
+    sheet = datasheet_columns(gpu)
+    sheet.update(bf16_gflops=tf32_peak(gpu), mem_bw=sheet["mem_bw"] / 2.0,
+                 l2_mb=sheet["l2_mb"] / 2.0)
+    return sheet
+
+
+def tf32_ms(frame: pd.DataFrame, gpu, gemm_pred) -> np.ndarray:
+    """Kernel time (ms) of the rows of ``frame`` flagged ``tf32`` (cuDNN's convolutions on
+    tensor cores, :func:`nslib.model.inputs.tf32_rows`) by the 16-bit GEMM predictor on
+    ``gpu``'s TF32 twin (:func:`tf32_sheet`); NaN on the other rows.
+
+    An implicit GEMM never writes its ``m x k`` operand: it reads the input once from DRAM
+    and re-reads the overlapping windows from L2. Where a row gives the elements it moves in
+    DRAM (``dram_elems``, :data:`nslib.model.kernel_rows.CONV_COLUMNS`), the GEMM's further
+    elements are L2-resident: the twin's L2 grows by their bytes, so the law's DRAM term
+    counts the input, filters and output, and its L2 term the re-reads."""
+    out = np.full(len(frame), np.nan)
+    rows = frame["tf32"].to_numpy(bool) if "tf32" in frame.columns else np.zeros(len(frame), bool)
+    if not rows.any():
+        return out
+    gemm = gemm_inputs(frame[rows]).assign(**tf32_sheet(gpu)).reset_index(drop=True)
+    if "dram_elems" in frame.columns:
+        moved = frame.loc[rows, "dram_elems"].to_numpy(float)
+        m, n, k = (gemm[c].to_numpy(float) for c in "mnk")
+        again = np.where(np.isfinite(moved), np.maximum(m * k + k * n + m * n - moved, 0.0), 0.0)
+        gemm["l2_mb"] = gemm["l2_mb"] + TWIN_BYTES * again / MIB
+    out[rows] = gemm_pred.predict(gemm)
     return out
 
 
