@@ -55,8 +55,6 @@ def test_only_ungrouped_fp32_convolutions_run_in_tf32():
     back = train[tf32_rows(train, TENSOR) & train["aten"].str.contains("backward").to_numpy()]
     # the strided conv's data and weight gradients (the first conv's input needs none)
     assert len(back) == 3
-    half = train.assign(bytes=train["bytes"] / 2)     # a 16-bit trace's GEMMs: not TF32
-    assert not tf32_rows(half, TENSOR).any()
 
 
 def test_tf32_twin_is_the_roofline_of_4_byte_operands():
@@ -248,3 +246,30 @@ def test_allowing_tf32_never_makes_a_step_slower(monkeypatch):
     fast, _ = priced_frame(tr, TENSOR, Roof(), 5.0, tf32=True, tensor=Tensor(0.01))
     assert fast["cls"].tolist() == ["linear"] and fast["tf32"].all()
     assert fast["pred_ms"].sum() < fp32["pred_ms"].sum()
+
+
+def test_only_fp32_convolutions_and_a_note_without_a_tensor_peak():
+    from nslib.model.module_predict import priced_frame
+
+    for dtype in (torch.float64, torch.float16):
+        with torch.device("meta"):
+            conv = nn.Conv2d(64, 64, 3, padding=1).to(dtype)
+            x = torch.randn(4, 64, 28, 28, dtype=dtype)
+        tr = trace_module(conv, [x])
+        assert tr["dram_elems"].isna().all() and not tf32_rows(tr, TENSOR).any()
+
+    class Flat:
+        plain_sum = True   # the plain sum: no launch gap, no host term
+
+        def predict(self, f):
+            return np.full(len(f), 1e-4)
+
+    frame, notes = priced_frame(_trace(), PLAIN, Flat(), 5.0, tf32=True, tensor=_Fixed())
+    assert not frame["tf32"].any() and "no tensor-core peak" in notes[0]
+    # in the plain sum a TF32 price below the launch gap is not raised to it
+    class Tiny:
+        def predict(self, f):
+            return np.full(len(f), 1e-5)
+
+    quick = priced_frame(_trace(), TENSOR, Flat(), 5.0, tf32=True, tensor=Tiny())[0]
+    assert np.allclose(quick.loc[quick["tf32"], "pred_ms"], 1e-5)

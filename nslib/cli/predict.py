@@ -87,8 +87,8 @@ def _predict_module(args) -> int:
         frame, summary = predict_model(gpu, args.module, Step(1, 1, args.mode),
                                        predictor=args.predictor, inputs=inputs,
                                        launch_us=launch, settings=Settings(quick=args.quick),
-                                       tensor_predictor=tensor_for(args.predictor),
-                                       tf32=args.tf32)
+                                       tensor_predictor=args.tensor_predictor
+                                       or tensor_for(args.predictor), tf32=args.tf32)
         mem = trace_memory(gpu, frame, args.mode, args.optimizer or "adam").to_dict()
     summary = {"gpu": args.gpu_spec or args.gpu, "gpu_name": name, "module": args.module,
                "inputs": args.inputs, "mode": args.mode, "predictor": args.predictor,
@@ -105,7 +105,7 @@ def _predict_module(args) -> int:
         _print_classes(summary["per_class_ms"])
         print(_memory_line(mem, False))
     # the unpriced calls are the module's own note, not a datasheet range
-    own = [w for w in summary["warnings"] if w.startswith("not priced")]
+    own = [w for w in summary["warnings"] if w.startswith(("not priced", "TF32 ", "tf32 "))]
     _print_warnings(summary["warnings"], own, caught)
     return 0
 
@@ -162,9 +162,10 @@ def _check_flags(args) -> None:
     """ValueError for flags that do not apply to the step asked for (they would be ignored)."""
     get = lambda k: getattr(args, k, None)  # noqa: E731 - flags absent from other commands
     rules = [
-        (get("tensor_predictor") is not None and (get("dtype") or "fp32") == "fp32",
-         "--tensor-predictor prices the 16-bit tensor-core kernels: add --dtype bf16 (or "
-         "fp16), or drop it"),
+        (get("tensor_predictor") is not None and (get("dtype") or "fp32") == "fp32"
+         and not (get("module") and get("tf32")),
+         "--tensor-predictor prices the tensor-core kernels: add --dtype bf16 (or fp16), or "
+         "--tf32 with --module, or drop it"),
         (get("optimizer") is not None and get("mode") != "train",
          "--optimizer counts optimizer states in the training memory: add --mode train, or "
          "drop it"),
@@ -282,7 +283,9 @@ def add_predict_parser(sub) -> None:
                         "and attention predictors (needs the datasheet's Bf16FLOPs)")
     s.add_argument("--tensor-predictor", metavar="NAME",
                    help="16-bit GEMM and attention predictor (default nslib; or a baseline: "
-                        "roofline, roofline_eff, xgboost, mlp)")
+                        "roofline, roofline_eff, xgboost, mlp); with --module --tf32 the GEMM "
+                        "one prices the TF32 convolutions (default: --predictor's namesake, "
+                        "else nslib)")
     s.add_argument("--quick", action="store_true", help="use the quick-trained predictor")
     s.add_argument("--json", action="store_true")
     s.add_argument("--launch-us", type=arg_float(minimum=0), metavar="US",

@@ -36,7 +36,8 @@ from nslib.data import kernelbench as kb
 from nslib.data.settings import Settings, settings_of
 from nslib.evaluation import kernelbench as level1
 from nslib.evaluation.metrics import ape
-from nslib.model.inputs import tensor_for
+from nslib.data.paths import DataNotFoundError
+from nslib.model.inputs import tensor_for, tensor_gemm
 from nslib.model.module_predict import priced_frame
 from nslib.model.module_trace import ProblemError, unpriced_calls
 from nslib.model.stream import LAUNCH_US
@@ -109,6 +110,11 @@ def price(pred, steps: pd.DataFrame, harness: pd.Series, root=None, data=None,
     or a fitted one; :func:`nslib.model.inputs.tf32_gpu_ms`; ``settings`` find its data)."""
     sheets = kb.datasheets(root)
     s = settings_of(settings).but(data=data)
+    if tf32 and isinstance(tensor, str) and any(g.bf16_gflops for g in sheets.values()):
+        try:   # trained (or read from the cache) once, not once per problem
+            tensor = tensor_gemm(tensor, s)
+        except DataNotFoundError:
+            pass   # priced_frame warns and keeps the FP32 prices
     out = np.full(len(steps), np.nan)
     for i, r in enumerate(steps.itertuples(index=False)):
         if r.reason:

@@ -23,7 +23,7 @@ from nslib.data.paths import DataNotFoundError, hash_files
 from nslib.data.settings import Settings
 from nslib.kernels import clock
 from nslib.kernels.dtypes import check_dtype
-from nslib.kernels.sizes import BYTES_PER_ELEM, elem_bytes
+from nslib.kernels.sizes import BYTES_PER_ELEM
 from nslib.model.config import load_model_config
 from nslib.model.moe import expert_tokens
 from nslib.model.step import MODES, Step  # MODES: the one list of modes
@@ -113,40 +113,42 @@ CONV_ATEN = ("aten.convolution.", "aten.convolution_backward.")
 
 def tf32_rows(trace: pd.DataFrame, gpu: GPU) -> np.ndarray:
     """Per row of ``trace``, whether PyTorch lets cuDNN run it in TF32 on ``gpu``'s tensor
-    cores: the implicit GEMM of a convolution (forward or backward) with FP32 operands, on a
-    GPU whose datasheet gives a tensor-core peak (:func:`nslib.model.stream.tf32_peak`).
+    cores: the implicit GEMM of a convolution (forward or backward) with FP32 operands (the
+    rows a module trace gives ``dram_elems``), on a GPU whose datasheet gives a tensor-core
+    peak (:func:`nslib.model.stream.tf32_peak`).
     PyTorch allows TF32 in cuDNN by default (``torch.backends.cudnn.allow_tf32``) and not in
     matmuls (``torch.backends.cuda.matmul.allow_tf32``), so every other GEMM stays FP32, as do
     grouped convolutions (``bmm`` rows: depthwise ones have too few channels per group for
     a tensor-core tile) and Winograd's products (cuDNN's FP32 Winograd runs on the CUDA
     cores)."""
-    out = np.zeros(len(trace), bool)
-    if tf32_peak(gpu) is None or not len(trace) or "aten" not in trace.columns:
-        return out
-    conv = (trace["aten"].astype(str).str.startswith(CONV_ATEN)
-            & (trace["cls"] == "linear")).to_numpy()
-    if conv.any():
-        out[conv] = elem_bytes(trace[conv]) == BYTES_PER_ELEM
-    return out
+    if tf32_peak(gpu) is None or not len(trace) or "dram_elems" not in trace.columns:
+        return np.zeros(len(trace), bool)
+    # dram_elems: a module trace's FP32 convolutions (kernel_rows.CONV_COLUMNS)
+    return (trace["aten"].astype(str).str.startswith(CONV_ATEN) & (trace["cls"] == "linear")
+            & trace["dram_elems"].notna()).to_numpy()
 
 
-def one_algorithm(trace: pd.DataFrame, gpu: GPU) -> pd.DataFrame:
+def one_algorithm(trace: pd.DataFrame, gpu: GPU, tf32: np.ndarray | None = None
+                  ) -> pd.DataFrame:
     """A copy of ``trace`` with one algorithm per op that two can run (its
     ``attrs["alternatives"]``: a 3x3 convolution's implicit GEMM and Winograd rows): the one
     whose rows take less time at ``gpu``'s datasheet peak and bandwidth (the roofline, sum of
-    ``max(flops / peak, bytes / bandwidth)``; the TF32 peak for rows flagged ``tf32``), as
-    cuDNN's heuristics pick the faster algorithm for a shape. The losing rows are dropped
-    (their memory and dependencies kept, :func:`_drop_kernels`)."""
+    ``max(flops / peak, bytes / bandwidth)``; rows flagged in ``tf32`` at the TF32 peak and
+    their DRAM bytes, ``4 x dram_elems``), as cuDNN's heuristics pick the faster algorithm
+    for a shape. The flags become the ``tf32`` column (all False without them). The losing
+    rows are dropped (their memory and dependencies kept, :func:`_drop_kernels`)."""
     alts = trace.attrs.get("alternatives") or ()
     df = trace.copy()
     df.attrs.pop("alternatives", None)
+    df["tf32"] = np.zeros(len(df), bool) if tf32 is None else np.asarray(tf32, bool)
     if not alts:
         return df
-    peak = gpu.peak_gflops
-    if "tf32" in df.columns and df["tf32"].any():   # rows on the tensor cores: their peak
-        peak = np.where(df["tf32"].to_numpy(bool), tf32_peak(gpu), peak)
-    row_s = np.maximum(df["flops"].to_numpy(float) / (peak * 1e9),
-                       df["bytes"].to_numpy(float) / (gpu.mem_bw * 1e9))
+    peak, nbytes = gpu.peak_gflops, df["bytes"].to_numpy(float)
+    if df["tf32"].any():   # rows on the tensor cores: their peak, the bytes they move
+        on = df["tf32"].to_numpy()
+        peak = np.where(on, tf32_peak(gpu), peak)
+        nbytes = np.where(on, BYTES_PER_ELEM * df["dram_elems"].to_numpy(float), nbytes)
+    row_s = np.maximum(df["flops"].to_numpy(float) / (peak * 1e9), nbytes / (gpu.mem_bw * 1e9))
     cost = pd.Series(row_s, index=df["kid"].to_numpy())
     moved = {}   # a dropped kid -> the kept form's last kernel
     for a, b in alts:
@@ -186,8 +188,7 @@ def kernel_frame(trace: pd.DataFrame, gpu: GPU, tf32: bool = False) -> pd.DataFr
     docs/decisions.md), and the ``tf32`` column flags the rows that can (:func:`tf32_rows`).
     An op two algorithms can run keeps the one :func:`one_algorithm` picks on ``gpu``.
     """
-    flags = tf32_rows(trace, gpu) if tf32 else np.zeros(len(trace), bool)
-    df = one_algorithm(trace.assign(tf32=flags), gpu)
+    df = one_algorithm(trace, gpu, tf32_rows(trace, gpu) if tf32 else None)
     cls = df["cls"].to_numpy()
     mem = cls == "memory"
     if mem.any():
@@ -209,6 +210,14 @@ def tensor_for(predictor) -> str:
     return predictor if isinstance(predictor, str) and predictor in names("gemm") else "nslib"
 
 
+def tensor_gemm(name: str, settings: Settings | None = None):
+    """The 16-bit GEMM predictor ``name`` trained on the 16-bit data of ``settings`` (its
+    quick profile and progress bars; cached); :class:`DataNotFoundError` without that data."""
+    s = settings or Settings()
+    return trained(name, Settings(quick=s.quick, mixed=s.mixed, progress=s.progress),
+                   kind="gemm")
+
+
 def tf32_gpu_ms(frame: pd.DataFrame, gpu: GPU, tensor_predictor="nslib",
                 settings: Settings | None = None) -> tuple[np.ndarray | None, list[str]]:
     """(GPU time, ms, of the rows of ``frame`` flagged ``tf32`` by the 16-bit GEMM predictor
@@ -218,12 +227,10 @@ def tf32_gpu_ms(frame: pd.DataFrame, gpu: GPU, tensor_predictor="nslib",
     FP32 price and a warning says so."""
     if "tf32" not in frame.columns or not frame["tf32"].any():
         return None, []
-    s = settings or Settings()
     gemm = tensor_predictor
     if isinstance(tensor_predictor, str):
         try:
-            gemm = trained(tensor_predictor, Settings(quick=s.quick, mixed=s.mixed,
-                                                      progress=s.progress), kind="gemm")
+            gemm = tensor_gemm(tensor_predictor, settings)
         except DataNotFoundError as err:
             return None, [f"TF32 convolutions priced as FP32: the 16-bit GEMM predictor "
                           f"needs the 16-bit data ({err})"]

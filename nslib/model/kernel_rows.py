@@ -23,9 +23,9 @@ WINOGRAD_TILE = 4
 
 
 # the extra column of a module trace (:class:`nslib.model.recorder.Tracer` with algorithms):
-# ``dram_elems``, the elements a convolution's implicit GEMM reads and writes in DRAM (input,
-# filters, output: its im2col operand is the input read once, its overlapping windows
-# re-read from L2); NaN on other rows
+# ``dram_elems``, the elements an FP32 convolution's implicit GEMM reads and writes in DRAM
+# (input, filters, output: its im2col operand is the input read once, its overlapping windows
+# re-read from L2); NaN on other rows, those of other dtypes included
 CONV_COLUMNS = ("dram_elems",)
 
 
@@ -221,7 +221,8 @@ class KernelRows:
         cls = "bmm" if groups > 1 else "linear"
         inputs = self.producers(ins)
         kids = []
-        touched = {"dram_elems": float(x.numel() + w.numel() + y.numel())}
+        fp32 = x.is_floating_point() and x.element_size() == 4
+        touched = {"dram_elems": float(x.numel() + w.numel() + y.numel())} if fp32 else None
         for m, n, k in gemms:
             if min(m, n, k) > 0:
                 kids.append(self.add_row(aten, cls, cls, (groups, m, n, k, None),

@@ -31,7 +31,7 @@ from nslib.model.inputs import (get_predictor, kernel_frame, resolve_gpu, tensor
                                 tf32_gpu_ms)
 from nslib.model.module_trace import (ProblemError, load_problem, meta_trace, run_file,
                                       unpriced_calls)
-from nslib.model.stream import LAUNCH_US, step_ms, step_summary, stream_terms
+from nslib.model.stream import LAUNCH_US, step_ms, step_summary, stream_terms, tf32_peak
 
 __all__ = ["is_module_spec", "module_trace_of", "predict_module", "priced_frame",
            "parse_shapes", "MAX_UNPRICED_SHARE"]
@@ -181,13 +181,17 @@ def priced_frame(trace: pd.DataFrame, spec, pred, launch_us: float | None = LAUN
                                host_floor_ms=host_floor_ms)
     if not tf32:
         return frame, []
+    if tf32_peak(spec) is None:
+        return frame, [f"tf32 asked for, but {spec.name}'s datasheet gives no tensor-core peak "
+                       "(Bf16FLOPs): its convolutions are priced in FP32"]
     alt = kernel_frame(trace, spec, tf32=True)
     tensor_ms, notes = tf32_gpu_ms(alt, spec, tensor, s)
     if tensor_ms is None:
         return frame, notes
     alt["pred_ms"] = step_ms(pred, alt, launch_us, s.data, per_call=True,
                              host_floor_ms=host_floor_ms, other_gpu_ms=tensor_ms)
-    gap = 0.0 if launch_us is None else launch_us / 1000.0
+    plain = launch_us is None or bool(getattr(pred, "plain_sum", False))
+    gap = 0.0 if plain else launch_us / 1000.0
     fp32 = stream_terms(pred, alt, launch_us, s.data, host_floor_ms=host_floor_ms)[1]
     alt["tf32"] = np.isfinite(tensor_ms) & (np.maximum(np.nan_to_num(tensor_ms), gap) < fp32)
     return (alt if alt["pred_ms"].sum() <= frame["pred_ms"].sum() else frame), notes

@@ -30,7 +30,7 @@ from nslib.predictors.intervals import calibration, tensor_calibration
 
 
 def predict_model(gpu, model, step: Step | None = None, predictor="nslib", *,
-                  parallel: Parallel | None = None, tensor_predictor="nslib",
+                  parallel: Parallel | None = None, tensor_predictor=None,
                   launch_us: float | None = LAUNCH_US, settings: Settings | None = None,
                   inputs=None, tf32: bool = False):
     """Predict one step of ``model``: ``(kernels frame, summary dict)``.
@@ -56,12 +56,14 @@ def predict_model(gpu, model, step: Step | None = None, predictor="nslib", *,
 
     ``step.dtype`` ``bf16``/``fp16``: traced in that format with fused attention; tensor-core
     GEMMs and attention priced by ``tensor_predictor`` (a 16-bit predictor's name,
-    ``nslib.predictors.available("gemm")``, or a ``(gemm, attention)`` pair of fitted ones),
+    ``nslib.predictors.available("gemm")``, default ``nslib``, or a ``(gemm, attention)`` pair
+    of fitted ones),
     the rest by ``predictor`` at their real bytes (:func:`nslib.model.stream.stream_ms`).
     Needs ``Bf16FLOPs``; one GPU unfused, or tensor-parallel inference. ``tf32``: a module's
     convolutions may run in TF32 where the datasheet gives ``Bf16FLOPs`` (PyTorch's default;
     off by default here, docs/decisions.md), priced by ``tensor_predictor``'s GEMM predictor
-    where that is faster than their FP32 price. ``settings``: the data
+    (default: the one of ``predictor``'s name, else nslib's) where that is faster than their
+    FP32 price. ``settings``: the data
     and training profile (:class:`nslib.data.settings.Settings`).
 
     The summary's ``warnings``: the model's notes, then the datasheet figures outside the
@@ -70,6 +72,7 @@ def predict_model(gpu, model, step: Step | None = None, predictor="nslib", *,
     if is_module_spec(model):
         return _predict_module(gpu, model, step, predictor, parallel, launch_us, settings,
                                inputs, tensor_predictor, tf32)
+    tensor_predictor = "nslib" if tensor_predictor is None else tensor_predictor
     if tf32:
         raise ValueError("tf32 applies to a PyTorch module's convolutions; a model config's "
                          "GEMMs run in FP32 (PyTorch's default for matmuls): drop tf32")
@@ -109,7 +112,7 @@ def _config_step(step, inputs) -> Step:
 
 
 def _predict_module(gpu, model, step, predictor, parallel, launch_us, settings, inputs,
-                    tensor_predictor="nslib", tf32: bool = False):
+                    tensor_predictor=None, tf32: bool = False):
     """:func:`predict_model` of a PyTorch module: an FP32 inference forward or training step
     on one GPU (its TF32 convolutions priced by ``tensor_predictor``'s GEMM predictor)."""
     mode = "inf"
@@ -124,7 +127,8 @@ def _predict_module(gpu, model, step, predictor, parallel, launch_us, settings, 
         raise ValueError("a PyTorch module is forecast on one GPU: drop dp/tp/pp")
     s = settings_of(settings)
     spec = resolve_gpu(gpu, s.data)
-    gemm = tensor_predictor if isinstance(tensor_predictor, str) else tuple(tensor_predictor)[0]
+    gemm = tensor_predictor if tensor_predictor is None or isinstance(tensor_predictor, str) \
+        else tuple(tensor_predictor)[0]
     frame, summary = predict_module(spec, model, inputs, predictor, launch_us=launch_us,
                                     mode=mode, settings=s, tensor_predictor=gemm, tf32=tf32)
     # a module has no model notes: its unpriced calls, then the datasheet figures outside the

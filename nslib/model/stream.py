@@ -261,15 +261,15 @@ def step_ms(pred, frame: pd.DataFrame, launch_us: float | None = LAUNCH_US,
     (ms) of another algorithm the library may run (cuDNN's TF32 convolutions priced by the
     16-bit GEMM predictor, :func:`tf32_ms`; NaN where there is none): the row takes the faster
     of the two, as cuDNN's heuristics pick the faster algorithm, never faster than the launch
-    gap; the host dispatches the row either way."""
+    gap (none in the plain sum); the host dispatches the row either way."""
     _, gpu_ms, dispatch, host = _stream_parts(pred, frame, launch_us, data,
                                               host_floor_ms=host_floor_ms)
+    plain = launch_us is None or bool(getattr(pred, "plain_sum", False))
     if other_gpu_ms is not None:
         other = np.asarray(other_gpu_ms, float)
-        gap = 0.0 if launch_us is None else launch_us / 1000.0
+        gap = 0.0 if plain else launch_us / 1000.0   # the plain sum has no launch gap
         gpu_ms = np.where(np.isfinite(other), np.minimum(gpu_ms, np.maximum(
             np.nan_to_num(other), gap)), gpu_ms)
-    plain = launch_us is None or bool(getattr(pred, "plain_sum", False))
     if per_call and "call" in frame.columns and not plain:
         calls = frame["call"].to_numpy()
         again = (calls >= 0) & pd.Series(calls).duplicated().to_numpy()
