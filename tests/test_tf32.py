@@ -11,9 +11,10 @@ import torch
 import torch.nn as nn
 
 from nslib.data.gpus import GPU
-from nslib.model.inputs import kernel_frame, tensor_for, tf32_gpu_ms, tf32_rows
+from nslib.model.inputs import kernel_frame
 from nslib.model.module_trace import trace_module
-from nslib.model.stream import step_ms, tf32_ms, tf32_peak, tf32_sheet
+from nslib.model.stream import step_ms
+from nslib.model.tf32 import tensor_for, tf32_gpu_ms, tf32_ms, tf32_peak, tf32_rows, tf32_sheet
 from nslib.predictors.tensor_baselines import Roofline
 from nslib.predictors.tc_gemm import GEMM
 

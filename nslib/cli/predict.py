@@ -61,7 +61,7 @@ def _predict(args) -> int:
 
 def _predict_module(args) -> int:
     """``nslib predict --module FILE.py[:NAME] [--inputs SHAPES]``: one inference forward."""
-    from nslib.model.inputs import tensor_for
+    from nslib.model.tf32 import tensor_for
     from nslib.model.module_predict import is_module_spec, parse_shapes
 
     step_flags = [f"--{k.replace('_', '-')}" for k in ("batch", "seq", "dp", "tp", "pp",
@@ -164,8 +164,8 @@ def _check_flags(args) -> None:
     rules = [
         (get("tensor_predictor") is not None and (get("dtype") or "fp32") == "fp32"
          and not (get("module") and get("tf32")),
-         "--tensor-predictor prices the tensor-core kernels: add --dtype bf16 (or fp16), or "
-         "--tf32 with --module, or drop it"),
+         "--tensor-predictor prices the 16-bit tensor-core kernels (and a module's TF32 "
+         "convolutions): add --dtype bf16 (or fp16), or --tf32 with --module, or drop it"),
         (get("optimizer") is not None and get("mode") != "train",
          "--optimizer counts optimizer states in the training memory: add --mode train, or "
          "drop it"),
@@ -268,10 +268,8 @@ def add_predict_parser(sub) -> None:
     s.add_argument("--inputs", metavar="SHAPES",
                    help="the module's input shapes, e.g. 8x3x224x224 (several: comma "
                         "separated); default the file's get_inputs()")
-    s.add_argument("--tf32", action="store_true",
-                   help="with --module: its convolutions may run in TF32 on the tensor cores "
-                        "(PyTorch's default; needs the datasheet's Bf16FLOPs), each where "
-                        "that is faster than FP32")
+    s.add_argument("--tf32", action="store_true", help="with --module: convolutions may run "
+                   "in TF32 on tensor cores where faster (needs the datasheet's Bf16FLOPs)")
     s.add_argument("--batch", type=arg_int())
     s.add_argument("--seq", type=arg_int())
     s.add_argument("--mode", choices=["inf", "train"], default="inf")
@@ -283,9 +281,7 @@ def add_predict_parser(sub) -> None:
                         "and attention predictors (needs the datasheet's Bf16FLOPs)")
     s.add_argument("--tensor-predictor", metavar="NAME",
                    help="16-bit GEMM and attention predictor (default nslib; or a baseline: "
-                        "roofline, roofline_eff, xgboost, mlp); with --module --tf32 the GEMM "
-                        "one prices the TF32 convolutions (default: --predictor's namesake, "
-                        "else nslib)")
+                        "roofline, roofline_eff, xgboost, mlp; also --module --tf32's)")
     s.add_argument("--quick", action="store_true", help="use the quick-trained predictor")
     s.add_argument("--json", action="store_true")
     s.add_argument("--launch-us", type=arg_float(minimum=0), metavar="US",

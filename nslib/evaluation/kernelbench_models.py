@@ -37,7 +37,7 @@ from nslib.data.settings import Settings, settings_of
 from nslib.evaluation import kernelbench as level1
 from nslib.evaluation.metrics import ape
 from nslib.data.paths import DataNotFoundError
-from nslib.model.inputs import tensor_for, tensor_gemm
+from nslib.model.tf32 import tensor_for, tensor_gemm
 from nslib.model.module_predict import priced_frame
 from nslib.model.module_trace import ProblemError, unpriced_calls
 from nslib.model.stream import LAUNCH_US
@@ -107,7 +107,7 @@ def price(pred, steps: pd.DataFrame, harness: pd.Series, root=None, data=None,
     method that sums kernels as measured (NeuSight as published), prices the plain sum,
     which has no host term to replace. ``tf32``: the convolutions may run in TF32 on a
     datasheet with a tensor-core peak, priced by ``tensor``, a 16-bit GEMM predictor (a name
-    or a fitted one; :func:`nslib.model.inputs.tf32_gpu_ms`; ``settings`` find its data)."""
+    or a fitted one; :func:`nslib.model.tf32.tf32_gpu_ms`; ``settings`` find its data)."""
     sheets = kb.datasheets(root)
     s = settings_of(settings).but(data=data)
     if tf32 and isinstance(tensor, str) and any(g.bf16_gflops for g in sheets.values()):

@@ -19,7 +19,7 @@ from nslib.data.cache import PARQUET, Format, cached
 from nslib.data.checks import check_int
 from nslib.data.gpus import GPU, load_gpu_file
 from nslib.data.registry import find_any
-from nslib.data.paths import DataNotFoundError, hash_files
+from nslib.data.paths import hash_files
 from nslib.data.settings import Settings
 from nslib.kernels import clock
 from nslib.kernels.dtypes import check_dtype
@@ -28,7 +28,7 @@ from nslib.model.config import load_model_config
 from nslib.model.moe import expert_tokens
 from nslib.model.step import MODES, Step  # MODES: the one list of modes
 from nslib.model.storages import MEMORY_COLUMNS
-from nslib.model.stream import tf32_ms, tf32_peak
+from nslib.model.tf32 import tf32_peak, tf32_rows
 from nslib.model.trace import TRACE_VERSION, trace, warn_model_notes
 from nslib.predictors import trained
 
@@ -107,27 +107,6 @@ TRACE_FORMAT = Format(".parquet", lambda df: PARQUET.to_bytes(
     df.assign(**{c: df[c].map(list) for c in TUPLE_COLUMNS})), _read_trace)
 
 
-# the aten ops cuDNN runs as convolutions (forward and backward)
-CONV_ATEN = ("aten.convolution.", "aten.convolution_backward.")
-
-
-def tf32_rows(trace: pd.DataFrame, gpu: GPU) -> np.ndarray:
-    """Per row of ``trace``, whether PyTorch lets cuDNN run it in TF32 on ``gpu``'s tensor
-    cores: the implicit GEMM of a convolution (forward or backward) with FP32 operands (the
-    rows a module trace gives ``dram_elems``), on a GPU whose datasheet gives a tensor-core
-    peak (:func:`nslib.model.stream.tf32_peak`).
-    PyTorch allows TF32 in cuDNN by default (``torch.backends.cudnn.allow_tf32``) and not in
-    matmuls (``torch.backends.cuda.matmul.allow_tf32``), so every other GEMM stays FP32, as do
-    grouped convolutions (``bmm`` rows: depthwise ones have too few channels per group for
-    a tensor-core tile) and Winograd's products (cuDNN's FP32 Winograd runs on the CUDA
-    cores)."""
-    if tf32_peak(gpu) is None or not len(trace) or "dram_elems" not in trace.columns:
-        return np.zeros(len(trace), bool)
-    # dram_elems: a module trace's FP32 convolutions (kernel_rows.CONV_COLUMNS)
-    return (trace["aten"].astype(str).str.startswith(CONV_ATEN) & (trace["cls"] == "linear")
-            & trace["dram_elems"].notna()).to_numpy()
-
-
 def one_algorithm(trace: pd.DataFrame, gpu: GPU, tf32: np.ndarray | None = None
                   ) -> pd.DataFrame:
     """A copy of ``trace`` with one algorithm per op that two can run (its
@@ -185,7 +164,7 @@ def kernel_frame(trace: pd.DataFrame, gpu: GPU, tf32: bool = False) -> pd.DataFr
     Memory ops (copies, gathers, concatenations) are predicted as a one-input elementwise
     kernel (``addu``: read one element, write one) over the elements they write. ``tf32``:
     the convolutions may run in TF32 (PyTorch's default; off by default here, see
-    docs/decisions.md), and the ``tf32`` column flags the rows that can (:func:`tf32_rows`).
+    docs/decisions.md), and the ``tf32`` column flags the rows that can (:func:`nslib.model.tf32.tf32_rows`).
     An op two algorithms can run keeps the one :func:`one_algorithm` picks on ``gpu``.
     """
     df = one_algorithm(trace, gpu, tf32_rows(trace, gpu) if tf32 else None)
@@ -199,42 +178,6 @@ def kernel_frame(trace: pd.DataFrame, gpu: GPU, tf32: bool = False) -> pd.DataFr
         df[k] = v
     df["kernel_class"] = np.where(mem, "memory", cls)
     return df
-
-
-def tensor_for(predictor) -> str:
-    """The 16-bit GEMM predictor that stands beside FP32 predictor ``predictor`` (for the
-    TF32 convolutions, :func:`tf32_gpu_ms`): the one of the same name when registered (nslib's
-    design, the roofline and the baselines), else nslib's."""
-    from nslib.predictors import names
-
-    return predictor if isinstance(predictor, str) and predictor in names("gemm") else "nslib"
-
-
-def tensor_gemm(name: str, settings: Settings | None = None):
-    """The 16-bit GEMM predictor ``name`` trained on the 16-bit data of ``settings`` (its
-    quick profile and progress bars; cached); :class:`DataNotFoundError` without that data."""
-    s = settings or Settings()
-    return trained(name, Settings(quick=s.quick, mixed=s.mixed, progress=s.progress),
-                   kind="gemm")
-
-
-def tf32_gpu_ms(frame: pd.DataFrame, gpu: GPU, tensor_predictor="nslib",
-                settings: Settings | None = None) -> tuple[np.ndarray | None, list[str]]:
-    """(GPU time, ms, of the rows of ``frame`` flagged ``tf32`` by the 16-bit GEMM predictor
-    ``tensor_predictor`` (a registered name, trained on the 16-bit data, or a fitted one) on
-    ``gpu``'s TF32 twin (:func:`nslib.model.stream.tf32_ms`), NaN on the other rows; or None
-    when no row is flagged, warnings). Without the 16-bit data the flagged rows keep their
-    FP32 price and a warning says so."""
-    if "tf32" not in frame.columns or not frame["tf32"].any():
-        return None, []
-    gemm = tensor_predictor
-    if isinstance(tensor_predictor, str):
-        try:
-            gemm = tensor_gemm(tensor_predictor, settings)
-        except DataNotFoundError as err:
-            return None, [f"TF32 convolutions priced as FP32: the 16-bit GEMM predictor "
-                          f"needs the 16-bit data ({err})"]
-    return tf32_ms(frame, gpu, gemm), []
 
 
 def get_predictor(predictor, data=None, quick: bool = False, seed: int = 0):

@@ -22,10 +22,8 @@ __all__ = ["KernelRows", "WINOGRAD_TILE", "winograd_shape"]
 WINOGRAD_TILE = 4
 
 
-# the extra column of a module trace (:class:`nslib.model.recorder.Tracer` with algorithms):
-# ``dram_elems``, the elements an FP32 convolution's implicit GEMM reads and writes in DRAM
-# (input, filters, output: its im2col operand is the input read once, its overlapping windows
-# re-read from L2); NaN on other rows, those of other dtypes included
+# a module trace's extra column: the elements an FP32 convolution's implicit GEMM moves in
+# DRAM (input, filters, output; the windows' re-reads hit L2); NaN on other rows
 CONV_COLUMNS = ("dram_elems",)
 
 

@@ -27,11 +27,11 @@ import numpy as np
 import pandas as pd
 
 from nslib.data.settings import Settings, settings_of
-from nslib.model.inputs import (get_predictor, kernel_frame, resolve_gpu, tensor_for,
-                                tf32_gpu_ms)
+from nslib.model.inputs import get_predictor, kernel_frame, resolve_gpu
 from nslib.model.module_trace import (ProblemError, load_problem, meta_trace, run_file,
                                       unpriced_calls)
-from nslib.model.stream import LAUNCH_US, step_ms, step_summary, stream_terms, tf32_peak
+from nslib.model.stream import LAUNCH_US, step_ms, step_summary, stream_terms
+from nslib.model.tf32 import tensor_for, tf32_gpu_ms, tf32_peak
 
 __all__ = ["is_module_spec", "module_trace_of", "predict_module", "priced_frame",
            "parse_shapes", "MAX_UNPRICED_SHARE"]
@@ -168,9 +168,9 @@ def priced_frame(trace: pd.DataFrame, spec, pred, launch_us: float | None = LAUN
     """(the kernel frame of a module's ``trace`` on ``spec`` with ``pred_ms``, each operator
     call dispatched once (:func:`nslib.model.stream.step_ms`), warnings).
 
-    ``tf32``: the convolutions may also run in TF32 (:func:`nslib.model.inputs.tf32_rows`),
+    ``tf32``: the convolutions may also run in TF32 (:func:`nslib.model.tf32.tf32_rows`),
     each kernel at the faster of its FP32 and its TF32 price (the 16-bit GEMM predictor
-    ``tensor``, :func:`nslib.model.inputs.tf32_gpu_ms`; the ``tf32`` column marks the kernels
+    ``tensor``, :func:`nslib.model.tf32.tf32_gpu_ms`; the ``tf32`` column marks the kernels
     whose TF32 price wins). Which of a 3x3 convolution's forms runs is read off the rooflines
     (:func:`nslib.model.inputs.one_algorithm`), where TF32 can favour the implicit GEMM that
     the predictors price above Winograd: the step is priced both ways and the faster kept, so
@@ -209,7 +209,7 @@ def predict_module(gpu, model, inputs=None, predictor="nslib", *,
     ``unpriced_share`` (their share of the traced calls) and ``tf32_kernels`` (with ``tf32``,
     the convolution kernels that run in TF32: on a datasheet with a tensor-core peak, those whose
     price by the 16-bit GEMM predictor ``tensor_predictor`` (by default the one of
-    ``predictor``'s name, else nslib's: :func:`nslib.model.inputs.tf32_gpu_ms`) beats their
+    ``predictor``'s name, else nslib's: :func:`nslib.model.tf32.tf32_gpu_ms`) beats their
     FP32 price; the frame's ``tf32`` column marks them). A ValueError when more than
     :data:`MAX_UNPRICED_SHARE` of the calls are unpriced, or the module cannot be traced."""
     s = settings_of(settings)

@@ -41,11 +41,9 @@ def predict_model(gpu, model, step: Step | None = None, predictor="nslib", *,
     shapes; a KernelBench-style file's own ``get_inputs()`` when ``None``) is traced and
     priced (:func:`nslib.model.module_predict.predict_module`; ``step`` omitted: an inference
     forward, else an FP32 step whose mode is taken, its batch and sequence the inputs');
-    ``step``: a :class:`nslib.model.step.Step`
-    (batch, seq, mode ``inf``/``train``, dtype, fused, mixture-of-experts imbalance);
-    ``predictor``: a registered name (trained and cached on first use) or a fitted predictor.
-
-    ``step.fused``: merge elementwise/memory chains first (:func:`nslib.model.fusion.fuse`; the
+    ``step``: a :class:`nslib.model.step.Step` (batch, seq, mode ``inf``/``train``, dtype,
+    fused, mixture-of-experts imbalance); ``predictor``: a registered name (trained and cached
+    on first use) or a fitted predictor. ``step.fused``: merge elementwise/memory chains first (:func:`nslib.model.fusion.fuse`; the
     summary gains ``fused`` and ``n_kernels_unfused``). ``parallel``: a
     :class:`nslib.model.step.Parallel` with a degree above 1 predicts a step on that many GPUs,
     ``step.batch`` the global batch, over its link (:mod:`nslib.model.parallel`); the summary
@@ -55,16 +53,12 @@ def predict_model(gpu, model, step: Step | None = None, predictor="nslib", *,
     sums the latencies as they are (the original tool's; always so for ``plain_sum`` ones).
 
     ``step.dtype`` ``bf16``/``fp16``: traced in that format with fused attention; tensor-core
-    GEMMs and attention priced by ``tensor_predictor`` (a 16-bit predictor's name,
-    ``nslib.predictors.available("gemm")``, default ``nslib``, or a ``(gemm, attention)`` pair
-    of fitted ones),
-    the rest by ``predictor`` at their real bytes (:func:`nslib.model.stream.stream_ms`).
-    Needs ``Bf16FLOPs``; one GPU unfused, or tensor-parallel inference. ``tf32``: a module's
-    convolutions may run in TF32 where the datasheet gives ``Bf16FLOPs`` (PyTorch's default;
-    off by default here, docs/decisions.md), priced by ``tensor_predictor``'s GEMM predictor
-    (default: the one of ``predictor``'s name, else nslib's) where that is faster than their
-    FP32 price. ``settings``: the data
-    and training profile (:class:`nslib.data.settings.Settings`).
+    GEMMs and attention priced by ``tensor_predictor`` (a name, ``available("gemm")``, default
+    ``nslib``, or a fitted ``(gemm, attention)`` pair), the rest by ``predictor`` at their real
+    bytes (:func:`nslib.model.stream.stream_ms`). Needs ``Bf16FLOPs``; one GPU unfused, or
+    tensor-parallel inference. ``tf32``: a module's convolutions may run in TF32 where faster
+    (opt-in: :func:`nslib.model.module_predict.priced_frame`). ``settings``: the data and
+    training profile (:class:`nslib.data.settings.Settings`).
 
     The summary's ``warnings``: the model's notes, then the datasheet figures outside the
     training GPUs' range; ``interval_ms`` where a calibration is cached (:func:`with_interval`).
@@ -73,10 +67,7 @@ def predict_model(gpu, model, step: Step | None = None, predictor="nslib", *,
         return _predict_module(gpu, model, step, predictor, parallel, launch_us, settings,
                                inputs, tensor_predictor, tf32)
     tensor_predictor = "nslib" if tensor_predictor is None else tensor_predictor
-    if tf32:
-        raise ValueError("tf32 applies to a PyTorch module's convolutions; a model config's "
-                         "GEMMs run in FP32 (PyTorch's default for matmuls): drop tf32")
-    step, par, s = _config_step(step, inputs), parallel_of(parallel), settings_of(settings)
+    step, par, s = _config_step(step, inputs, tf32), parallel_of(parallel), settings_of(settings)
     if step.imbalance != 1.0 and par.multi:
         raise ValueError("imbalance applies to single-GPU predictions for now: drop "
                          "dp/tp/pp or the imbalance")
@@ -100,8 +91,12 @@ def predict_model(gpu, model, step: Step | None = None, predictor="nslib", *,
     return frame, with_interval16(summ, frame, predictor, tensor_predictor, s.data, s.quick)
 
 
-def _config_step(step, inputs) -> Step:
-    """The step of a model config (a ValueError when missing, or given a module's inputs)."""
+def _config_step(step, inputs, tf32: bool = False) -> Step:
+    """The step of a model config (a ValueError when missing, or given a module's inputs or
+    ``tf32``)."""
+    if tf32:
+        raise ValueError("tf32 applies to a PyTorch module's convolutions; a model config's "
+                         "GEMMs run in FP32 (PyTorch's default for matmuls): drop tf32")
     if step is None:
         raise ValueError("give the step (nslib.model.step.Step: batch, sequence, mode) of a "
                          "model config; only a module's inputs say its shapes")

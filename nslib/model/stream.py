@@ -62,7 +62,6 @@ from nslib.data.cache import cached
 from nslib.data.mixed_data import gpu_frame
 from nslib.data.paths import data_root, hash_files
 from nslib.data.settings import Settings
-from nslib.data.units import MIB
 from nslib.kernels import measured, row_latency, sizes
 from nslib.model.sdpa_trace import BACKWARD_FLOPS
 from nslib.predictors import trained
@@ -259,7 +258,7 @@ def step_ms(pred, frame: pd.DataFrame, launch_us: float | None = LAUNCH_US,
     this floor (ms): each call costs it that times its class ratio (:func:`floors`);
     ignored by the plain sum (:func:`stream_terms`). ``other_gpu_ms``: per row, the GPU time
     (ms) of another algorithm the library may run (cuDNN's TF32 convolutions priced by the
-    16-bit GEMM predictor, :func:`tf32_ms`; NaN where there is none): the row takes the faster
+    16-bit GEMM predictor, :func:`nslib.model.tf32.tf32_ms`; NaN where there is none): the row takes the faster
     of the two, as cuDNN's heuristics pick the faster algorithm, never faster than the launch
     gap (none in the plain sum); the host dispatches the row either way."""
     _, gpu_ms, dispatch, host = _stream_parts(pred, frame, launch_us, data,
@@ -385,56 +384,6 @@ def tensor_ms(frame: pd.DataFrame, gpu, gemm_pred, attn_pred) -> np.ndarray:
         rows = attention_inputs(frame[attn]).assign(**sheet).reset_index(drop=True)
         back = (frame.loc[attn, "op"] == "attention_bw").to_numpy()
         out[attn] = attn_pred.predict(rows) * np.where(back, BACKWARD_FLOPS, 1.0)
-    return out
-
-
-# TF32 tensor-core math runs at half the dense BF16/FP16 rate on every NVIDIA part that has
-# both (vendor datasheets, dense TF32 / BF16 TFLOP/s: A100 156 / 312, H100 SXM 495 / 989,
-# A40 74.8 / 149.7, L40S 183 / 362, RTX A6000 77.4 / 154.8): a TF32 operand takes twice a
-# 16-bit one's datapath width. A GPU without BF16 tensor cores has no TF32 either.
-TF32_PER_BF16 = 0.5
-TWIN_BYTES = 2.0   # bytes per element of the TF32 twin's GEMM (the 16-bit predictor's)
-
-
-def tf32_peak(gpu) -> float | None:
-    """Dense tensor-core TF32 peak of ``gpu``, GFLOP/s (:data:`TF32_PER_BF16` of its
-    ``Bf16FLOPs``), or None when its datasheet gives no tensor-core figure."""
-    return None if gpu.bf16_gflops is None else TF32_PER_BF16 * gpu.bf16_gflops
-
-
-def tf32_sheet(gpu) -> dict:
-    """The 16-bit GEMM predictor's datasheet columns of ``gpu``'s TF32 twin: a TF32 GEMM
-    moves 4 bytes per element at the TF32 tensor rate, so it is the 16-bit GEMM of the same
-    shape on a GPU with the TF32 peak as its BF16 peak, half the bandwidth and half the L2
-    (every term of the law, compute, DRAM, L2 and tile loads, takes the same time; the
-    fixed cost is in clocks). A ValueError when the datasheet has no tensor-core figure."""
-    sheet = datasheet_columns(gpu)
-    sheet.update(bf16_gflops=tf32_peak(gpu), mem_bw=sheet["mem_bw"] / 2.0,
-                 l2_mb=sheet["l2_mb"] / 2.0)
-    return sheet
-
-
-def tf32_ms(frame: pd.DataFrame, gpu, gemm_pred) -> np.ndarray:
-    """Kernel time (ms) of the rows of ``frame`` flagged ``tf32`` (cuDNN's convolutions on
-    tensor cores, :func:`nslib.model.inputs.tf32_rows`) by the 16-bit GEMM predictor on
-    ``gpu``'s TF32 twin (:func:`tf32_sheet`); NaN on the other rows.
-
-    An implicit GEMM never writes its ``m x k`` operand: it reads the input once from DRAM
-    and re-reads the overlapping windows from L2. Where a row gives the elements it moves in
-    DRAM (``dram_elems``, :data:`nslib.model.kernel_rows.CONV_COLUMNS`), the GEMM's further
-    elements are L2-resident: the twin's L2 grows by their bytes, so the law's DRAM term
-    counts the input, filters and output, and its L2 term the re-reads."""
-    out = np.full(len(frame), np.nan)
-    rows = frame["tf32"].to_numpy(bool) if "tf32" in frame.columns else np.zeros(len(frame), bool)
-    if not rows.any():
-        return out
-    gemm = gemm_inputs(frame[rows]).assign(**tf32_sheet(gpu)).reset_index(drop=True)
-    if "dram_elems" in frame.columns:
-        moved = frame.loc[rows, "dram_elems"].to_numpy(float)
-        m, n, k = (gemm[c].to_numpy(float) for c in "mnk")
-        again = np.where(np.isfinite(moved), np.maximum(m * k + k * n + m * n - moved, 0.0), 0.0)
-        gemm["l2_mb"] = gemm["l2_mb"] + TWIN_BYTES * again / MIB
-    out[rows] = gemm_pred.predict(gemm)
     return out
 
 
