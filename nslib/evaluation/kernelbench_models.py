@@ -33,14 +33,14 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from nslib.data import kernelbench as kb
+from nslib.data.paths import DataNotFoundError
 from nslib.data.settings import Settings, settings_of
 from nslib.evaluation import kernelbench as level1
 from nslib.evaluation.metrics import ape
-from nslib.data.paths import DataNotFoundError
-from nslib.model.tf32 import tensor_for, tensor_gemm
 from nslib.model.module_predict import priced_frame
 from nslib.model.module_trace import ProblemError, unpriced_calls
 from nslib.model.stream import LAUNCH_US
+from nslib.model.tf32 import tensor_for, tensor_gemm
 
 # (family, words of the problem name), first match wins; level 2 by its first operator
 FAMILIES = {

@@ -164,7 +164,8 @@ def kernel_frame(trace: pd.DataFrame, gpu: GPU, tf32: bool = False) -> pd.DataFr
     Memory ops (copies, gathers, concatenations) are predicted as a one-input elementwise
     kernel (``addu``: read one element, write one) over the elements they write. ``tf32``:
     the convolutions may run in TF32 (PyTorch's default; off by default here, see
-    docs/decisions.md), and the ``tf32`` column flags the rows that can (:func:`nslib.model.tf32.tf32_rows`).
+    docs/decisions.md), and the ``tf32`` column flags the rows that can
+    (:func:`nslib.model.tf32.tf32_rows`).
     An op two algorithms can run keeps the one :func:`one_algorithm` picks on ``gpu``.
     """
     df = one_algorithm(trace, gpu, tf32_rows(trace, gpu) if tf32 else None)

@@ -23,14 +23,13 @@ import numbers
 import re
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 from nslib.data.settings import Settings, settings_of
 from nslib.model.inputs import get_predictor, kernel_frame, resolve_gpu
 from nslib.model.module_trace import (ProblemError, load_problem, meta_trace, run_file,
                                       unpriced_calls)
-from nslib.model.stream import LAUNCH_US, step_ms, step_summary, stream_terms
+from nslib.model.stream import LAUNCH_US, faster_of, step_ms, step_summary, stream_terms
 from nslib.model.tf32 import tensor_for, tf32_gpu_ms, tf32_peak
 
 __all__ = ["is_module_spec", "module_trace_of", "predict_module", "priced_frame",
@@ -188,12 +187,10 @@ def priced_frame(trace: pd.DataFrame, spec, pred, launch_us: float | None = LAUN
     tensor_ms, notes = tf32_gpu_ms(alt, spec, tensor, s)
     if tensor_ms is None:
         return frame, notes
+    raw, fp32_ms, _ = stream_terms(pred, alt, launch_us, s.data, host_floor_ms=host_floor_ms)
+    alt["tf32"] = faster_of(fp32_ms, tensor_ms, pred, launch_us)[1]
     alt["pred_ms"] = step_ms(pred, alt, launch_us, s.data, per_call=True,
-                             host_floor_ms=host_floor_ms, other_gpu_ms=tensor_ms)
-    plain = launch_us is None or bool(getattr(pred, "plain_sum", False))
-    gap = 0.0 if plain else launch_us / 1000.0
-    fp32 = stream_terms(pred, alt, launch_us, s.data, host_floor_ms=host_floor_ms)[1]
-    alt["tf32"] = np.isfinite(tensor_ms) & (np.maximum(np.nan_to_num(tensor_ms), gap) < fp32)
+                             host_floor_ms=host_floor_ms, other_gpu_ms=tensor_ms, raw=raw)
     return (alt if alt["pred_ms"].sum() <= frame["pred_ms"].sum() else frame), notes
 
 

@@ -43,11 +43,11 @@ def predict_model(gpu, model, step: Step | None = None, predictor="nslib", *,
     forward, else an FP32 step whose mode is taken, its batch and sequence the inputs');
     ``step``: a :class:`nslib.model.step.Step` (batch, seq, mode ``inf``/``train``, dtype,
     fused, mixture-of-experts imbalance); ``predictor``: a registered name (trained and cached
-    on first use) or a fitted predictor. ``step.fused``: merge elementwise/memory chains first (:func:`nslib.model.fusion.fuse`; the
-    summary gains ``fused`` and ``n_kernels_unfused``). ``parallel``: a
-    :class:`nslib.model.step.Parallel` with a degree above 1 predicts a step on that many GPUs,
-    ``step.batch`` the global batch, over its link (:mod:`nslib.model.parallel`); the summary
-    then gains ``comm_ms`` and ``parallel``.
+    on first use) or a fitted predictor. ``step.fused``: merge elementwise/memory chains
+    first (:func:`nslib.model.fusion.fuse`; the summary gains ``fused`` and
+    ``n_kernels_unfused``). ``parallel``: a :class:`nslib.model.step.Parallel` with a degree
+    above 1 predicts a step on that many GPUs, ``step.batch`` the global batch, over its link
+    (:mod:`nslib.model.parallel`); the summary then gains ``comm_ms`` and ``parallel``.
 
     ``launch_us``: the launch gap (us) of kernels run back to back (:func:`step_ms`); ``None``
     sums the latencies as they are (the original tool's; always so for ``plain_sum`` ones).

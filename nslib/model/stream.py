@@ -245,7 +245,7 @@ def published_memory(pred, frame: pd.DataFrame, raw) -> np.ndarray:
 
 def step_ms(pred, frame: pd.DataFrame, launch_us: float | None = LAUNCH_US,
             data=None, per_call: bool = False, host_floor_ms: float | None = None,
-            other_gpu_ms: np.ndarray | None = None) -> np.ndarray:
+            other_gpu_ms: np.ndarray | None = None, raw=None) -> np.ndarray:
     """Per kernel of a model step's ``frame`` (launch order, ``phase`` column): ms in the
     step, the kernel stream (:func:`stream_ms`) no faster than the host issues it
     (:func:`host_bound`, each kernel costing the host its dispatch, :func:`stream_terms`).
@@ -253,28 +253,34 @@ def step_ms(pred, frame: pd.DataFrame, launch_us: float | None = LAUNCH_US,
     host dispatches each operator call (``call`` column) once, its further kernels costing a
     launch from C++ each (:func:`library_launch_ms`: a library call that launches thousands
     of kernels, e.g. cuDNN's recurrent layers, costs the host no Python dispatch per kernel,
-    but a share of one). ``host_floor_ms``: the
-    host is not the training data's but one whose cheapest operator call was measured at
-    this floor (ms): each call costs it that times its class ratio (:func:`floors`);
-    ignored by the plain sum (:func:`stream_terms`). ``other_gpu_ms``: per row, the GPU time
-    (ms) of another algorithm the library may run (cuDNN's TF32 convolutions priced by the
-    16-bit GEMM predictor, :func:`nslib.model.tf32.tf32_ms`; NaN where there is none): the row takes the faster
-    of the two, as cuDNN's heuristics pick the faster algorithm, never faster than the launch
-    gap (none in the plain sum); the host dispatches the row either way."""
-    _, gpu_ms, dispatch, host = _stream_parts(pred, frame, launch_us, data,
+    but a share of one). ``host_floor_ms``: the host is not the training data's but one whose
+    cheapest operator call was measured at this floor (ms): each call costs it that times its
+    class ratio (:func:`floors`); ignored by the plain sum (:func:`stream_terms`).
+    ``other_gpu_ms``: another algorithm's GPU time per row (:func:`faster_of`). ``raw``:
+    ``pred``'s latencies of ``frame`` when already predicted (ms)."""
+    _, gpu_ms, dispatch, host = _stream_parts(pred, frame, launch_us, data, raw=raw,
                                               host_floor_ms=host_floor_ms)
     plain = launch_us is None or bool(getattr(pred, "plain_sum", False))
     if other_gpu_ms is not None:
-        other = np.asarray(other_gpu_ms, float)
-        gap = 0.0 if plain else launch_us / 1000.0   # the plain sum has no launch gap
-        gpu_ms = np.where(np.isfinite(other), np.minimum(gpu_ms, np.maximum(
-            np.nan_to_num(other), gap)), gpu_ms)
+        gpu_ms = faster_of(gpu_ms, other_gpu_ms, pred, launch_us)[0]
     if per_call and "call" in frame.columns and not plain:
         calls = frame["call"].to_numpy()
         again = (calls >= 0) & pd.Series(calls).duplicated().to_numpy()
         if again.any():
             dispatch = np.where(again, library_launch_ms(host, launch_us), dispatch)
     return host_bound(frame, gpu_ms, dispatch)
+
+
+def faster_of(gpu_ms, other_gpu_ms, pred, launch_us: float | None = LAUNCH_US
+              ) -> tuple[np.ndarray, np.ndarray]:
+    """(per row the faster of ``gpu_ms`` and ``other_gpu_ms``, another algorithm's GPU time
+    (ms; NaN: none; cuDNN's TF32 convolutions, :func:`nslib.model.tf32.tf32_ms`), as cuDNN
+    picks; the rows where the other wins). The other is never under the launch gap."""
+    plain = launch_us is None or bool(getattr(pred, "plain_sum", False))  # no launch gap
+    gap = 0.0 if plain else launch_us / 1000.0
+    other = np.maximum(np.asarray(other_gpu_ms, float), gap)   # NaN stays NaN
+    wins = np.isfinite(other) & (other < gpu_ms)
+    return np.where(wins, other, gpu_ms), wins
 
 
 def library_launch_ms(host_floor_ms, launch_us: float = LAUNCH_US) -> np.ndarray:
