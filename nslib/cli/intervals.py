@@ -62,6 +62,30 @@ def _tensor(args):
         return None
 
 
+def calibrate_hint(predictor: str, quick: bool, tensor_predictor: str | None = None,
+                   data=None) -> str | None:
+    """The one-line note for a forecast shown without its interval because ``nslib
+    calibrate`` has not been run: None when the calibrations it needs (``predictor``'s and,
+    for a 16-bit forecast, ``tensor_predictor``'s) are cached, or when the command would not
+    build them (it calibrates the 16-bit ``nslib`` predictors only)."""
+    from nslib.data.paths import DataNotFoundError
+    from nslib.predictors.intervals import COVERAGE, calibration, tensor_calibration
+    try:
+        tensor_missing = (tensor_predictor is not None and
+                          tensor_calibration(tensor_predictor, quick, build=False) is None)
+        if tensor_missing and tensor_predictor != "nslib":
+            return None
+        if not tensor_missing and calibration(predictor, data, quick, build=False) is not None:
+            return None
+    except (DataNotFoundError, KeyError, ValueError):
+        return None
+    flags = (f" --predictor {predictor}" if predictor != "nslib" else "") + \
+        (" --quick" if quick else "")
+    return (f"note: no {100 * COVERAGE:.0f}% interval: `nslib calibrate{flags}` calibrates "
+            f"the intervals once (it trains a fold per training GPU), then every forecast "
+            f"shows one")
+
+
 def add_calibrate_parser(sub) -> None:
     s = sub.add_parser("calibrate", help="calibrate (and check) the intervals of a "
                        "predictor's forecasts")
@@ -75,4 +99,4 @@ def add_calibrate_parser(sub) -> None:
     s.set_defaults(func=_calibrate)
 
 
-__all__ = ["add_calibrate_parser"]
+__all__ = ["add_calibrate_parser", "calibrate_hint"]

@@ -6,17 +6,20 @@ import sys
 import warnings
 from pathlib import Path
 
+from nslib.cli.common import DefaultsFormatter, cli_gpu, fmt_count, fmt_fixed
+from nslib.cli.intervals import calibrate_hint
 from nslib.data.checks import arg_float, arg_int
 from nslib.data.settings import Settings
 from nslib.kernels.dtypes import DTYPES
 from nslib.model.memory import memory_of, trace_memory
 from nslib.model.parallel import LINK_UTILISATION
-from nslib.model.inputs import resolve_gpu
 from nslib.model.predict import predict_model
 from nslib.model.stream import LAUNCH_US
 from nslib.model.step import Parallel, Step, split_options
 from nslib.model.trace import ModelNoteWarning, model_notes
 from nslib.predictors.gpu_range import DatasheetRangeWarning
+
+GPU_FILE = "--gpu-spec FILE"  # where predict takes a datasheet file
 
 
 def _predict(args) -> int:
@@ -38,7 +41,7 @@ def _predict(args) -> int:
         raise ValueError("--model needs --batch N and --seq N")
     # a spec is always a file, whatever its suffix
     gpu = Path(args.gpu_spec) if args.gpu_spec else args.gpu
-    name = resolve_gpu(gpu).name   # the datasheet the name resolved to, for the report
+    name = cli_gpu(gpu, GPU_FILE).name   # the datasheet the name resolved to, for the report
     extra = _options(args)
     # how the step is priced; the rest describes the step and its GPUs
     pricing = {k: extra.pop(k) for k in ("tensor_predictor", "launch_us") if k in extra}
@@ -55,12 +58,14 @@ def _predict(args) -> int:
         print(json.dumps(summary, indent=1, allow_nan=False))
     else:
         _print_summary(args, summary, mem, per_gpu)
+        _interval_hint(args, summary)
     _print_warnings(summary["warnings"], model_notes(args.model, args.seq), caught)
     return 0
 
 
 def _predict_module(args) -> int:
-    """``nslib predict --module FILE.py[:NAME] [--inputs SHAPES]``: one inference forward."""
+    """``nslib predict --module FILE.py[:NAME] [--inputs SHAPES]``: one FP32 step of the
+    module, an inference forward (``--mode inf``) or a training step (``--mode train``)."""
     from nslib.model.tf32 import tensor_for
     from nslib.model.module_predict import is_module_spec, parse_shapes
 
@@ -79,7 +84,7 @@ def _predict_module(args) -> int:
                          f"get_init_inputs()) or FILE.py:NAME (a module class or factory), not "
                          f"{args.module!r}; a model config goes to --model")
     gpu = Path(args.gpu_spec) if args.gpu_spec else args.gpu
-    name = resolve_gpu(gpu).name
+    name = cli_gpu(gpu, GPU_FILE).name
     inputs = parse_shapes(args.inputs) if args.inputs is not None else None
     launch = _options(args).get("launch_us", LAUNCH_US)   # the step flags are gone by now
     with warnings.catch_warnings(record=True) as caught:
@@ -100,14 +105,27 @@ def _predict_module(args) -> int:
         step = "inference forward" if args.mode == "inf" else \
             "training step (forward + backward, no optimizer step)"
         print(f"{args.module}{shapes}, {step} on {name} ({args.predictor}): "
-              f"{_fmt_ms(summary['e2e_ms'])} ms{_band(summary)}, {summary['n_kernels']} "
-              f"kernels{_tf32_note(summary)}")
+              f"{fmt_fixed(summary['e2e_ms'])} ms{_band(summary)}, "
+              f"{fmt_count(summary['n_kernels'])} kernels{_tf32_note(summary)}")
         _print_classes(summary["per_class_ms"])
         print(_memory_line(mem, False))
+        _interval_hint(args, summary)
     # the unpriced calls are the module's own note, not a datasheet range
     own = [w for w in summary["warnings"] if w.startswith(("not priced", "TF32 ", "tf32 "))]
     _print_warnings(summary["warnings"], own, caught)
     return 0
+
+
+def _interval_hint(args, summary: dict) -> None:
+    """On stderr, the note that ``nslib calibrate`` gives the forecast its interval, where
+    it has none for want of a calibration (:func:`nslib.cli.intervals.calibrate_hint`)."""
+    if "interval_ms" in summary:
+        return
+    dtype = getattr(args, "dtype", "fp32") or "fp32"
+    tensor = None if dtype == "fp32" else (args.tensor_predictor or "nslib")
+    hint = calibrate_hint(args.predictor, args.quick, tensor)
+    if hint:
+        print(hint, file=sys.stderr)
 
 
 def _tf32_note(summary: dict) -> str:
@@ -183,22 +201,17 @@ def _check_flags(args) -> None:
             raise ValueError(message)
 
 
-def _fmt_ms(v: float) -> str:
-    """Milliseconds for people: two decimals, scientific from ten million on."""
-    return f"{v:,.2f}" if abs(v) < 1e7 else f"{v:.3e}"
-
-
 def _print_classes(per_class_ms: dict) -> None:
     """One line per kernel class, the largest first (ms)."""
     for k, v in sorted(per_class_ms.items(), key=lambda kv: -kv[1]):
-        print(f"  {k:12s} {_fmt_ms(v):>12s} ms")
+        print(f"  {k:12s} {fmt_fixed(v):>12s} ms")
 
 
 def _band(summary: dict) -> str:
     """`` (80%: lo-hi)`` when the summary carries an interval, else ""."""
     band = summary.get("interval_ms")
-    return (f" ({100 * summary['interval_coverage']:.0f}%: {_fmt_ms(band[0])}-"
-            f"{_fmt_ms(band[1])})" if band else "")
+    return (f" ({100 * summary['interval_coverage']:.0f}%: {fmt_fixed(band[0])}-"
+            f"{fmt_fixed(band[1])})" if band else "")
 
 
 def _print_summary(args, summary: dict, mem: dict, per_gpu: bool) -> None:
@@ -207,8 +220,8 @@ def _print_summary(args, summary: dict, mem: dict, per_gpu: bool) -> None:
             f"{dtype}: {args.tensor_predictor or 'nslib'} tensor cores, {args.predictor} vector")
     band = _band(summary)
     print(f"{args.model} {args.mode} batch {args.batch} seq {args.seq} on "
-          f"{summary['gpu_name']} ({what}): {_fmt_ms(summary['e2e_ms'])} ms{band} "
-          f"(forward {_fmt_ms(summary['fw_ms'])}, backward {_fmt_ms(summary['bw_ms'])})")
+          f"{summary['gpu_name']} ({what}): {fmt_fixed(summary['e2e_ms'])} ms{band} "
+          f"(forward {fmt_fixed(summary['fw_ms'])}, backward {fmt_fixed(summary['bw_ms'])})")
     _print_classes(summary["per_class_ms"])
     par = summary.get("parallel")
     if par:
@@ -222,8 +235,8 @@ def _print_summary(args, summary: dict, mem: dict, per_gpu: bool) -> None:
             print(f"  gradient all-reduce finishes {par['finish_ms']:.2f} ms into the "
                   f"backward; exposed {par['exposed_comm_ms']:.2f} ms")
     elif summary.get("fused"):
-        print(f"  fused: {summary['n_kernels']} kernels "
-              f"(from {summary['n_kernels_unfused']})")
+        print(f"  fused: {fmt_count(summary['n_kernels'])} kernels "
+              f"(from {fmt_count(summary['n_kernels_unfused'])})")
     print(_memory_line(mem, per_gpu))
 
 
@@ -255,46 +268,57 @@ def _fmt_gib(v: float) -> str:
     return f"{v:,.2f}" if abs(v) < 1e6 else f"{v:.3e}"
 
 
-def add_predict_parser(sub) -> None:
-    s = sub.add_parser("predict", help="predict a model's inference or training step on a GPU")
-    s.add_argument("--gpu", help="GPU name or alias (see `nslib gpus`)")
-    s.add_argument("--gpu-spec", help="a GPU datasheet JSON in NeuSight's format")
-    s.add_argument("--model", help="config name in the data, or a JSON path")
+def _add_module_options(s) -> None:
+    """``--module``, ``--inputs`` and ``--tf32``: a PyTorch module instead of a config."""
     s.add_argument("--module", metavar="FILE.py[:NAME]",
                    help="any PyTorch module instead of --model: a file with Model, "
                         "get_inputs() and get_init_inputs() (KernelBench's convention), or "
                         "FILE.py:NAME, a module class or factory, with --inputs; one FP32 "
-                        "inference forward is traced on the meta device and priced")
+                        "step is traced on the meta device and priced: an inference forward "
+                        "(--mode inf) or a training step, forward + backward without the "
+                        "optimizer step (--mode train; --optimizer counts its memory)")
     s.add_argument("--inputs", metavar="SHAPES",
                    help="the module's input shapes, e.g. 8x3x224x224 (several: comma "
-                        "separated); default the file's get_inputs()")
+                        "separated; default: the file's get_inputs())")
     s.add_argument("--tf32", action="store_true", help="with --module: convolutions may run "
                    "in TF32 on tensor cores where faster (needs the datasheet's Bf16FLOPs)")
-    s.add_argument("--batch", type=arg_int())
-    s.add_argument("--seq", type=arg_int())
-    s.add_argument("--mode", choices=["inf", "train"], default="inf")
+
+
+def add_predict_parser(sub) -> None:
+    s = sub.add_parser("predict", help="predict a model's inference or training step on a GPU",
+                       formatter_class=DefaultsFormatter)
+    s.add_argument("--gpu", help="GPU name or alias (see `nslib gpus`)")
+    s.add_argument("--gpu-spec", help="a GPU datasheet JSON in NeuSight's format")
+    s.add_argument("--model", help="config name in the data, a JSON path, or a HuggingFace id "
+                   "with a config in the project (meta-llama/Llama-3.1-8B-Instruct, "
+                   "Qwen/Qwen3-32B), as `nslib serve --model` takes")
+    _add_module_options(s)
+    s.add_argument("--batch", type=arg_int(), help="batch size (with --dp: the global batch)")
+    s.add_argument("--seq", type=arg_int(), help="sequence length, tokens")
+    s.add_argument("--mode", choices=["inf", "train"], default="inf",
+                   help="inf: an inference forward; train: a training step")
     s.add_argument("--predictor", default="nslib",
                    help="kernel predictor (in 16 bits: of the vector and memory kernels)")
     s.add_argument("--dtype", choices=list(DTYPES), default="fp32",
-                   help="number format of the model (default fp32, the paper's setting); "
+                   help="number format of the model (default: fp32, the paper's setting); "
                         "bf16/fp16 trace it with fused attention, priced by the 16-bit GEMM "
                         "and attention predictors (needs the datasheet's Bf16FLOPs)")
     s.add_argument("--tensor-predictor", metavar="NAME",
-                   help="16-bit GEMM and attention predictor (default nslib; or a baseline: "
+                   help="16-bit GEMM and attention predictor (default: nslib; or a baseline: "
                         "roofline, roofline_eff, xgboost, mlp; also --module --tf32's)")
     s.add_argument("--quick", action="store_true", help="use the quick-trained predictor")
     s.add_argument("--json", action="store_true")
     s.add_argument("--launch-us", type=arg_float(minimum=0), metavar="US",
                    help="gap between back-to-back kernels in the model, microseconds "
-                        "(default 3; see nslib.model.stream)")
+                        "(default: 3; see nslib.model.stream)")
     s.add_argument("--plain-sum", action="store_true",
                    help="sum the kernels' microbenchmark latencies as they are (each with "
                         "its dispatch floor), as the original tool does")
     s.add_argument("--imbalance", type=float, metavar="F",
                    help="mixture-of-experts routing: the busiest expert gets F times its even "
-                        "share of tokens (default 1: balanced)")
+                        "share of tokens (default: 1, balanced)")
     s.add_argument("--optimizer", choices=["adam", "adamw", "sgd", "sgd_plain", "none"],
-                   help="optimizer states counted in the training memory (default adam; sgd "
+                   help="optimizer states counted in the training memory (default: adam; sgd "
                         "keeps a momentum buffer, sgd_plain none)")
     s.add_argument("--kv-cache", action="store_true",
                    help="inference keeps every layer's keys and values (generation) in memory")
@@ -307,7 +331,7 @@ def add_predict_parser(sub) -> None:
                      help="tensor parallel (Megatron) on N GPUs")
     par.add_argument("--pp", type=arg_int(), metavar="N", help="pipeline parallel, N stages")
     s.add_argument("--microbatches", type=arg_int(), metavar="M",
-                   help="pipeline micro-batches (with --pp; default 1)")
+                   help="pipeline micro-batches (with --pp; default: 1)")
     s.add_argument("--link-bw", type=arg_float(positive=True), metavar="GBPS",
                    help="GPU link bandwidth in GB/s (datasheet, both directions; default: "
                         f"the datasheet's Link_Bw), used x "

@@ -11,9 +11,12 @@ import warnings
 
 import pandas as pd
 
-
-
+from nslib.cli.common import DefaultsFormatter, cli_gpu, fmt_count, fmt_fixed
+from nslib.cli.intervals import calibrate_hint
 from nslib.data.checks import arg_float, arg_int
+
+
+GPU_FILE = "--gpu FILE.json"  # where serve takes a datasheet file
 
 
 def _serve(args) -> int:
@@ -22,6 +25,7 @@ def _serve(args) -> int:
     if args.framework not in FRAMEWORKS:
         raise ValueError(f"unknown --framework {args.framework!r}; use one of "
                          f"{', '.join(FRAMEWORKS)}")
+    _check_gpu(args.gpu)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         work = Workload(args.isl, args.osl, args.framework, args.tp, args.link_bw)
@@ -31,36 +35,74 @@ def _serve(args) -> int:
     notes = list(dict.fromkeys(str(w.message) for w in caught))
     mem = frame.attrs["memory"]
     if args.json:
-        rows = [{k: (bool(v) if k == "fits" else round(float(v), 4) if isinstance(v, float)
-                     else v) for k, v in r.items()} for r in frame.to_dict("records")]
         print(json.dumps({"gpu": frame.attrs["gpu"], "model": str(args.model),
                           "kv_cache_tokens": mem["kv_tokens"],
                           "weights_gib_per_gpu": mem["weight_bytes"] / 2 ** 30,
-                          "forecasts": rows, "warnings": notes}, indent=1))
+                          "forecasts": _json_rows(frame, args.osl), "warnings": notes},
+                         indent=1))
         return 0
     print(f"{args.model} on {args.tp} x {frame.attrs['gpu']} ({args.framework} defaults), "
-          f"{args.isl} prompt / {args.osl} output tokens per request")
+          f"{fmt_count(args.isl)} prompt / {fmt_count(args.osl)} output tokens per request")
     print(f"weights {mem['weight_bytes'] / 2 ** 30:.1f} GiB per GPU; the KV cache holds "
-          f"{mem['kv_tokens']:,.0f} tokens")
-    show = frame[["concurrency", "running", "ttft_ms", "tpot_ms", "latency_ms",
-                  "tokens_per_s", "tokens_per_s_gpu"]].rename(columns={
-                      "running": "in KV cache", "tokens_per_s": "tok/s",
-                      "tokens_per_s_gpu": "tok/s/GPU"}).round(1)
-    cover = frame.attrs.get("interval_coverage")
-    if cover:  # the calibrated intervals (nslib calibrate), beside the forecasts
-        for k, label in (("ttft", "TTFT"), ("tpot", "TPOT")):
-            show[f"{label} {100 * cover:.0f}%"] = [
-                f"{lo:,.1f}-{hi:,.1f}" for lo, hi in zip(frame[f"{k}_lo_ms"], frame[f"{k}_hi_ms"])]
-    print(show.to_string(index=False))
+          f"{fmt_count(mem['kv_tokens'])} tokens")
+    print(_table(frame, args.osl).to_string(index=False))
     short = frame[frame["running"] < frame["concurrency"]]
     if len(short):
-        print(f"the KV cache holds {int(short['running'].iloc[0])} requests of this length: "
-              "the others queue (their wait is in TTFT)")
+        print(f"the KV cache holds {fmt_count(short['running'].iloc[0])} requests of this "
+              "length: the others queue (their wait is in TTFT)")
     if not frame["fits"].all():
         print("does not fit: not one request's KV cache fits beside the weights; raise --tp")
+    if "interval_coverage" not in frame.attrs:
+        hint = calibrate_hint(args.predictor, args.quick, args.tensor_predictor)
+        if hint:
+            print(hint, file=sys.stderr)
     for n in notes:
         print(f"warning: {n}", file=sys.stderr)
     return 0
+
+
+def _check_gpu(gpu) -> None:
+    """ValueError (KeyError for an unknown name) naming serve's own options unless ``gpu``
+    names a datasheet with the tensor-core peak a 16-bit serving forecast needs."""
+    spec = cli_gpu(gpu, GPU_FILE)
+    if spec.bf16_gflops is None:
+        raise ValueError(f"GPU {spec.name!r} has no 'Bf16FLOPs' (dense tensor-core BF16 peak, "
+                         f"GFLOP/s) in its datasheet, and serving forecasts are 16-bit: pick a "
+                         f"GPU that has it (`nslib gpus`), or add it to a copy of the datasheet "
+                         f"and pass that with {GPU_FILE}")
+
+
+# TPOT columns: with one output token a request has no time between tokens
+TPOT_KEYS = ("tpot_ms", "tpot_lo_ms", "tpot_hi_ms")
+
+
+def _json_rows(frame: pd.DataFrame, osl: int) -> list[dict]:
+    """The forecast rows for JSON: figures rounded to 4 decimals, ``fits`` a boolean, the
+    TPOTs (ms) null when a request has one output token."""
+    return [{k: (bool(v) if k == "fits" else None if k in TPOT_KEYS and osl == 1
+                 else round(float(v), 4) if isinstance(v, float) else v)
+             for k, v in r.items()} for r in frame.to_dict("records")]
+
+
+def _table(frame: pd.DataFrame, osl: int) -> pd.DataFrame:
+    """The forecast as people read it: counts whole, latencies (ms) and rates (tokens/s)
+    fixed with one decimal, TPOT n/a for one output token; the calibrated intervals (``nslib
+    calibrate``) beside when the frame has them."""
+    def fixed(col):
+        return [fmt_fixed(v, 1) for v in frame[col]]
+    show = pd.DataFrame({"concurrency": [fmt_count(v) for v in frame["concurrency"]],
+                         "in KV cache": [fmt_count(v) for v in frame["running"]],
+                         "ttft_ms": fixed("ttft_ms"),
+                         "tpot_ms": fixed("tpot_ms") if osl > 1 else "n/a",
+                         "latency_ms": fixed("latency_ms"), "tok/s": fixed("tokens_per_s"),
+                         "tok/s/GPU": fixed("tokens_per_s_gpu")})
+    cover = frame.attrs.get("interval_coverage")
+    if cover:
+        for k, label in (("ttft", "TTFT"), ("tpot", "TPOT")):
+            show[f"{label} {100 * cover:.0f}%"] = "n/a" if k == "tpot" and osl == 1 else [
+                f"{fmt_fixed(lo, 1)}-{fmt_fixed(hi, 1)}"
+                for lo, hi in zip(frame[f"{k}_lo_ms"], frame[f"{k}_hi_ms"])]
+    return show
 
 
 def _eval_serving(args) -> int:
@@ -98,10 +140,11 @@ def _eval_serving(args) -> int:
 
 
 def add_serving_parsers(sub) -> None:
-    s = sub.add_parser("serve", help="forecast LLM serving: TTFT, TPOT, tokens/s")
-    s.add_argument("--model", required=True, help="config name or JSON path, or a "
-                   "HuggingFace id with a config in the project (meta-llama/Llama-3.1-8B-"
-                   "Instruct, Qwen/Qwen3-32B)")
+    s = sub.add_parser("serve", help="forecast LLM serving: TTFT, TPOT, tokens/s",
+                       formatter_class=DefaultsFormatter)
+    s.add_argument("--model", required=True, help="a causal LM (decoder) config: name or JSON "
+                   "path, or a HuggingFace id with a config in the project (meta-llama/"
+                   "Llama-3.1-8B-Instruct, Qwen/Qwen3-32B)")
     s.add_argument("--gpu", required=True, help="GPU name, alias or datasheet JSON (needs "
                    "Bf16FLOPs)")
     s.add_argument("--isl", type=arg_int(), default=1024, help="prompt tokens per request")

@@ -185,15 +185,27 @@ def gpu_matches(query: str, gpus: dict[str, GPU]) -> list[GPU]:
     return hits[:1] if len({g.key for g in hits}) == 1 else hits
 
 
+class UnknownGPUError(KeyError):
+    """A GPU name no datasheet answers to: the message lists the ``known`` GPUs and ends with
+    ``hint``, where else a GPU can come from (a command line names its own option:
+    :meth:`hinted`)."""
+
+    def __init__(self, query: str, known: str, hint: str = "pass a GPU datasheet JSON file"):
+        self.query, self.known = query, known
+        super().__init__(f"unknown GPU {query!r}; known GPUs: {known} (or {hint})")
+
+    def hinted(self, hint: str) -> "UnknownGPUError":
+        """The same error, its last words ``hint``."""
+        return UnknownGPUError(self.query, self.known, hint)
+
+
 def find_gpu(query: str, gpus: dict[str, GPU]) -> GPU:
     """Look a GPU up by file stem, ``Device`` string or an unambiguous short alias
     (:func:`gpu_matches`); an unknown or ambiguous name is a KeyError listing the candidates."""
     hits = gpu_matches(query, gpus)
     if len(hits) == 1:
         return hits[0]
-    known = ", ".join(sorted(gpus))
     if not hits:
-        raise KeyError(f"unknown GPU {query!r}; known GPUs: {known} (or pass a spec file "
-                       "with --gpu-spec)")
+        raise UnknownGPUError(query, ", ".join(sorted(gpus)))
     raise KeyError(f"GPU {query!r} is ambiguous: {', '.join(sorted(g.key for g in hits))}; "
                    "use a longer name")

@@ -16,7 +16,7 @@ from nslib.data.paths import data_root
 from nslib.kernels.dtypes import TORCH_NAMES
 
 __all__ = ["load_model_config", "hf_config", "build_model", "max_seq", "MEASURED_ARCHITECTURE",
-           "MAX_POSITION_KEYS"]
+           "MAX_POSITION_KEYS", "position_limits", "check_seq", "is_causal_lm"]
 
 CONFIG_DIR = Path("data") / "DLmodel_configs"
 
@@ -26,28 +26,18 @@ def load_model_config(name_or_path: str | os.PathLike | dict, data=None) -> dict
 
     ``name_or_path`` is a dict (returned as a copy), a path to a JSON file, or a name like
     ``gpt3_27`` resolved to ``<data_root>/data/DLmodel_configs/gpt3_27.json`` (see
-    :func:`nslib.data.paths.data_root`). Raises FileNotFoundError for a missing file and ValueError
-    for malformed JSON, both naming the file and the fix.
+    :func:`nslib.data.paths.data_root`), or a HuggingFace id the project keeps a config for
+    (:func:`nslib.data.serving_sample.model_configs`, e.g.
+    ``meta-llama/Llama-3.1-8B-Instruct``): the one resolver of model names, for every command.
+    Raises FileNotFoundError for a missing file and ValueError for malformed JSON, both naming
+    the file and the fix.
     """
     if isinstance(name_or_path, dict):
         return copy.deepcopy(name_or_path)
     if not isinstance(name_or_path, (str, os.PathLike)):
         raise TypeError(f"model config must be a name, a path to a JSON file or a dict, "
                         f"not {type(name_or_path).__name__}")
-    raw = os.fspath(name_or_path)
-    as_path = Path(raw).expanduser()
-    if as_path.suffix == ".json" or os.sep in raw or "/" in raw or as_path.is_file():
-        path = as_path
-        if not path.is_file():
-            raise FileNotFoundError(f"model config file {path} does not exist: pass an existing "
-                                    f"HuggingFace config JSON, or a config name")
-    else:
-        folder = data_root(data) / CONFIG_DIR
-        path = folder / f"{raw}.json"
-        if not path.is_file():
-            known = sorted(p.stem for p in folder.glob("*.json")) if folder.is_dir() else []
-            raise FileNotFoundError(f"no model config named {raw!r}: {path} does not exist. "
-                                    f"Known names: {known}; or pass a path to a config JSON")
+    path = _config_path(os.fspath(name_or_path), data)
     try:
         cfg = json.loads(path.read_text())
     except json.JSONDecodeError as e:
@@ -59,6 +49,42 @@ def load_model_config(name_or_path: str | os.PathLike | dict, data=None) -> dict
     return cfg
 
 
+def _config_path(raw: str, data=None) -> Path:
+    """The config file ``raw`` names (see :func:`load_model_config`); FileNotFoundError naming
+    what is accepted when none."""
+    as_path = Path(raw).expanduser()
+    if as_path.suffix == ".json" or os.sep in raw or "/" in raw or as_path.is_file():
+        if as_path.is_file():
+            return as_path
+        kept = _kept_config(raw)
+        if kept is None:
+            raise FileNotFoundError(f"model config file {as_path} does not exist: pass an "
+                                    f"existing HuggingFace config JSON, a config name, or a "
+                                    f"HuggingFace id the project keeps a config for "
+                                    f"({', '.join(_kept_ids())})")
+        return kept
+    folder = data_root(data) / CONFIG_DIR
+    path = folder / f"{raw}.json"
+    if path.is_file():
+        return path
+    kept = _kept_config(raw)
+    if kept is None:
+        known = sorted(p.stem for p in folder.glob("*.json")) if folder.is_dir() else []
+        raise FileNotFoundError(f"no model config named {raw!r}: {path} does not exist. "
+                                f"Known names: {known}; or pass a path to a config JSON")
+    return kept
+
+
+def _kept_ids() -> list[str]:
+    """The HuggingFace ids the project keeps a config for."""
+    from nslib.data.serving_sample import model_configs
+    return list(model_configs())
+
+
+def _kept_config(raw: str) -> Path | None:
+    """The project's config file of HuggingFace id ``raw``, or None."""
+    from nslib.data.serving_sample import model_configs
+    return model_configs().get(raw)
 
 
 def hf_config(config: dict):
@@ -176,9 +202,36 @@ def build_model(config: dict, architecture: str | None, dtype: str = "fp32"):
 MAX_POSITION_KEYS = ("n_positions", "max_position_embeddings", "max_target_positions")
 
 
+def position_limits(config) -> dict[str, int]:
+    """``{field: tokens}``: the fields of :data:`MAX_POSITION_KEYS` that cap a model's
+    sequence length, from a transformers config object (its defaults included) or a config
+    dict (what it sets); positive integers only."""
+    get = config.get if isinstance(config, dict) else (lambda k: getattr(config, k, None))
+    return {k: v for k in MAX_POSITION_KEYS
+            if isinstance(v := get(k), int) and not isinstance(v, bool) and v > 0}
+
+
+def check_seq(limits: dict, seq: int, what: str = "seq",
+              fix: str = "use a shorter sequence") -> None:
+    """ValueError when ``seq`` tokens exceed one of ``limits`` (:func:`position_limits`),
+    naming the field and the fix: the one context-length check (``what`` names the length,
+    ``fix`` how to shorten it)."""
+    for attr, limit in limits.items():
+        if limit < seq:
+            raise ValueError(f"{what} {seq} exceeds the model's {attr} = {limit}: {fix} or "
+                             f"raise {attr} in the config")
+
+
+def is_causal_lm(architecture: str) -> bool:
+    """Whether a transformers model class (by name) is a causal language model: a decoder
+    that generates its output token by token (``LlamaForCausalLM``, ``GPT2LMHeadModel``)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    names = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values()
+    return any(architecture == n or (not isinstance(n, str) and architecture in n)
+               for n in names)
+
+
 def max_seq(model, data=None) -> int | None:
     """The longest sequence a model's config allows (tokens), or None when it sets no limit."""
-    config = load_model_config(model, data)
-    limits = [config[k] for k in MAX_POSITION_KEYS
-              if isinstance(config.get(k), int) and config[k] > 0]
-    return min(limits) if limits else None
+    limits = position_limits(load_model_config(model, data))
+    return min(limits.values()) if limits else None

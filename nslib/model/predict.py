@@ -17,7 +17,7 @@ from nslib.data.checks import check_float
 from nslib.data.gpus import GPU
 from nslib.data.settings import Settings, settings_of
 from nslib.model.fusion import fuse
-from nslib.model.config import load_model_config
+from nslib.model.config import check_seq, load_model_config, position_limits
 from nslib.model.inputs import get_predictor, kernel_frame, resolve_gpu, traced
 from nslib.model.module_predict import is_module_spec, predict_module
 from nslib.model.parallel import predict_parallel
@@ -74,9 +74,9 @@ def predict_model(gpu, model, step: Step | None = None, predictor="nslib", *,
     if launch_us is not None:
         launch_us = check_float("launch_us (microseconds)", launch_us, minimum=0)
     spec = resolve_gpu(gpu, s.data)
+    config = _checked_config(model, step.seq, s.data)
     # the model's notes lead the summary's warnings (traced() issues them on every call)
-    notes = model_notes(load_model_config(model, s.data), step.seq) + _range_notes(spec, step,
-                                                                                    par, s)
+    notes = model_notes(config, step.seq) + _range_notes(spec, step, par, s)
     if par.multi:
         frame, summ = predict_parallel(gpu, model, step, par, predictor,
                                        tensor_predictor=tensor_predictor, launch_us=launch_us,
@@ -89,6 +89,15 @@ def predict_model(gpu, model, step: Step | None = None, predictor="nslib", *,
         return frame, with_interval(summ, predictor, s.data, s.quick)
     summ = {**summ, "dtype": step.dtype, "tensor_predictor": _tensor_name(tensor_predictor)}
     return frame, with_interval16(summ, frame, predictor, tensor_predictor, s.data, s.quick)
+
+
+def _checked_config(model, seq: int, data=None) -> dict:
+    """The model's config dict, ``seq`` (tokens) checked against the sequence limits it sets
+    before any trace (:func:`nslib.model.config.check_seq`; the trace checks the limits
+    transformers adds by default)."""
+    config = load_model_config(model, data)
+    check_seq(position_limits(config), seq)
+    return config
 
 
 def _config_step(step, inputs, tf32: bool = False) -> Step:

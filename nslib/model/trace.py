@@ -40,9 +40,8 @@ import pandas as pd
 from nslib.kernels import sizes
 from nslib.model.aten import tensors_in
 from nslib.model.blocks import block_index, check_layers, install_hooks
-from nslib.model.config import (MAX_POSITION_KEYS, MEASURED_ARCHITECTURE,
-                                SUPPORTED_MODEL_TYPES, build_model, hf_config,
-                                load_model_config)
+from nslib.model.config import (MEASURED_ARCHITECTURE, SUPPORTED_MODEL_TYPES, build_model,
+                                check_seq, hf_config, load_model_config, position_limits)
 from nslib.model.moe import expert_tokens, patch_moe
 from nslib.model.recorder import TRACE_COLUMNS, Tracer, make_modes
 from nslib.model.sdpa_trace import ATTENTION_COLUMNS, sdpa_mode
@@ -263,11 +262,7 @@ def _trace(config, batch, seq, mode, grad_accumulation, architecture, imbalance,
     expert_tokens(1, 1, 1, imbalance)  # validates imbalance before the (slower) build
     hf, model = build_model(config, architecture, dtype)
     arch = type(model).__name__
-    for attr in MAX_POSITION_KEYS:
-        limit = getattr(hf, attr, None)
-        if isinstance(limit, int) and 0 < limit < seq:
-            raise ValueError(f"seq {seq} exceeds the model's {attr} = {limit}: use a shorter "
-                             f"sequence or raise {attr} in the config")
+    check_seq(position_limits(hf), seq)
     train = mode == "train"
     model.train(train)
     block_of = block_index(model)

@@ -23,7 +23,8 @@ import pandas as pd
 from nslib.data.settings import Settings, settings_of
 from nslib.kernels import sizes
 from nslib.model.blocks import block_index
-from nslib.model.config import MEASURED_ARCHITECTURE, build_model, load_model_config
+from nslib.model.config import (MEASURED_ARCHITECTURE, build_model, load_model_config,
+                                position_limits)
 from nslib.model.fusion import fuse
 from nslib.model.inputs import get_predictor, kernel_frame, resolve_gpu
 from nslib.model.inputs import spec_path as spec_path_of
@@ -37,7 +38,7 @@ from nslib.model.step import Parallel, Step, parallel_of, step_of
 from nslib.model.stream import (LAUNCH_US, datasheet_columns, per_class_ms, step_ms, stream_ms,
                                  tensor_predictors)
 
-__all__ = ["model_info", "check_degrees", "predict_parallel"]
+__all__ = ["model_info", "config_heads", "check_degrees", "predict_parallel"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -78,12 +79,30 @@ def _model_info(config_json: str, mode: str) -> dict:
             "kv_heads": int(getattr(hf, "num_key_value_heads", None)
                             or getattr(hf, "num_attention_heads")),
             "layers": len(blocks), "vocab": vocab, "param_bytes": per,
-            "vocab_modules": vocab_modules}
+            "vocab_modules": vocab_modules, "architecture": type(model).__name__,
+            "positions": position_limits(hf)}
+
+
+# config fields of the attention heads that mean the same in every model type (GPT-2's n_head)
+HEAD_KEYS = ("num_attention_heads", "n_head")
+
+
+def config_heads(config: dict) -> dict:
+    """``{heads, kv_heads}`` read from a config dict, without building the model: the first
+    of :data:`HEAD_KEYS` it sets, the key/value heads ``num_key_value_heads`` (else the
+    heads); {} when it sets none. Enough for :func:`check_degrees` to refuse a tensor-parallel
+    degree before the (slower) build and trace."""
+    heads = next((config[k] for k in HEAD_KEYS if isinstance(config.get(k), int)), None)
+    if heads is None:
+        return {}
+    kv = config.get("num_key_value_heads")
+    return {"heads": heads, "kv_heads": kv if isinstance(kv, int) and kv > 0 else heads}
 
 
 def check_degrees(info: dict, batch: int, dp: int = 1, tp: int = 1, pp: int = 1,
                   microbatches: int = 1) -> None:
-    """ValueError unless the degrees are positive integers that divide the model."""
+    """ValueError unless the degrees are positive integers that divide the model (``info``:
+    :func:`model_info`; a size it lacks is not checked, as before the model is built)."""
     for name, v in (("dp", dp), ("tp", tp), ("pp", pp), ("microbatches", microbatches)):
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
             raise ValueError(f"{name} must be a positive integer, got {v!r}")
@@ -96,17 +115,18 @@ def check_degrees(info: dict, batch: int, dp: int = 1, tp: int = 1, pp: int = 1,
     if batch % dp:
         raise ValueError(f"data parallelism needs the global batch divisible by dp: batch "
                          f"{batch} is not divisible by dp={dp}")
-    if info["heads"] % tp:
+    if info.get("heads", tp) % tp:
         raise ValueError(f"tensor parallelism needs the attention heads divisible by tp: "
                          f"{info['heads']} heads are not divisible by tp={tp}")
-    kv = info.get("kv_heads", info["heads"])
+    kv = info.get("kv_heads", info.get("heads", tp))
     if kv % tp:
         # Megatron splits the key/value heads (query groups) across the GPUs as it does the
         # query heads; a degree above their count would need replicated KV heads (not modelled)
         raise ValueError(f"tensor parallelism needs the key/value heads divisible by tp: "
                          f"{kv} key/value heads are not divisible by tp={tp}; use a tp that "
                          f"divides {kv}")
-    if info["layers"] % pp or (pp > 1 and info["layers"] == 0):
+    layers = info.get("layers", pp)
+    if layers % pp or (pp > 1 and layers == 0):
         raise ValueError(f"pipeline parallelism needs the transformer layers divisible by pp: "
                          f"{info['layers']} layers are not divisible by pp={pp}")
     if pp > 1 and batch % microbatches:
@@ -234,6 +254,9 @@ def predict_parallel(gpu, model, step: Step, parallel: Parallel, predictor="nsli
     dp, tp, pp = par.dp, par.tp, par.pp
     spec = resolve_gpu(gpu, data)
     spec_path = spec_path_of(gpu)
+    # the degrees the config alone can refuse, before the model is built
+    check_degrees(config_heads(load_model_config(model, data)), batch, dp, tp, pp,
+                  par.microbatches)
     info = model_info(model, step.mode, data)
     check_degrees(info, batch, dp, tp, pp, par.microbatches)
     lk = resolve_link(par.link, spec, data, spec_path)

@@ -16,11 +16,11 @@ import numpy as np
 import pandas as pd
 
 from nslib.data.checks import check_int
-from nslib.data.serving_sample import model_configs
 from nslib.data.settings import Settings, settings_of
-from nslib.model.config import load_model_config
+from nslib.model.config import check_seq, load_model_config
 from nslib.model.serving.schedule import framework, kv_capacity, serve
-from nslib.model.serving.steps import ScaledCost, ServingSetup, StepCost
+from nslib.model.serving.steps import (ScaledCost, ServingSetup, StepCost,
+                                       check_servable, model_sizes)
 from nslib.predictors.intervals import calibration, tensor_calibration
 
 _COSTS: dict = {}
@@ -44,10 +44,20 @@ class Workload:
 
 def resolve_model(model, data=None) -> dict:
     """A config dict from a dict, a config name or path, or a HuggingFace id of
-    :func:`nslib.data.serving_sample.model_configs`."""
-    if isinstance(model, str) and model in model_configs():
-        model = str(model_configs()[model])
+    :func:`nslib.data.serving_sample.model_configs`: :func:`nslib.model.config.load_model_config`,
+    the resolver every command uses."""
     return load_model_config(model, data)
+
+
+def check_workload(model, workload: Workload, data=None) -> None:
+    """ValueError, before any trace, unless ``model`` can serve ``workload``: a causal
+    language model (:func:`nslib.model.serving.steps.check_servable`) whose context holds a
+    request's ``isl + osl`` tokens (:func:`nslib.model.config.check_seq`, the check
+    ``predict`` makes of ``seq``)."""
+    info = model_sizes(resolve_model(model, data), data)
+    check_servable(info)
+    check_seq(info["positions"], workload.isl + workload.osl, what="isl + osl =",
+              fix="shorten the prompt or the output (isl, osl)")
 
 
 def step_cost(model, gpu, tp: int = 1, predictor: str = "nslib",
@@ -101,6 +111,7 @@ def serving_forecast(model, gpu, concurrency, workload: Workload = Workload(),
     st, w = settings_of(settings), workload
     isl, osl, quick, data = w.isl, w.osl, st.quick, st.data
     fw = framework(w.framework)
+    check_workload(model, w, data)
     cost = step_cost(model, gpu, w.tp, predictor, tensor_predictor, quick, data, w.link)
     if cost.setup.tp > 1 and "no Link_Bw" in cost.link.source:
         warnings.warn(f"{cost.spec.name}: {cost.link.source}", stacklevel=2)

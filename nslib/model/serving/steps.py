@@ -44,7 +44,7 @@ from nslib.data.paths import hash_files
 from nslib.kernels import sizes
 from nslib.kernels.dtypes import bytes_per_elem, check_dtype
 from nslib.model.fusion import fuse
-from nslib.model.config import load_model_config
+from nslib.model.config import is_causal_lm, load_model_config
 from nslib.model.inputs import get_predictor, kernel_frame, resolve_gpu, traced
 from nslib.model.parallel import default_link, model_info, resolve_link, shard_tensor_parallel
 from nslib.model.stream import (LAUNCH_US, datasheet_columns, stream_ms, tensor_masks,
@@ -123,17 +123,35 @@ KEEP = ("kid", "phase", "aten", "cls", "op", *DIMS, "layer", "module", "kv_heads
 ENGINE_VERSION = 1  # bump when engine_kernels or the token law change
 
 
-def model_sizes(setup: ServingSetup) -> dict:
-    """``{heads, kv_heads, params}`` of the model (``params``: parameter count, tied weights
-    once), cached by config: the model is built on the meta device only the first time."""
-    config = load_model_config(setup.model, setup.data)
-    key = hash_files([], extra=[config, __version__, "serving-sizes"])
+def model_sizes(model, data=None) -> dict:
+    """``{heads, kv_heads, params, architecture, causal_lm, positions}`` of a model config
+    (``params``: parameter count, tied weights once; ``architecture``: the transformers class
+    the trace builds, ``causal_lm`` whether it generates token by token; ``positions``: its
+    sequence limits in tokens, :func:`nslib.model.config.position_limits`), cached by config:
+    the model is built on the meta device only the first time."""
+    config = load_model_config(model, data)
+    key = hash_files([], extra=[config, __version__, "serving-sizes-2"])
 
     def build():
         info = model_info(config, "inf")
         return {"heads": info["heads"], "kv_heads": info["kv_heads"],
-                "params": sum(info["param_bytes"].values()) / sizes.BYTES_PER_ELEM}
+                "params": sum(info["param_bytes"].values()) / sizes.BYTES_PER_ELEM,
+                "architecture": info["architecture"],
+                "causal_lm": is_causal_lm(info["architecture"]),
+                "positions": info["positions"]}
     return cached("traces", f"sizes-{key}", build, "model sizes", JSON)
+
+
+def check_servable(info: dict) -> None:
+    """ValueError unless the model of ``info`` (:func:`model_sizes`) is a causal language
+    model: serving iterations prefill prompts and decode one token at a time, which an
+    encoder (BERT, ViT) or an encoder-decoder (T5, Whisper) does not."""
+    if not info["causal_lm"]:
+        raise ValueError(f"serving forecasts need a decoder-only causal language model (one "
+                         f"that generates its output token by token, e.g. Llama, Qwen, GPT-2, "
+                         f"OPT); this config builds {info['architecture']}, which is not one: "
+                         f"serve a causal LM config, or forecast this model's forward pass "
+                         f"with `nslib predict`")
 
 
 def token_law(setup: ServingSetup, info: dict | None = None) -> tuple[pd.DataFrame, dict]:
@@ -229,7 +247,8 @@ class StepCost:
         self.dtype = check_dtype(setup.dtype)
         if self.dtype == "fp32":
             raise ValueError("serving forecasts are 16-bit: use dtype 'bf16' or 'fp16'")
-        self.info = model_sizes(setup)
+        self.info = model_sizes(setup.model, setup.data)
+        check_servable(self.info)
         if self.info["heads"] % setup.tp or self.info["kv_heads"] % setup.tp:
             raise ValueError(f"tp={setup.tp} must divide the model's {self.info['heads']} "
                              f"attention heads and {self.info['kv_heads']} key/value heads")

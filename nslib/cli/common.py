@@ -1,0 +1,50 @@
+"""What ``nslib predict`` and ``nslib serve`` share: help texts with their defaults, the GPU a
+command line names (its errors naming the command's own options) and numbers for people."""
+from __future__ import annotations
+
+import argparse
+import math
+import re
+
+
+class DefaultsFormatter(argparse.HelpFormatter):
+    """Help that ends each option's text with ``(default: X)`` where the option has a default
+    worth saying (not None, False or suppressed) and its text does not say one already."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        default = action.default
+        if (not action.option_strings or default is None or default is False
+                or default is argparse.SUPPRESS or re.search(r"\bdefault\b", text)):
+            return text
+        shown = " ".join(map(str, default)) if isinstance(default, (list, tuple)) else default
+        return f"{text} (default: {str(shown).replace('%', '%%')})"
+
+
+def cli_gpu(value, file_option: str):
+    """The GPU ``value`` names (a name, an alias or a datasheet JSON path:
+    :func:`nslib.model.inputs.resolve_gpu`); an unknown name is a KeyError listing the known
+    GPUs and saying that a datasheet file goes to ``file_option`` (e.g. ``--gpu-spec FILE``)."""
+    from nslib.data.gpus import UnknownGPUError
+    from nslib.model.inputs import resolve_gpu
+    try:
+        return resolve_gpu(value)
+    except UnknownGPUError as e:
+        raise e.hinted(f"pass a datasheet JSON file with {file_option}") from None
+
+
+def fmt_fixed(v, decimals: int = 2) -> str:
+    """A latency (ms) or rate for people: fixed notation with thousands separators, scientific
+    only from ten million on (a figure that large is a scenario gone wrong, and its digits
+    would not be read); ``n/a`` for a missing value (None or NaN)."""
+    if v is None or math.isnan(float(v)):
+        return "n/a"
+    return f"{v:,.{decimals}f}" if abs(v) < 1e7 else f"{v:.3e}"
+
+
+def fmt_count(v) -> str:
+    """A count (kernels, tokens, requests) for people: a whole number, thousands separated."""
+    return f"{int(round(float(v))):,}"
+
+
+__all__ = ["DefaultsFormatter", "cli_gpu", "fmt_count", "fmt_fixed"]

@@ -1,0 +1,201 @@
+"""The command line's review fixes: ``nslib serve`` refuses what it cannot forecast (an
+encoder, a context past the model's), says n/a for the TPOT of one output token and names
+only its own options; ``predict`` and ``serve`` resolve model names alike, check cheap
+arguments before tracing, show their defaults, hint at ``nslib calibrate`` and print counts
+as whole numbers."""
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from nslib.cli import main
+from nslib.cli.commands import build_parser
+
+HID = 32
+LLAMA = dict(model_type="llama", hidden_size=HID, intermediate_size=64, num_hidden_layers=2,
+             num_attention_heads=4, num_key_value_heads=2, vocab_size=100,
+             max_position_embeddings=64)
+BERT = dict(model_type="bert", hidden_size=HID, num_hidden_layers=1, num_attention_heads=2,
+            intermediate_size=64, vocab_size=100, max_position_embeddings=64)
+VIT = dict(model_type="vit", hidden_size=HID, num_hidden_layers=1, num_attention_heads=2,
+           intermediate_size=64, image_size=32, patch_size=16)
+# a datasheet without the tensor-core peak (Bf16FLOPs) that serving needs
+OLD_GPU = {"Device": "Old GPU", "Dev_Mem": 16, "Mem_Bw": 900, "Num_Sm": 80,
+           "Core_Per_SM": 64, "Freq": 1500, "SingleFLOPs": 15000, "L2Cache": 6}
+ROOFLINE = ["--predictor", "roofline", "--tensor-predictor", "roofline", "--quick"]
+
+
+def _file(tmp_path, obj, name) -> str:
+    path = tmp_path / f"{name}.json"
+    path.write_text(json.dumps(obj))
+    return str(path)
+
+
+def _help(command: str) -> str:
+    """The help of a sub-command, its whitespace folded (no line breaks to match across)."""
+    sub = next(a for a in build_parser()._actions if hasattr(a, "choices") and a.choices
+               and command in a.choices)
+    return " ".join(sub.choices[command].format_help().split())
+
+
+# -- 1, 2: serve refuses an encoder and a context past the model's ---------------------------
+
+def test_check_servable_names_the_problem_and_the_fix():
+    from nslib.model.serving.steps import check_servable
+    check_servable({"causal_lm": True, "architecture": "LlamaForCausalLM"})
+    with pytest.raises(ValueError, match="decoder-only causal language model.*"
+                                         "BertForSequenceClassification.*nslib predict"):
+        check_servable({"causal_lm": False, "architecture": "BertForSequenceClassification"})
+
+
+@pytest.mark.parametrize("config,arch", [(BERT, "BertForSequenceClassification"),
+                                         (VIT, "ViTForImageClassification")])
+def test_serve_refuses_an_encoder(data_dir, mixed_dir, tmp_path, capsys, config, arch):
+    argv = ["serve", "--model", _file(tmp_path, config, "enc"), "--gpu", "H100", "--isl",
+            "16", "--osl", "4", *ROOFLINE]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "causal language model" in err and arch in err and "nslib predict" in err
+
+
+def test_one_context_check_for_predict_and_serve(data_dir, mixed_dir, tmp_path, capsys):
+    from nslib.model.config import check_seq, position_limits
+    assert position_limits(LLAMA) == {"max_position_embeddings": 64}
+    check_seq({"n_positions": 64}, 64)                     # a full context is allowed
+    with pytest.raises(ValueError, match="seq 65 exceeds the model's n_positions = 64"):
+        check_seq({"n_positions": 64}, 65)
+    cfg = _file(tmp_path, LLAMA, "llama")
+    assert main(["serve", "--model", cfg, "--gpu", "H100", "--isl", "60", "--osl", "8",
+                 *ROOFLINE]) == 2
+    assert ("isl + osl = 68 exceeds the model's max_position_embeddings = 64"
+            in capsys.readouterr().err)
+    assert main(["predict", "--model", cfg, "--gpu", "H100", "--batch", "1", "--seq", "65",
+                 "--predictor", "roofline"]) == 2
+    assert "seq 65 exceeds the model's max_position_embeddings = 64" in capsys.readouterr().err
+
+
+# -- 6: no TPOT with one output token --------------------------------------------------------
+
+def test_serve_one_output_token_has_no_tpot(data_dir, mixed_dir, tmp_path, capsys):
+    argv = ["serve", "--model", _file(tmp_path, LLAMA, "llama"), "--gpu", "H100", "--isl",
+            "16", "--osl", "1", "--concurrency", "1", "2", *ROOFLINE]
+    assert main(argv + ["--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["forecasts"]
+    assert [r["tpot_ms"] for r in rows] == [None, None] and rows[0]["ttft_ms"] > 0
+    assert main(argv) == 0
+    table = capsys.readouterr().out.splitlines()
+    head = table.index(next(t for t in table if t.split()[:1] == ["concurrency"]))
+    col = table[head].split().index("tpot_ms") - 2        # "in KV cache" is three words
+    assert [t.split()[col] for t in table[head + 1:head + 3]] == ["n/a", "n/a"]
+
+
+# -- 8: serve's messages name serve's options ------------------------------------------------
+
+def test_serve_errors_name_only_serve_options(data_dir, mixed_dir, tmp_path, capsys):
+    cfg = _file(tmp_path, LLAMA, "llama")
+    assert main(["serve", "--model", cfg, "--gpu", "no such GPU", *ROOFLINE]) == 2
+    err = capsys.readouterr().err
+    assert "unknown GPU" in err and "--gpu FILE.json" in err and "--gpu-spec" not in err
+    assert main(["serve", "--model", cfg, "--gpu", _file(tmp_path, OLD_GPU, "old"),
+                 *ROOFLINE]) == 2
+    err = capsys.readouterr().err
+    assert "Bf16FLOPs" in err and "--gpu FILE.json" in err
+    assert "--dtype" not in err and "--gpu-spec" not in err and "fp32" not in err
+    # predict keeps naming its own
+    assert main(["predict", "--model", cfg, "--gpu", "no such GPU", "--batch", "1", "--seq",
+                 "8"]) == 2
+    assert "--gpu-spec" in capsys.readouterr().err
+
+
+# -- 10, 11: one model resolver; tp refused before the model is built ------------------------
+
+def test_predict_takes_the_hf_ids_serve_takes(data_dir, monkeypatch, capsys):
+    from nslib.model.config import load_model_config
+    from nslib.model.serving import resolve_model
+    hf_id = "meta-llama/Llama-3.1-8B-Instruct"
+    assert load_model_config(hf_id) == resolve_model(hf_id)
+    assert load_model_config(hf_id)["num_attention_heads"] == 32
+
+    def no_build(*a, **k):
+        raise AssertionError("the model was built before the cheap checks")
+    monkeypatch.setattr("nslib.model.parallel.strategies.model_info", no_build)
+    # past the name (no "does not exist"), refused on the config's 32 heads without a build
+    assert main(["predict", "--model", hf_id, "--gpu", "H100", "--batch", "1", "--seq", "8",
+                 "--tp", "3"]) == 2
+    assert "32 heads are not divisible by tp=3" in capsys.readouterr().err
+    assert main(["predict", "--model", "gpt2_large", "--gpu", "H100", "--batch", "3", "--seq",
+                 "8", "--dp", "2"]) == 2
+    assert "batch 3 is not divisible by dp=2" in capsys.readouterr().err
+
+
+def test_config_heads_reads_what_transformers_reads():
+    from nslib.model.parallel.strategies import check_degrees, config_heads
+    assert config_heads({"n_head": 20}) == {"heads": 20, "kv_heads": 20}
+    assert config_heads(LLAMA) == {"heads": 4, "kv_heads": 2}
+    assert config_heads({"encoder_attention_heads": 6}) == {}     # not guessed: built later
+    check_degrees({}, 4, tp=3)                        # no sizes: nothing refused yet
+    check_degrees({}, 4, pp=5)
+    with pytest.raises(ValueError, match="2 key/value heads are not divisible by tp=4"):
+        check_degrees(config_heads(LLAMA), 1, tp=4)
+
+
+# -- 12: help with defaults ------------------------------------------------------------------
+
+def test_help_says_the_defaults():
+    serve = _help("serve")
+    for text in ("prompt tokens per request (default: 1024)", "(default: 128)",
+                 "a sweep) (default: 16)", "tensor-parallel GPUs (default: 1)",
+                 "(default: vllm)", "vector-kernel predictor (default: nslib)"):
+        assert text in serve
+    predict = _help("predict")
+    assert "(default: inf)" in predict and "memory kernels) (default: nslib)" in predict
+    assert "(default: None)" not in predict + serve and "(default: False)" not in predict
+    assert "(default: fp32, the paper's setting)" in predict   # said once, not twice
+    assert "an inference forward (--mode inf) or a training step" in predict   # --module's
+
+
+# -- 13: the hint that calibration enables the intervals -------------------------------------
+
+def test_calibrate_hint_only_where_calibrate_helps(monkeypatch):
+    from nslib.cli.intervals import calibrate_hint
+    cached: set = set()
+    monkeypatch.setattr("nslib.predictors.intervals.calibration",
+                        lambda name, data=None, quick=False, **k: name if name in cached else None)
+    monkeypatch.setattr("nslib.predictors.intervals.tensor_calibration",
+                        lambda name, quick=False, **k: name if "16:" + name in cached else None)
+    hint = calibrate_hint("roofline", True)
+    assert hint.startswith("note: no 80% interval") and "`nslib calibrate --predictor " \
+        "roofline --quick`" in hint and "\n" not in hint
+    assert "`nslib calibrate`" in calibrate_hint("nslib", False, "nslib")
+    assert calibrate_hint("nslib", False, "roofline") is None  # calibrate would not build it
+    cached.update({"nslib", "16:nslib"})
+    assert calibrate_hint("nslib", False) is None and calibrate_hint("nslib", False, "nslib") \
+        is None
+
+
+def test_predict_without_calibration_prints_the_hint(data_dir, tmp_path, monkeypatch, capsys):
+    for where in ("nslib.predictors.intervals", "nslib.model.predict"):   # none cached
+        monkeypatch.setattr(f"{where}.calibration", lambda *a, **k: None)
+    assert main(["predict", "--model", _file(tmp_path, LLAMA, "llama"), "--gpu", "V100",
+                 "--batch", "1", "--seq", "8", "--predictor", "roofline"]) == 0
+    got = capsys.readouterr()
+    assert "nslib calibrate --predictor roofline" in got.err and "calibrate" not in got.out
+
+
+# -- 15: counts whole, latencies fixed -------------------------------------------------------
+
+def test_counts_whole_and_latencies_fixed():
+    from nslib.cli.common import fmt_count, fmt_fixed
+    from nslib.cli.serving import _table
+    assert fmt_count(16.0) == "16" and fmt_count(299518502.0) == "299,518,502"
+    assert fmt_fixed(1234567.891) == "1,234,567.89" and fmt_fixed(0.00012, 1) == "0.0"
+    assert fmt_fixed(float("nan")) == "n/a"
+    frame = pd.DataFrame({"concurrency": [4], "running": [4.0], "ttft_ms": [0.000123],
+                          "tpot_ms": [2.5], "latency_ms": [1234567.0],
+                          "tokens_per_s": [9876543.21], "tokens_per_s_gpu": [9876543.21]})
+    text = _table(frame, 8).to_string(index=False)
+    assert "e+" not in text and "e-" not in text and "4.0" not in text
+    assert text.split("\n")[1].split() == ["4", "4", "0.0", "2.5", "1,234,567.0",
+                                           "9,876,543.2", "9,876,543.2"]
