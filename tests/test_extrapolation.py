@@ -28,7 +28,8 @@ def test_check_kernels_are_built_by_hand():
 
 
 @pytest.mark.parametrize("check", ["scale", "more mem_bw", "more peak_gflops", "more l2_mb",
-                                   "more mem_gb", "more num_sm", "more lanes", "5x balance"])
+                                   "more mem_gb", "more num_sm", "more lanes", "more tdp_w",
+                                   "5x balance"])
 def test_property_holds_for_every_kernel(checks, check):
     sub = checks[checks["check"].str.startswith(check)]
     assert len(sub)
@@ -47,8 +48,11 @@ def _gemm(pred, M, N, K, **gpu):
 
     from nslib.evaluation.extrapolation import BASE
     from nslib.kernels import sizes
+    # the board's power follows its peak, as on the synthetic datasheets of the scale check
+    power = {"tdp_w": BASE["tdp_w"] * gpu.get("peak_gflops", BASE["peak_gflops"])
+             / BASE["peak_gflops"]}
     f = pd.DataFrame([{"cls": "linear", "op": "linear", "B": 1.0, "M": float(M), "N": float(N),
-                       "K": float(K), "H": np.nan, **BASE, **gpu}])
+                       "K": float(K), "H": np.nan, **BASE, **power, **gpu}])
     mem_ms = sizes.flops_bytes(f)[1][0] / (f["mem_bw"].iat[0] * 1e9) * 1e3
     return float(pred.predict(f)[0]), float(sizes.roofline_ms(f)[0]), mem_ms
 

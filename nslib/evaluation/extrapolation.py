@@ -1,10 +1,12 @@
 """Physical properties a kernel predictor's forecasts must keep on datasheets unlike any it was
 trained on, checked on synthetic GPUs (no measurement needed).
 
-- ``scale``: peak and bandwidth both times k make a big kernel about k times faster;
-- ``monotone``: more of one resource (bandwidth, FP32 peak, L2, memory, more SMs of the
-  same kind, or more FP32 lanes per SM at the same clock) never makes a kernel slower;
-- ``balance``: on a GPU with 5x the FLOP/byte balance of every training GPU, no kernel beats
+- ``scale``: peak, bandwidth and board power all times k make a big kernel about k times
+  faster;
+- ``monotone``: more of one resource (bandwidth, FP32 peak, L2, memory, board power, more SMs
+  of the same kind, or more FP32 lanes per SM at the same clock) never makes a kernel slower;
+- ``balance``: on a GPU with 5x the FLOP/byte balance of every training GPU (and the power for
+  its peak), no kernel beats
   the roofline, and big memory-bound kernels stay near bytes / bandwidth and big GEMMs within
   a sane factor of their roofline (small ones keep their launch cost, which no datasheet
   figure removes).
@@ -21,8 +23,9 @@ import pandas as pd
 from nslib.data.units import GHZ_PER_MHZ
 from nslib.kernels import sizes
 
-# One synthetic datasheet (SMs, GFLOP/s, GB/s, GB, MB) from which the others are derived.
-BASE = {"num_sm": 80.0, "peak_gflops": 14000.0, "mem_bw": 900.0, "mem_gb": 32.0, "l2_mb": 6.0}
+# One synthetic datasheet (SMs, GFLOP/s, GB/s, GB, MB, W) from which the others are derived.
+BASE = {"num_sm": 80.0, "peak_gflops": 14000.0, "mem_bw": 900.0, "mem_gb": 32.0, "l2_mb": 6.0,
+        "tdp_w": 150.0}
 BASE_LANES = 64           # FP32 lanes per SM of BASE; its clock follows from its peak
 _NAN = np.nan
 # name, cls, op, B, M, N, K, H, tile_m, tile_k, tile, big (launch costs negligible)
@@ -41,7 +44,8 @@ KERNELS = [
 ]
 SCALES = (2.0, 4.0)
 MORE = {"mem_bw": (1.5, 3.0, 10.0), "peak_gflops": (1.5, 3.0, 10.0), "l2_mb": (2.0, 8.0, 40.0),
-        "mem_gb": (2.0, 4.0), "num_sm": (1.5, 2.0, 4.0), "lanes": (2.0, 4.0)}
+        "mem_gb": (2.0, 4.0), "num_sm": (1.5, 2.0, 4.0), "lanes": (2.0, 4.0),
+        "tdp_w": (1.5, 3.0, 10.0)}
 SCALE_TOL = 0.15          # big kernels: time ratio within 15% of k
 MEMORY_FACTOR = 3.0       # memory-bound: at most 3x bytes / bandwidth (training GPUs: 1.1-2.6x)
 GEMM_FACTOR = 6.0         # GEMMs: at most 6x their roofline (training GPUs' large ones: 1-3x)
@@ -92,7 +96,7 @@ def property_checks(pred, classes=None, train_balance: float | None = None) -> p
     rows = []
     for k in SCALES:
         t = pred.predict(kernel_frame(classes, peak_gflops=BASE["peak_gflops"] * k,
-                                      mem_bw=BASE["mem_bw"] * k))
+                                      mem_bw=BASE["mem_bw"] * k, tdp_w=BASE["tdp_w"] * k))
         for i in np.flatnonzero(base["big"].to_numpy()):
             r = t0[i] / t[i]
             rows.append(("scale x%g" % k, i, r, k, abs(r / k - 1) <= SCALE_TOL))
@@ -112,7 +116,8 @@ def property_checks(pred, classes=None, train_balance: float | None = None) -> p
 
 
 def _balance_rows(pred, classes, train_balance: float) -> list:
-    f = kernel_frame(classes, peak_gflops=5 * train_balance * BASE["mem_bw"])
+    peak = 5 * train_balance * BASE["mem_bw"]
+    f = kernel_frame(classes, peak_gflops=peak, tdp_w=BASE["tdp_w"] * peak / BASE["peak_gflops"])
     t, roof = pred.predict(f), sizes.roofline_ms(f)
     mem_ms = f["bytes"].to_numpy(float) / (f["mem_bw"].to_numpy(float) * 1e9) * 1e3
     rows = []

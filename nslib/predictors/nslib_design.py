@@ -11,7 +11,8 @@ error over the training GPUs (docs/decisions.md):
 - GEMMs sized as the library runs them: split-K, and a matrix-vector product priced as the
   stream over the matrix it is (:func:`nslib.kernels.sizes.gemv_as_stream`);
 - a GEMM's FP32 rate at most what its SMs issue as FFMAs (:mod:`nslib.kernels.issue_rate`:
-  128 lanes per SM do not double SGEMM);
+  128 lanes per SM do not double SGEMM) and what its board's power pays for
+  (:mod:`nslib.kernels.power`, FLOP per joule learned from the training GPUs);
 - softmax rows packed into blocks as PyTorch launches them; ensembles and epochs of
   :data:`nslib.predictors.training.DEFAULTS`;
 - at model level, each kernel's microbenchmark dispatch floor off and a phase no faster than
@@ -19,9 +20,10 @@ error over the training GPUs (docs/decisions.md):
 """
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 
-from nslib.kernels import issue_rate, sizes
+from nslib.kernels import issue_rate, power, sizes
 from nslib.predictors.neusight import NeuSight
 
 GEMM_DEFAULTS = {"features": ("tile_m", "tile_k", "reduction", "num_sm"), "form": "series",
@@ -40,6 +42,10 @@ class NslibDesign(NeuSight):
                    "(series, stream), split-K, dispatch floors")
     plain_sum = False
     library_sizing = True
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.power_eta: float | None = None  # GFLOP/s per W of TDP (power.learned_eta)
 
     @classmethod
     def class_defaults(cls) -> dict:
@@ -61,3 +67,23 @@ class NslibDesign(NeuSight):
         """``frame`` as this predictor prices it: matrix-vector GEMMs as the stream they are
         (:func:`sizes.gemv_as_stream`), so callers take the floor of the class that priced it."""
         return sizes.gemv_as_stream(frame)
+
+    def fit(self, frame: pd.DataFrame, progress: bool = True) -> "NslibDesign":
+        """NeuSight's fit, then the power bound's FLOP per joule from the training kernels
+        (:func:`power.learned_eta`; off when the frame has no ``tdp_w``)."""
+        super().fit(frame, progress)
+        self.power_eta = power.learned_eta(frame)
+        return self
+
+    def predict(self, frame: pd.DataFrame, lookup: bool = False) -> np.ndarray:
+        """NeuSight's latency (ms per row), each GEMM no faster than its board's power allows
+        (:func:`power.bounded`, on the frame as priced: a matrix-vector product is a stream)."""
+        out = super().predict(frame, lookup)
+        return power.bounded(out, self.priced_frame(frame), self.power_eta)
+
+    def get_state(self) -> dict:
+        return {**super().get_state(), "power_eta": self.power_eta}
+
+    def set_state(self, state: dict) -> None:
+        super().set_state(state)
+        self.power_eta = state.get("power_eta")

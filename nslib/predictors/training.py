@@ -20,7 +20,9 @@ from nslib.data.cache import read_cache_entry
 from nslib.data.checks import check_int
 from nslib.data.paths import CacheError, atomic_write_text, cache_dir, hash_files
 from nslib.data.settings import Settings, settings_of
+from nslib.data.gpus import load_gpus
 from nslib.kernels import measured
+from nslib.kernels.clock import with_power
 from nslib.predictors import available, get, predictor_class
 from nslib.data.sources import code_digest, dependencies
 
@@ -53,8 +55,10 @@ QUICK: dict[str, dict] = {
 
 def train_frame(data=None, exclude_gpus=()) -> pd.DataFrame:
     """All training-split kernels of every class in one frame, without ``exclude_gpus``
-    (Device strings: the GPU a leave-one-GPU-out fold holds out)."""
+    (Device strings: the GPU a leave-one-GPU-out fold holds out), with each GPU's board
+    power (``tdp_w``, W: :func:`nslib.kernels.clock.with_power`)."""
     frame = pd.concat(measured.kernel_tables("train", data).values(), ignore_index=True)
+    frame = with_power(frame, load_gpus(data))
     if exclude_gpus:
         frame = frame[~frame["gpu"].isin(list(exclude_gpus))].reset_index(drop=True)
     return frame
