@@ -199,3 +199,14 @@ def test_counts_whole_and_latencies_fixed():
     assert "e+" not in text and "e-" not in text and "4.0" not in text
     assert text.split("\n")[1].split() == ["4", "4", "0.0", "2.5", "1,234,567.0",
                                            "9,876,543.2", "9,876,543.2"]
+
+
+def test_a_name_ambiguous_in_the_first_folder_is_refused_not_guessed(data_dir, mixed_dir):
+    """``A100`` names two NeuSight datasheets; the 16-bit data's single A100 must not win."""
+    import pytest
+
+    from nslib.data.registry import find_any
+    with pytest.raises(KeyError, match="ambiguous"):
+        find_any("A100")
+    assert find_any("A100 80GB").name == "NVIDIA A100 80GB PCIe"   # unique in NeuSight's
+    assert find_any("B200").name == "NVIDIA B200"                  # only in the 16-bit data

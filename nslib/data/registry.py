@@ -71,11 +71,14 @@ def find_any(query: str, data=None) -> GPU:
     :func:`nslib.data.gpus.find_gpu`) in :func:`all_gpus`. The folders are asked in the order
     of :data:`SOURCES`: an alias one folder resolves to one GPU is that GPU (``A100 80GB`` is
     the NeuSight data's, though KernelBench has an A100 80GB too); a KeyError lists the
-    candidates when none does."""
+    candidates when none does, or when the first folder that knows the name knows several
+    GPUs by it (``A100``: a later folder's single match would be a guess)."""
     found = sources(data, require_neusight=False)   # every folder read once
     merged = _merged(found, data)
     for sheets in found.values():
         hits = gpu_matches(query, sheets)
         if len(hits) == 1:
             return merged[hits[0].key]
+        if hits:
+            break
     return find_gpu(query, merged)

@@ -4,7 +4,7 @@ number format, fusion and expert routing of one forward or training step) and
 
 :func:`nslib.model.predict.predict_model`, :func:`nslib.model.parallel.predict_parallel` and
 :func:`nslib.model.memory.memory_of` take them, so the same description prices a step and
-sizes its memory: ``predict_model("A100", "gpt2_large", Step(8, 1024, "train"),
+sizes its memory: ``predict_model("A100 80GB", "gpt2_large", Step(8, 1024, "train"),
 parallel=Parallel(tp=4))``.
 """
 from __future__ import annotations
