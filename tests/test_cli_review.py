@@ -210,3 +210,17 @@ def test_a_name_ambiguous_in_the_first_folder_is_refused_not_guessed(data_dir, m
         find_any("A100")
     assert find_any("A100 80GB").name == "NVIDIA A100 80GB PCIe"   # unique in NeuSight's
     assert find_any("B200").name == "NVIDIA B200"                  # only in the 16-bit data
+
+
+def test_serving_warns_of_a_datasheet_beyond_the_training_range(data_dir, mixed_dir):
+    """A B200 (148 SMs, 7.7 TB/s) lies beyond every training GPU: serve says so, as predict
+    does, once when it prices the model's steps."""
+    import warnings
+
+    from nslib.model.serving.forecast import _range_warnings
+    from nslib.predictors.gpu_range import DatasheetRangeWarning
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _range_warnings("B200")
+    texts = [str(w.message) for w in caught if issubclass(w.category, DatasheetRangeWarning)]
+    assert texts and all("NVIDIA B200" in t and "extrapolates" in t for t in texts)

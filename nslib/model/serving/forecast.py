@@ -63,17 +63,31 @@ def check_workload(model, workload: Workload, data=None) -> None:
 def step_cost(model, gpu, tp: int = 1, predictor: str = "nslib",
               tensor_predictor: str = "nslib", quick: bool = False, data=None,
               link=None) -> StepCost:
-    """The :class:`StepCost` of a model on ``tp`` GPUs, built once per process."""
+    """The :class:`StepCost` of a model on ``tp`` GPUs, built once per process; building it
+    issues a :class:`nslib.predictors.gpu_range.DatasheetRangeWarning` for each datasheet
+    figure outside the training GPUs' range (the tensor-core predictors', then the vector
+    kernels'), as ``predict`` does for a 16-bit step."""
     config = resolve_model(model, data)
     tp = check_int("tp", tp)
     sheet = json.dumps(gpu.to_json(), sort_keys=True) if hasattr(gpu, "to_json") else str(gpu)
     key = (json.dumps(config, sort_keys=True), sheet, tp, predictor, tensor_predictor, quick,
            str(data), repr(link))
     if key not in _COSTS:
+        _range_warnings(gpu, data)
         _COSTS[key] = StepCost(ServingSetup(config, gpu, tp=tp, predictor=predictor,
                                             tensor_predictor=tensor_predictor, link=link,
                                             quick=quick, data=data))
     return _COSTS[key]
+
+
+def _range_warnings(gpu, data=None) -> None:
+    """Warn of the datasheet figures outside the 16-bit predictors' and the vector kernels'
+    training ranges (:mod:`nslib.predictors.gpu_range`)."""
+    from nslib.model.inputs import resolve_gpu
+    from nslib.predictors.gpu_range import warn_out_of_range, warn_out_of_tensor_range
+    spec = resolve_gpu(gpu, data)
+    warn_out_of_tensor_range(spec)
+    warn_out_of_range(spec, data)
 
 
 def part_factors(predictor, tensor_predictor, quick: bool = False, data=None):
