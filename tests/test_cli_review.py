@@ -224,3 +224,26 @@ def test_serving_warns_of_a_datasheet_beyond_the_training_range(data_dir, mixed_
         _range_warnings("B200")
     texts = [str(w.message) for w in caught if issubclass(w.category, DatasheetRangeWarning)]
     assert texts and all("NVIDIA B200" in t and "extrapolates" in t for t in texts)
+
+
+def test_module_inputs_take_an_element_type(tmp_path, data_dir, capsys):
+    """``--inputs 4x16:int64``: token ids an embedding can take (FP32 inputs cannot index it)."""
+    import pytest
+
+    from nslib.model.module_predict import parse_shapes
+    ids, x = parse_shapes("4x16:int64,4x8")
+    assert ids == (4, 16) and ids.dtype == "int64" and x.dtype == "float32"
+    with pytest.raises(ValueError, match="unknown element type 'f16'"):
+        parse_shapes("4x16:f16")
+    f = tmp_path / "emb.py"
+    f.write_text("import torch\nfrom torch import nn\n\n"
+                 "class Net(nn.Module):\n"
+                 "    def __init__(self):\n"
+                 "        super().__init__()\n"
+                 "        self.emb = nn.Embedding(1000, 64)\n"
+                 "        self.out = nn.Linear(64, 10)\n\n"
+                 "    def forward(self, ids):\n"
+                 "        return self.out(self.emb(ids))\n")
+    assert main(["predict", "--gpu", "V100", "--module", f"{f}:Net", "--inputs", "4x16:int64",
+                 "--predictor", "roofline", "--json"]) == 0
+    assert '"e2e_ms"' in capsys.readouterr().out

@@ -279,7 +279,8 @@ def _add_module_options(s) -> None:
                         "optimizer step (--mode train; --optimizer counts its memory)")
     s.add_argument("--inputs", metavar="SHAPES",
                    help="the module's input shapes, e.g. 8x3x224x224 (several: comma "
-                        "separated; default: the file's get_inputs())")
+                        "separated; FP32 unless a type follows, 8x128:int64 for token ids; "
+                        "default: the file's get_inputs())")
     s.add_argument("--tf32", action="store_true", help="with --module: convolutions may run "
                    "in TF32 on tensor cores where faster (needs the datasheet's Bf16FLOPs)")
 

@@ -33,7 +33,7 @@ from nslib.model.stream import LAUNCH_US, faster_of, step_ms, step_summary, stre
 from nslib.model.tf32 import tensor_for, tf32_gpu_ms, tf32_peak
 
 __all__ = ["is_module_spec", "module_trace_of", "predict_module", "priced_frame",
-           "parse_shapes", "MAX_UNPRICED_SHARE"]
+           "parse_shapes", "Shape", "MAX_UNPRICED_SHARE"]
 
 # more than this share of the traced operator calls without a kernel mapping: no forecast
 MAX_UNPRICED_SHARE = 0.5
@@ -57,20 +57,51 @@ def is_module_spec(model) -> bool:
     return isinstance(model, torch.nn.Module) or callable(model)
 
 
-def parse_shapes(text: str) -> list[tuple[int, ...]]:
-    """``"8x3x224x224,8x10"`` as ``[(8, 3, 224, 224), (8, 10)]``; a ValueError naming the
-    bad part otherwise."""
+# --inputs' element types (``8x128:int64``): token ids for an embedding, masks
+INPUT_DTYPES = {"float32": "float32", "float": "float32", "int64": "int64", "long": "int64",
+                "int32": "int32", "int": "int64", "bool": "bool"}
+
+
+class Shape(tuple):
+    """An input's shape (a tuple of ints) with its element type ``dtype`` (a torch dtype's
+    name, ``float32`` unless given): what :func:`parse_shapes` makes."""
+
+    def __new__(cls, dims, dtype: str = "float32"):
+        out = super().__new__(cls, dims)
+        out.dtype = dtype
+        return out
+
+
+def parse_shapes(text: str) -> list[Shape]:
+    """``"8x3x224x224,8x10:int64"`` as ``[(8, 3, 224, 224), (8, 10)]`` (:class:`Shape`, the
+    second of int64 elements: an embedding's token ids); a ValueError naming the bad part
+    otherwise."""
     shapes = []
     for part in str(text).split(","):
         part = part.strip()
-        if not re.fullmatch(r"\d+(x\d+)*", part):
+        m = re.fullmatch(r"(\d+(?:x\d+)*)(?::(\w+))?", part)
+        if m is None:
             raise ValueError(f"--inputs takes tensor shapes like 8x3x224x224 (several separated "
-                             f"by commas), not {part!r}")
-        dims = tuple(int(v) for v in part.split("x"))
+                             f"by commas; 8x128:int64 for token ids), not {part!r}")
+        if m[2] is not None and m[2] not in INPUT_DTYPES:
+            raise ValueError(f"input {part!r}: unknown element type {m[2]!r}; use one of "
+                             f"{', '.join(INPUT_DTYPES)}")
+        dims = tuple(int(v) for v in m[1].split("x"))
         if min(dims) < 1:
             raise ValueError(f"input shape {part!r} has a zero dimension")
-        shapes.append(dims)
+        shapes.append(Shape(dims, INPUT_DTYPES[m[2] or "float32"]))
     return shapes
+
+
+def _input_tensor(shape):
+    """A tensor of ``shape`` (a tuple of ints, or a :class:`Shape` with its element type):
+    random FP32 values, zeros of an integer or boolean type (ids, masks)."""
+    import torch
+
+    dims, dtype = tuple(int(d) for d in shape), getattr(shape, "dtype", "float32")
+    if dtype == "float32":
+        return torch.randn(*dims)
+    return torch.zeros(dims, dtype=getattr(torch, dtype))
 
 
 def _load(spec) -> tuple[object, object]:
@@ -151,7 +182,7 @@ def module_trace_of(model, inputs=None, eval_mode: bool = True, mode: str = "inf
     def make_inputs():
         if inputs is not None:
             alone = _is_shape(inputs, alone=True) or isinstance(inputs, torch.Tensor)
-            return [torch.randn(*(int(d) for d in v)) if _is_shape(v) else v
+            return [_input_tensor(v) if _is_shape(v) else v
                     for v in ([inputs] if alone else inputs)]
         if get_inputs is None:
             raise ProblemError(f"{label}: give the inputs (shapes such as [(8, 3, 224, 224)], "
