@@ -150,7 +150,8 @@ def test_predict_cli_reports_memory(data_dir, tmp_path, capsys):
     assert main(["predict", "--gpu", "P100", "--model", "gpt3_27", "--batch", "8", "--seq",
                  "1024", "--mode", "train", "--predictor", "roofline"]) == 0
     text = capsys.readouterr().out
-    assert "does not fit (needs " in text and "GiB of 16)" in text
+    assert "does not fit (needs " in text and "of 16 GiB)" in text
+    assert "peak during the " in text
     assert main(base + ["--gpu", "T4", "--batch", "4", "--tp", "2"]) == 0
     assert "memory per GPU: fits" in capsys.readouterr().out
 

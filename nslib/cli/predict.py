@@ -255,12 +255,17 @@ def _memory_line(mem: dict, per_gpu: bool) -> str:
     parts = ", ".join(f"{k} {_fmt_gib(mem[k])}" for k in ("weights", "grads", "optimizer",
                                                           "activations", "kv_cache",
                                                           "framework", "comm") if mem[k] > 0)
-    verdict = (f"fits ({_fmt_gib(mem['total'])} GiB of {mem['capacity']:g})" if mem["fits"]
-               else f"does not fit (needs {_fmt_gib(mem['total'])} GiB of "
-                    f"{mem['capacity']:g})")
+    verdict = (f"fits ({_fmt_gib(mem['total'])} of {mem['capacity']:g} GiB)" if mem["fits"]
+               else f"does not fit (needs {_fmt_gib(mem['total'])} of "
+                    f"{mem['capacity']:g} GiB)")
     where = " per GPU" if per_gpu else ""
-    return (f"  memory{where}: {verdict}; peak in {mem['peak_phase']} at "
-            f"{mem['peak_module'] or 'kernel ' + str(mem['peak_kid'])}: {parts} GiB")
+    phase = PHASES.get(mem["peak_phase"], mem["peak_phase"])
+    at = mem["peak_module"] or f"kernel #{mem['peak_kid']} of the trace"
+    return f"  memory{where}: {verdict}; peak during {phase} at {at}: {parts} GiB"
+
+
+# the memory model's phases (nslib.model.memory.step) as people say them
+PHASES = {"fw": "the forward pass", "bw": "the backward pass", "step": "the optimizer step"}
 
 
 def _fmt_gib(v: float) -> str:
