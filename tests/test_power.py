@@ -8,7 +8,9 @@ from nslib.kernels import power
 
 def _frame(rows):
     cols = ["cls", "B", "M", "N", "K", "H", "tdp_w", "latency_ms"]
-    return pd.DataFrame(rows, columns=cols).astype({c: float for c in cols[1:]})
+    f = pd.DataFrame(rows, columns=cols).astype({c: float for c in cols[1:]})
+    return f.assign(op=f["cls"].map({"linear": "linear", "bmm": "bmm", "softmax": "softmax",
+                                     "elementwise": "add"}))
 
 
 def test_eta_is_the_most_flop_per_joule_of_a_long_gemm():

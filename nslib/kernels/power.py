@@ -25,11 +25,9 @@ LONG_GFLOP = 20.0   # a GEMM this long runs >= 1 ms on every training GPU (<= 20
 
 
 def _gemm_flop(frame: pd.DataFrame) -> np.ndarray:
-    """FLOP (2 B M N K) of each GEMM row of ``frame``; 0 for other classes."""
+    """FLOP of each GEMM row of ``frame`` (:func:`sizes.flops_bytes`); 0 for other classes."""
     gemm = frame["cls"].isin(sizes.GEMM_CLASSES).to_numpy()
-    B, M, N, K = (frame[c].to_numpy(float) if c in frame else np.full(len(frame), np.nan)
-                  for c in ("B", "M", "N", "K"))
-    return np.where(gemm, np.nan_to_num(2.0 * B * M * N * K), 0.0)
+    return np.where(gemm, np.nan_to_num(sizes.flops_bytes(frame)[0]), 0.0)
 
 
 def learned_eta(frame: pd.DataFrame) -> float | None:
