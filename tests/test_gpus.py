@@ -122,3 +122,27 @@ def test_explorer_summary_shows_tdp_when_given():
     from nslib.explore.gpus import datasheet_summary
     assert datasheet_summary(gpu_from_dict({**GOOD, "TDP": 70})).endswith(", TDP 70 W")
     assert "TDP" not in datasheet_summary(gpu_from_dict(GOOD))
+
+
+def test_a_variant_datasheet_is_listed_as_one(tmp_path, monkeypatch, capsys):
+    from nslib.cli.commands import main
+    from nslib.data.registry import variant_of
+    folder = tmp_path / "data" / "device_configs"
+    folder.mkdir(parents=True)
+    (folder / "Tesla_T4.json").write_text(json.dumps(GOOD))
+    (folder / "Tesla_T4_TP.json").write_text(json.dumps({**GOOD, "Dev_Mem": 30}))  # same Device
+    (folder / "Other.json").write_text(json.dumps({**GOOD, "Device": "Other GPU"}))
+    monkeypatch.setenv("NSLIB_DATA", str(tmp_path))
+    monkeypatch.setenv("NSLIB_MIXED", str(tmp_path / "no-mixed"))
+    monkeypatch.setenv("NSLIB_KERNELBENCH", str(tmp_path / "no-kernelbench"))
+    sheets = {p.stem: load_gpu_file(p) for p in sorted(folder.glob("*.json"))}
+    assert variant_of(sheets) == {"Tesla_T4_TP": "Tesla_T4"}
+    assert main(["gpus", "--json"]) == 0
+    rows = {r["key"]: r for r in json.loads(capsys.readouterr().out)}
+    assert rows["Tesla_T4_TP"]["variant_of"] == "Tesla_T4"
+    assert rows["Tesla_T4"]["variant_of"] is None and rows["Other"]["variant_of"] is None
+    assert main(["gpus"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split()[-1] == "variant_of"
+    assert {ln.split()[0]: ln.split()[-1] for ln in lines[2:]} == {
+        "Other": "-", "Tesla_T4": "-", "Tesla_T4_TP": "Tesla_T4"}

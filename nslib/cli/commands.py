@@ -14,14 +14,17 @@ from nslib.data.settings import Settings
 
 def _gpus(args) -> int:
     from nslib.data.gpus import listing_table
-    from nslib.data.registry import sources
+    from nslib.data.registry import sources, variant_of
     # one line per datasheet file: the NeuSight data's, then the 16-bit data's (with
-    # Bf16FLOPs) and KernelBench's when those folders are there; `predict --gpu` takes any
-    rows = [{"key": k, "data": src, **g.to_json()}
+    # Bf16FLOPs) and KernelBench's when those folders are there; `predict --gpu` takes any.
+    # A variant file (same Device as a canonical one) says so: its name resolves elsewhere
+    rows = [{"key": k, "data": src, **g.to_json(), "variant_of": variant_of(sheets).get(k)}
             for src, sheets in sources().items() for k, g in sheets.items()]
     if args.json:
         print(json.dumps(rows, indent=1))
     else:
+        if not any(r["variant_of"] for r in rows):   # no empty column
+            rows = [{k: v for k, v in r.items() if k != "variant_of"} for r in rows]
         print(listing_table(rows))  # optional TDP (W) etc.: "-" where a datasheet lacks it
     return 0
 

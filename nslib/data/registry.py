@@ -10,11 +10,12 @@ import os
 from dataclasses import replace
 
 from nslib.data.gpus import (OPTIONAL_FIELDS, GPU, find_gpu, gpu_matches, load_gpu_file,
-                             load_gpus, load_mixed_gpus_if_present)
+                             load_gpus, load_mixed_gpus_if_present, norm_name)
 from nslib.data.kernelbench import kernelbench_root
 from nslib.data.paths import DataNotFoundError
 
-__all__ = ["SOURCES", "load_kernelbench_gpus_if_present", "sources", "all_gpus", "find_any"]
+__all__ = ["SOURCES", "load_kernelbench_gpus_if_present", "sources", "all_gpus", "find_any",
+           "variant_of"]
 
 # the data folders, in the order their datasheets are looked at (first wins for a stem)
 SOURCES = ("neusight", "mixed", "kernelbench")
@@ -27,6 +28,16 @@ def load_kernelbench_gpus_if_present(root: str | os.PathLike | None = None) -> d
     except DataNotFoundError:
         return {}
     return {p.stem: load_gpu_file(p) for p in sorted(folder.glob("*.json"))}
+
+
+def variant_of(gpus: dict[str, GPU]) -> dict[str, str]:
+    """``{file stem: canonical stem}`` of each datasheet of one folder that shares its
+    ``Device`` string with the canonical file (stem = Device string) without being it: a
+    variant kept for one experiment (the NeuSight data's ``..._TP`` file: two GPUs as one),
+    which a GPU name never resolves to (:func:`nslib.data.gpus.gpu_matches`)."""
+    canon = {norm_name(g.name): k for k, g in gpus.items() if norm_name(k) == norm_name(g.name)}
+    return {k: canon[norm_name(g.name)] for k, g in gpus.items()
+            if canon.get(norm_name(g.name), k) != k}
 
 
 def sources(data=None, require_neusight: bool = True) -> dict[str, dict[str, GPU]]:

@@ -160,8 +160,26 @@ def build_table(cls: str, split: str, data=None) -> pd.DataFrame:
 def table_key(cls: str, split: str, data=None) -> str:
     """Content hash of a table's inputs: its CSV files, the datasheets of the GPUs measured in
     them (only those: a datasheet-only GPU added to the data changes no table) and the schema
-    version."""
+    version. Remembered per process while no file of the table or of the datasheet folder
+    changes its size, time stamp or inode (a command asks for the same keys tens of times)."""
     files = source_files(cls, split, data)
+    root = data_root(data)
+    sheets = sorted((root / "data" / "device_configs").glob("*.json"))
+    return _table_key(cls, split, str(root), _stat_signature(files), _stat_signature(sheets))
+
+
+def _stat_signature(paths) -> tuple:
+    """(path, size, time stamp, inode) of each file: what identifies its content within a
+    process (:func:`nslib.data.paths.hash_files` keys its own memo the same way)."""
+    return tuple((str(p), st.st_size, st.st_mtime_ns, st.st_ino)
+                 for p, st in ((p, os.stat(p)) for p in paths))
+
+
+@lru_cache(maxsize=256)
+def _table_key(cls: str, split: str, data: str, files: tuple, sheets: tuple) -> str:
+    """:func:`table_key` of the CSV files and datasheet folder whose stat signatures are
+    ``files`` and ``sheets`` (the memo's key)."""
+    files = [Path(p) for p, *_ in files]
     devices = measured_devices(files)
     gpus = load_gpus(data)
     folder = data_root(data) / "data" / "device_configs"

@@ -18,6 +18,7 @@ import pandas as pd
 from nslib.data.checks import check_int
 from nslib.data.settings import Settings, settings_of
 from nslib.model.config import check_seq, load_model_config
+from nslib.model.inputs import resolve_gpu
 from nslib.model.serving.schedule import framework, kv_capacity, serve
 from nslib.model.serving.steps import (ScaledCost, ServingSetup, StepCost,
                                        check_servable, model_sizes)
@@ -83,7 +84,6 @@ def step_cost(model, gpu, tp: int = 1, predictor: str = "nslib",
 def _range_warnings(gpu, data=None) -> None:
     """Warn of the datasheet figures outside the 16-bit predictors' and the vector kernels'
     training ranges (:mod:`nslib.predictors.gpu_range`)."""
-    from nslib.model.inputs import resolve_gpu
     from nslib.predictors.gpu_range import warn_out_of_range, warn_out_of_tensor_range
     spec = resolve_gpu(gpu, data)
     warn_out_of_tensor_range(spec)
@@ -125,8 +125,9 @@ def serving_forecast(model, gpu, concurrency, workload: Workload = Workload(),
     st, w = settings_of(settings), workload
     isl, osl, quick, data = w.isl, w.osl, st.quick, st.data
     fw = framework(w.framework)
-    check_workload(model, w, data)
-    cost = step_cost(model, gpu, w.tp, predictor, tensor_predictor, quick, data, w.link)
+    config, spec = resolve_model(model, data), resolve_gpu(gpu, data)  # read once
+    check_workload(config, w, data)
+    cost = step_cost(config, spec, w.tp, predictor, tensor_predictor, quick, data, w.link)
     if cost.setup.tp > 1 and "no Link_Bw" in cost.link.source:
         warnings.warn(f"{cost.spec.name}: {cost.link.source}", stacklevel=2)
     out = serve(cost, conc.astype(float), isl, osl, fw)
