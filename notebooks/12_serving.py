@@ -92,7 +92,10 @@ missing
 # datasheet's peaks), the baseline a forecast from the datasheet must beat. With the
 # intervals calibrated, `nslib_ttft_covered` and `nslib_tpot_covered` give the share of
 # measurements inside the 80% intervals (the schedule rerun with every part of an iteration
-# at its bound).
+# at its bound). Those bound the GPU's work, not how the benchmark's requests arrive, which no
+# forecast knows: `nslib_ttft_in_arrivals` is the share of measured TTFTs between the TTFT of
+# a request arriving alone into the steady decode load and that of every request arriving at
+# once (their prompts back to back), the range the arrival pattern alone spans.
 
 # %%
 pred = predict_sample(rows, quick=quick, progress=True)

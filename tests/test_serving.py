@@ -69,6 +69,24 @@ def test_mixed_by_hand():
     assert out["tokens_per_s"] == pytest.approx(10 / out["latency_ms"] * 1000 * 11)
 
 
+def test_ttft_range_over_arrival_patterns_by_hand():
+    # 10 requests of 100 + 11 tokens, mixed engine: the schedule admits them as one group
+    # (TTFT 11 ms). Alone, a request's prompt rides beside the other 9 decodes (109 tokens,
+    # 2.09 ms) after half a decode iteration of those 9 (1.09 / 2): 2.635 ms. All at once:
+    # the 1,000 prompt tokens in one iteration, 11 ms, the schedule's own figure.
+    out = serve(LinearCost(), 10, 100, 11, Framework("m", 8192, True, 0.9))
+    assert out["ttft_lone_ms"] == pytest.approx(0.5 * 1.09 + 2.09)
+    assert out["ttft_burst_ms"] == pytest.approx(11.0) == pytest.approx(out["ttft_ms"])
+    # prefill-first, 4 requests in 200-token batches (TTFT 4.5, test_waves_by_hand): alone,
+    # half a decode iteration of the other 3 (1.03 / 2) and its own 100-token batch (2 ms)
+    out = serve(LinearCost(), 4, 100, 11, Framework("t", 200, False, 0.9))
+    assert out["ttft_lone_ms"] == pytest.approx(0.5 * 1.03 + 2.0)
+    assert out["ttft_burst_ms"] == pytest.approx(4.5)
+    # a lone request with nothing else running waits for nothing
+    one = serve(LinearCost(), 1, 100, 11, Framework("m", 8192, True, 0.9))
+    assert one["ttft_lone_ms"] == pytest.approx(2.0) == pytest.approx(one["ttft_ms"])
+
+
 def test_mixed_long_prompt_is_chunked():
     # one request, a 1,000-token prompt, a 400-token budget: its prompt takes k = 1000 / 399.7
     # = 2.50 iterations of ~400 tokens; the cycle is 1 + k iterations

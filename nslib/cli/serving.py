@@ -96,6 +96,9 @@ def _table(frame: pd.DataFrame, osl: int) -> pd.DataFrame:
                          "tpot_ms": fixed("tpot_ms") if osl > 1 else "n/a",
                          "latency_ms": fixed("latency_ms"), "tok/s": fixed("tokens_per_s"),
                          "tok/s/GPU": fixed("tokens_per_s_gpu")})
+    if "ttft_lone_ms" in frame:   # what the arrival pattern, which no forecast knows, spans
+        show["TTFT lone-burst"] = [f"{fmt_fixed(lo, 1)}-{fmt_fixed(hi, 1)}" for lo, hi in
+                                   zip(frame["ttft_lone_ms"], frame["ttft_burst_ms"])]
     cover = frame.attrs.get("interval_coverage")
     if cover:
         for k, label in (("ttft", "TTFT"), ("tpot", "TPOT")):
@@ -126,7 +129,9 @@ def _eval_serving(args) -> int:
     print(f"Serving sample: {len(pred)} rows priced, {int((rows['reason'] != '').sum())} not")
     cols = {"nslib_ttft_mape": "TTFT MAPE", "nslib_ttft_ratio": "TTFT pred/meas",
             "nslib_tpot_mape": "TPOT MAPE", "nslib_tpot_ratio": "TPOT pred/meas",
-            "roofline_ttft_mape": "roofline TTFT", "roofline_tpot_mape": "roofline TPOT"}
+            "roofline_ttft_mape": "roofline TTFT", "roofline_tpot_mape": "roofline TPOT",
+            "nslib_ttft_in_arrivals": "TTFT lone-burst %"}
+    cols = {k: v for k, v in cols.items() if k in tab}
     print(tab[["framework", "model_path", "gpu", "n", *cols]].rename(columns=cols)
           .round(2).to_string(index=False))
     miss = unpriced(rows)

@@ -35,7 +35,8 @@ def predict_sample(rows: pd.DataFrame | None = None, methods=("nslib", "roofline
         vec, tensor = METHODS[method]
         bounds = part_factors(vec, tensor, quick, data)
         cols = {f"{method}_{k}": np.full(len(rows), np.nan) for k in (
-            "ttft_ms", "tpot_ms", "ttft_lo_ms", "ttft_hi_ms", "tpot_lo_ms", "tpot_hi_ms")}
+            "ttft_ms", "tpot_ms", "ttft_lo_ms", "ttft_hi_ms", "tpot_lo_ms", "tpot_hi_ms",
+            "ttft_lone_ms", "ttft_burst_ms")}
         for (config, gpu, tp), g in _bar(groups, progress, f"serving ({method})"):
             try:
                 cost = StepCost(ServingSetup(config, gpu, tp=int(tp), predictor=vec,
@@ -52,6 +53,9 @@ def predict_sample(rows: pd.DataFrame | None = None, methods=("nslib", "roofline
                     out = serve(c, h["batch_size"], h["isl"], h["osl"], fw)
                     for k in ("ttft", "tpot"):
                         cols[f"{method}_{k}{tag}_ms"][sel] = out[f"{k}_ms"]
+                    if not tag:   # TTFT were the requests to arrive alone / all at once
+                        for k in ("ttft_lone", "ttft_burst"):
+                            cols[f"{method}_{k}_ms"][sel] = out[f"{k}_ms"]
         for k, v in cols.items():
             if not np.isnan(v).all():
                 rows[k] = v
@@ -72,7 +76,8 @@ def error_table(pred: pd.DataFrame, by=("framework", "model_path", "gpu"),
                 methods=("nslib", "roofline")) -> pd.DataFrame:
     """Per group of ``by``: ``n`` and, per method, TTFT and TPOT MAPE (%), median
     predicted / measured ratio and, where the forecast has an interval, the share of
-    measurements inside it (``<method>_ttft_covered``, %)."""
+    measurements inside it (``<method>_ttft_covered``, %); the share of measured TTFTs
+    between the forecast's lone-arrival and burst TTFTs (``<method>_ttft_in_arrivals``, %)."""
     out = []
     for key, g in pred.groupby(list(by), sort=True):
         row = dict(zip(by, key if isinstance(key, tuple) else (key,)), n=len(g))
@@ -84,6 +89,10 @@ def error_table(pred: pd.DataFrame, by=("framework", "model_path", "gpu"),
                 if f"{m}_{what}_lo_ms" in g:   # the calibrated interval's coverage, %
                     lo, hi = g[f"{m}_{what}_lo_ms"], g[f"{m}_{what}_hi_ms"]
                     row[f"{m}_{what}_covered"] = float(100 * ((y >= lo) & (y <= hi)).mean())
+            if f"{m}_ttft_lone_ms" in g:
+                y = g["silicon_ttft_ms"]
+                row[f"{m}_ttft_in_arrivals"] = float(100 * ((y >= g[f"{m}_ttft_lone_ms"]) &
+                                                            (y <= g[f"{m}_ttft_burst_ms"])).mean())
         out.append(row)
     return pd.DataFrame(out)
 

@@ -115,7 +115,8 @@ def serving_forecast(model, gpu, concurrency, workload: Workload = Workload(),
                      settings: Settings | None = None) -> pd.DataFrame:
     """``workload`` (a :class:`Workload`) at each ``concurrency`` (requests in flight), one row
     per concurrency: ``concurrency, isl, osl, tp, framework, ttft_ms, tpot_ms,
-    latency_ms, running, queue_ms, tokens_per_s, tokens_per_s_gpu, fits, kv_tokens``
+    latency_ms, running, queue_ms, tokens_per_s, tokens_per_s_gpu, fits, kv_tokens``, and
+    ``ttft_lone_ms, ttft_burst_ms`` (TTFT if requests arrived one at a time or all at once)
     (:func:`nslib.model.serving.serve`); with cached calibrations (:func:`part_factors`),
     the bounds ``ttft_lo_ms, ttft_hi_ms, tpot_lo_ms, ...``, ``tokens_per_s_lo/_hi``: the
     schedule rerun with every part at its bound (``attrs["interval_coverage"]``)."""

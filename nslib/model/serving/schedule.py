@@ -28,6 +28,13 @@ Two ways to schedule prompts beside decodes cover the three engines of the silic
   TTFT is the end of its prefill batch; the prefill batches after its own stall its decode, so
   ``TPOT = decode iteration + (later prefill batches) / (osl - 1)``, on average over the wave.
 
+How the benchmark's requests arrive is not known to the forecast (clients in step, spread
+out, or between), and TTFT moves with it; TPOT and throughput barely do. Beside the
+schedule's TTFT, :func:`serve` gives the two extremes: a request arriving alone into the
+steady decode load (half an iteration, then its prompt beside the decodes, or as a batch of
+its own) and every running request arriving at once (their prompts back to back in budget
+batches, the waves above).
+
 When the KV cache holds ``running < concurrency`` requests, a request waits for a slot: with
 ``R`` the time a running request takes, a closed loop of ``concurrency`` clients served
 ``running`` at a time waits ``R (concurrency / running - 1)`` on average (Little's law); that
@@ -108,7 +115,11 @@ def serve(cost: StepCost, concurrency, isl, osl, fw="vllm") -> dict:
     broadcast together): a dict of arrays ``ttft_ms``, ``tpot_ms``, ``latency_ms`` (a request
     from arrival to last token), ``running`` (requests the KV cache holds at once),
     ``queue_ms`` (the wait for a slot, inside TTFT), ``tokens_per_s`` (output tokens per
-    second, all GPUs), ``tokens_per_s_gpu`` (per GPU), ``fits`` (at least one request fits).
+    second, all GPUs), ``tokens_per_s_gpu`` (per GPU), ``fits`` (at least one request fits);
+    ``ttft_lone_ms`` and ``ttft_burst_ms``: TTFT if a request arrived alone into the steady
+    decode load, and if all running requests arrived at once (their prompts back to back,
+    :func:`_waves`), each no nearer than the schedule's own TTFT (the range a benchmark's
+    arrival pattern, which the schedule does not know, moves TTFT over).
     """
     fw = framework(fw)
     c, isl, osl = (np.asarray(v, float) for v in np.broadcast_arrays(concurrency, isl, osl))
@@ -121,7 +132,13 @@ def serve(cost: StepCost, concurrency, isl, osl, fw="vllm") -> dict:
     service = out["ttft_ms"] + (osl - 1) * out["tpot_ms"]
     queue = service * (c / running - 1.0)
     rate = running / service * 1000.0        # requests per second
+    # the arrival patterns the schedule assumes nothing about: one request alone into the
+    # steady decode load, and every running request at once (their prompts back to back)
+    lone = _lone(cost, fw, running, isl, osl)
+    burst = _waves(cost, fw, running, isl, osl)["ttft_ms"]
     return {"ttft_ms": out["ttft_ms"] + queue, "tpot_ms": out["tpot_ms"],
+            "ttft_lone_ms": np.minimum(lone, out["ttft_ms"]) + queue,
+            "ttft_burst_ms": np.maximum(burst, out["ttft_ms"]) + queue,
             "latency_ms": service + queue, "running": running, "queue_ms": queue,
             "tokens_per_s": rate * osl, "tokens_per_s_gpu": rate * osl / cost.setup.tp,
             "fits": fits_one >= 1, "kv_tokens": np.full(c.shape, cap["kv_tokens"])}
@@ -173,6 +190,24 @@ def _waves(cost: StepCost, fw: Framework, running, isl, osl) -> dict:
            cost.attention_ms("decode", running, 1, isl + osl / 2.0))
     stall = np.where(osl > 1, (wave_prefill - ttft) / np.maximum(osl - 1.0, 1.0), 0.0)
     return {"ttft_ms": ttft, "tpot_ms": dec + stall}
+
+
+def _lone(cost: StepCost, fw: Framework, running, isl, osl) -> np.ndarray:
+    """TTFT (ms) of a request arriving alone while the other ``running - 1`` decode: half an
+    iteration (it arrives mid-way; none when nothing else runs), then its prompt: beside the
+    decodes in a mixed engine (chunked over ``isl / room`` iterations), as a prefill batch of
+    its own otherwise."""
+    others = np.maximum(running - 1.0, 0.0)
+    ctx, one = isl + osl / 2.0, np.ones_like(isl)
+    plain = np.where(others > 0, cost.tokens_ms(np.maximum(others, 1.0),
+                                                np.maximum(others, 1.0)) +
+                     cost.attention_ms("decode", others, 1, ctx), 0.0)
+    if not fw.mixed:
+        return 0.5 * plain + cost.tokens_ms(isl, one) + _prompts_attention(cost, one, isl)
+    k = np.maximum(1.0, isl / np.maximum(float(fw.token_budget) - others, 1.0))
+    carry = (cost.tokens_ms(np.ceil(others + isl / k), others + 1.0) +
+             cost.attention_ms("decode", others, 1, ctx) + _prompts_attention(cost, one, isl) / k)
+    return 0.5 * plain + k * carry
 
 
 def _prompts_in(fw: Framework, tokens, isl):
