@@ -51,15 +51,19 @@ def error_by(pred: pd.DataFrame, column: str = "batch_size", method: str = "nsli
 def throughput_curves(frame: pd.DataFrame):
     """Output tokens/s per GPU and TTFT (ms) against concurrency, one line per GPU
     (``frame``: rows of :func:`nslib.model.serving.serving_forecast` with a ``gpu``
-    column)."""
+    column); a faint band under each TTFT line from the lone-arrival to the burst TTFT
+    (how far the arrival pattern alone moves it) when the frame has them."""
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
     for gpu, g in frame.groupby("gpu", sort=False):
         axes[0].plot(g["concurrency"], g["tokens_per_s_gpu"], marker=".", label=gpu)
-        axes[1].plot(g["concurrency"], g["ttft_ms"], marker=".", label=gpu)
+        line, = axes[1].plot(g["concurrency"], g["ttft_ms"], marker=".", label=gpu)
+        if "ttft_lone_ms" in g:
+            axes[1].fill_between(g["concurrency"], g["ttft_lone_ms"], g["ttft_burst_ms"],
+                                 color=line.get_color(), alpha=0.12, linewidth=0)
     axes[0].set(xscale="log", xlabel="concurrency (requests in flight)",
                 ylabel="output tokens/s per GPU")
     axes[1].set(xscale="log", yscale="log", xlabel="concurrency (requests in flight)",
-                ylabel="TTFT (ms)")
+                ylabel="TTFT (ms)", title="band: requests arriving alone .. all at once")
     axes[0].legend(fontsize=7)
     for ax in axes:
         ax.grid(alpha=0.3, which="both")
