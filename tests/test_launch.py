@@ -7,8 +7,8 @@ from nslib.data.gpus import GPU
 from nslib.kernels import sizes
 from nslib.model.inputs import kernel_frame
 from nslib.model.predict import predict_model
-from nslib.model.stream import (floors, host_bound, probe_kernels, step_ms, stream_ms,
-                                stream_terms)
+from nslib.model.stream import (floors, host_bound, host_dispatch_ms, probe_kernels, step_ms,
+                                stream_ms, stream_terms)
 from nslib.model.step import Step
 
 GPU0 = GPU(name="Test GPU", mem_gb=80, mem_bw=1000, num_sm=100, cores_per_sm=128,
@@ -94,7 +94,9 @@ def test_model_prediction_in_stream_is_below_the_plain_sum(data_dir):
     _, plain = predict_model(GPU0, cfg, Step(2, 16, "train"), Floor(), launch_us=None)
     assert s["launch_us"] == 3.0 and plain["launch_us"] is None
     # every kernel of this tiny model takes the GPU the launch gap, but the host needs its
-    # dispatch floor to issue each: the step is host-bound and costs the floors' sum
+    # dispatch to issue each: the step is host-bound and costs the dispatches' sum, each the
+    # measurement hosts' (~38 us, more than this predictor's 25 us floor) capped at the
+    # kernel's whole latency, so here every kernel's whole latency
     fl = stream_terms(Floor(), frame)[2]
     assert s["e2e_ms"] == pytest.approx(fl.sum())
     assert (fl > 0.003).all() and (fl <= Floor().predict(frame)).all()
@@ -103,9 +105,45 @@ def test_model_prediction_in_stream_is_below_the_plain_sum(data_dir):
         m = (frame["phase"] == phase).to_numpy()
         assert frame["pred_ms"].to_numpy()[m] == pytest.approx(np.full(m.sum(),
                                                                        fl[m].sum() / m.sum()))
-    assert plain["e2e_ms"] > s["e2e_ms"]
+    assert plain["e2e_ms"] >= s["e2e_ms"]
     kf = kernel_frame(frame, GPU0)
     assert len(kf) == len(frame)
+
+
+class SlowFloor(Floor):
+    """:class:`Floor` with a 60 us dispatch floor (a host slower than the measurement hosts')."""
+
+    def predict(self, frame):
+        return super().predict(frame) + 0.035
+
+
+def test_the_host_dispatch_is_the_measurement_hosts(data_dir):
+    # the host's one-op dispatch is the median over the training GPUs of the smallest
+    # elementwise kernel's measured latency, whatever the predictor prices that kernel at
+    from nslib.kernels import measured
+    from nslib.model.stream import _PROBE_COLS
+    probe = probe_kernels()
+    tab = measured.kernel_table("elementwise", "train")
+    row = probe[probe["cls"] == "elementwise"][_PROBE_COLS]
+    same = tab[_PROBE_COLS].merge(row, how="left", indicator=True)["_merge"] == "both"
+    per_gpu = tab[same.to_numpy()].groupby("gpu")["latency_ms"].median()
+    assert host_dispatch_ms(Floor()) == pytest.approx(per_gpu.median())
+    assert 0.02 < host_dispatch_ms(SlowFloor()) == host_dispatch_ms(Floor()) < 0.06
+    # a fold's predictor: the median over the GPUs it was trained on
+    fold = SlowFloor()
+    fold.excluded_gpus = (per_gpu.index[0],)
+    assert host_dispatch_ms(fold) == pytest.approx(per_gpu.iloc[1:].median())
+    # the dispatch is that times the class ratio; the GPU time still takes the predictor's
+    # own (60 us) floor off
+    df = frame_of([{"cls": "elementwise", "op": "add", "B": 1, "H": 1e3},
+                   {"cls": "linear", "op": "linear", "B": 1, "M": 8, "N": 8, "K": 8}])
+    ratio = probe.set_index("cls")["ratio"]
+    raw, gpu_ms, dispatch = stream_terms(SlowFloor(), df, 3.0)
+    # (capped at the kernel's whole latency: the linear op's 1.8 dispatches exceed 60 us)
+    assert dispatch == pytest.approx(np.minimum(host_dispatch_ms(Floor()) * np.array(
+        [1.0, ratio["linear"]]), raw))
+    assert dispatch[0] < raw[0]
+    assert gpu_ms == pytest.approx([0.003, 0.003])   # the floors off: the launch gap
 
 
 def test_host_bound_by_hand():

@@ -83,7 +83,7 @@ def _probes(root: str, exclude: tuple = ()) -> pd.DataFrame:
     """Built from the training tables once, then kept as a tiny cached table (reading the
     five class tables costs more than a whole cached prediction). ``exclude``: GPUs left out
     (a leave-one-GPU-out fold's predictor never saw them)."""
-    extra = ["probes-3", *(measured.table_key(c, "train", root) for c in sizes.CLASSES)]
+    extra = ["probes-4", *(measured.table_key(c, "train", root) for c in sizes.CLASSES)]
     key = hash_files([], extra=extra + ([list(exclude)] if exclude else []))
     return cached("tables", f"probes-{key}", lambda: _build_probes(root, exclude),
                   "probe table")
@@ -108,13 +108,18 @@ def _build_probes(root: str, exclude: tuple = ()) -> pd.DataFrame:
     # one ATen op and one launch, like an elementwise op: the rest of their smallest
     # kernels' time is their reductions' GPU time, which stays in a stream
     out.loc[out["cls"].isin(HOST_LIKE_ELEMENTWISE), "ratio"] = 1.0
+    # the hosts' one-op dispatch: the median over the training GPUs of the smallest
+    # elementwise kernel's measured latency (a host figure, the same for every row)
+    out["host_ms"] = float(lat["elementwise"].median())
     return out
 
 
 def probe_kernels(data=None, exclude_gpus=()) -> pd.DataFrame:
     """The smallest training kernel (by FLOPs + bytes) of each class: dims, ``cls``, ``op``,
     and ``ratio``, its measured latency over the smallest elementwise kernel's (median over
-    the training GPUs that ran both, but ``exclude_gpus``)."""
+    the training GPUs that ran both, but ``exclude_gpus``); ``host_ms``, the median over those
+    GPUs of the smallest elementwise kernel's measured latency (ms: one op's dispatch on the
+    measurement hosts, :func:`host_dispatch_ms`)."""
     return _probes(str(data_root(data)), tuple(sorted(exclude_gpus))).copy()
 
 
@@ -147,6 +152,19 @@ def _floor_parts(pred, frame: pd.DataFrame, data=None, probe_floor: bool = True
         grid["floor"] = pred.predict(grid[_PROBE_COLS + gcols])
     base = frame[gcols].merge(grid[gcols + ["floor"]], on=gcols, how="left")["floor"]
     return base.to_numpy(float), ratio
+
+
+def host_dispatch_ms(pred, data=None) -> float:
+    """What the host takes (ms) to dispatch one elementwise op: the median, over the GPUs
+    ``pred`` was trained on, of their smallest elementwise kernel's measured latency.
+
+    The dispatch is the host's (Python, ATen, the driver's launch), not the GPU's, so a GPU
+    nobody measured gets the measurement hosts' typical figure; the predictor's own price of
+    that kernel on the new GPU's datasheet (:func:`floors`, what it holds in its latencies)
+    extrapolates a GPU-side fit to a host quantity, and put every recent GPU at the A100
+    host's 31.7 us against 31-50 us measured (docs/decisions.md section 11)."""
+    probe = probe_kernels(data, getattr(pred, "excluded_gpus", ()))
+    return float(probe["host_ms"].iloc[0])
 
 
 def class_ratio(pred, frame: pd.DataFrame, probe: pd.DataFrame) -> np.ndarray:
@@ -184,9 +202,9 @@ def stream_terms(pred, frame: pd.DataFrame, launch_us: float | None = LAUNCH_US,
                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per kernel of ``frame``, from one prediction and one floor lookup (ms): the
     microbenchmark latency, the time in the stream (:func:`stream_ms`) and the host's time to
-    issue the kernel, its dispatch floor (:func:`floors`) but never more than its whole
-    microbenchmark latency (that cap is for the predictor's own floor, which its latency
-    holds; another host's floor is what that host takes, whatever the kernel).
+    issue the kernel: the measurement hosts' one-op dispatch (:func:`host_dispatch_ms`) times
+    the class ratio, but never more than the kernel's whole microbenchmark latency (which
+    holds that dispatch; another host's floor is what that host takes, whatever the kernel).
     The GPU time is never below the kernel's roofline nor, for a predictor that sizes kernels
     as the library runs them (nslib's design and its MLP ablation), a layer norm's round-trip
     bound (:func:`nslib.kernels.row_latency.floor_ms`).
@@ -203,8 +221,8 @@ def stream_terms(pred, frame: pd.DataFrame, launch_us: float | None = LAUNCH_US,
 
 def _stream_parts(pred, frame, launch_us, data, raw=None, plain_sum=None, host_floor_ms=None):
     """:func:`stream_terms`' three arrays and, fourth, the host's one-op floor per row (ms:
-    ``host_floor_ms`` or the predictor's elementwise probe, :func:`_floor_parts`; zeros for
-    the plain sum), from one prediction and one probe lookup."""
+    ``host_floor_ms`` or the measurement hosts', :func:`host_dispatch_ms`; zeros for the
+    plain sum), from one prediction and one probe lookup."""
     if not len(frame):
         return np.zeros(0), np.zeros(0), np.zeros(0), np.zeros(0)
     raw = published_memory(pred, frame, pred.predict(frame)) if raw is None else raw
@@ -220,10 +238,14 @@ def _stream_parts(pred, frame, launch_us, data, raw=None, plain_sum=None, host_f
     gpu_ms = np.maximum(np.maximum(raw - floor, sizes.roofline_ms(frame)), launch_us / 1000.0)
     if getattr(pred, "library_sizing", False):  # kernels as the library runs them
         gpu_ms = np.maximum(gpu_ms, row_latency.floor_ms(frame))
+    # the host issues each kernel in its one-op dispatch times the class ratio: another
+    # host's measured floor when given, else the measurement hosts' (host_dispatch_ms),
+    # never more than the kernel's whole latency there (which holds that dispatch)
     if host_floor_ms is not None:
         host = np.full(len(raw), float(host_floor_ms))
         return raw, gpu_ms, host * ratio, host
-    return raw, gpu_ms, np.minimum(floor, raw), base
+    host = np.full(len(raw), host_dispatch_ms(pred, data))
+    return raw, gpu_ms, np.minimum(host * ratio, raw), host
 
 
 def published_memory(pred, frame: pd.DataFrame, raw) -> np.ndarray:
