@@ -67,7 +67,8 @@ class Bandwidth:
 def test_the_stream_keeps_the_bound_for_library_sized_predictors_only(monkeypatch):
     import nslib.model.stream as stream
     monkeypatch.setattr(stream, "_floor_parts",
-                        lambda pred, frame, data=None: (np.zeros(len(frame)), np.ones(len(frame))))
+                        lambda pred, frame, data=None: (np.zeros(len(frame)), np.ones(len(frame)),
+                                                           0.0))
     df = frame_of([{"cls": "layernorm", "op": "ln", "B": 16, "H": 4 * 2 ** 20}])
     bound = row_latency.floor_ms(df)[0]
     assert stream_ms(Bandwidth(True), df, launch_us=0.0)[0] == pytest.approx(bound)

@@ -137,7 +137,7 @@ def test_step_takes_the_tensor_price_of_tf32_rows(monkeypatch):
 
     import nslib.model.stream as stream
     monkeypatch.setattr(stream, "_floor_parts",
-                        lambda pred, f, data: (np.zeros(len(f)), np.ones(len(f))))
+                        lambda pred, f, data: (np.zeros(len(f)), np.ones(len(f)), 0.0))
     plain = step_ms(Flat(), frame, 5.0)
     mixed = step_ms(Flat(), frame, 5.0, other_gpu_ms=tf32)
     assert np.allclose(mixed[frame["tf32"].to_numpy()], 0.5)
@@ -235,7 +235,7 @@ def test_allowing_tf32_never_makes_a_step_slower(monkeypatch):
             return np.full(len(f), self.ms)
 
     monkeypatch.setattr(stream, "_floor_parts",
-                        lambda pred, f, data: (np.zeros(len(f)), np.ones(len(f))))
+                        lambda pred, f, data: (np.zeros(len(f)), np.ones(len(f)), 0.0))
     with torch.device("meta"):
         conv, x = nn.Conv2d(256, 256, 3, padding=1), torch.randn(8, 256, 28, 28)
     tr = trace_module(conv, [x])

@@ -25,30 +25,8 @@ original tool's aggregation). A step is still no faster than its host can issue 
 time (small kernels on a fast GPU), the phase takes the floors' sum. Units: ms throughout,
 ``launch_us`` in microseconds.
 
-**16-bit rows.** The same :func:`stream_ms` prices a 16-bit (bf16/fp16) trace when given the
-GPU and its 16-bit ``tensor`` predictors (:func:`tensor_predictors`). Such a trace holds three
-kinds of rows:
-
-- 16-bit GEMMs (``linear``/``bmm`` rows counted at 2 bytes per element, see
-  :func:`nslib.kernels.sizes.elem_bytes`): priced by the 16-bit GEMM predictor
-  (:func:`nslib.predictors.trained` kind ``"gemm"``: ``[m x k] @ [k x n]``).
-  The trace's ``(B, M, N, K)`` means ``B`` products of ``M x N`` by ``N x K``, so ``m = B * M``,
-  ``k = N``, ``n = K``: a batched GEMM is priced as one GEMM with all its rows (same FLOPs;
-  it reads the ``N x K`` operand once instead of ``B`` times, which only matters for the small
-  bandwidth-bound ``bmm`` of models without fused attention).
-- ``attention`` rows (one per scaled-dot-product attention call): priced by the attention
-  predictor (kind ``"attention"``), prefill when the query is longer than one token, decode
-  otherwise. The backward row (``attention_bw``) is priced at 2.5 x the forward's time: the
-  FlashAttention backward does 2.5 x the forward's FLOPs
-  (:data:`nslib.model.sdpa_trace.BACKWARD_FLOPS`) and no backward kernels were measured.
-- Everything else (elementwise, softmax, normalisation, memory, and GEMMs the model keeps in
-  FP32) keeps the FP32-trained predictor. A 16-bit vector kernel over ``n`` elements moves the
-  bytes of an FP32 kernel over ``n / 2`` and these kernels are bandwidth-bound, so it is priced
-  as that FP32 kernel: ``H`` scaled by ``elem_bytes / 4`` (rows keep their count ``B``).
-  Memory rows already carry their real bytes.
-
-The 16-bit tables are GPU kernel times without a host dispatch floor, so in a model stream a
-tensor kernel costs ``max(pred, launch gap)``; the other rows take the FP32 path above.
+**16-bit rows**: :mod:`nslib.model.stream16` prices a 16-bit trace's tensor-core kernels;
+:func:`stream_ms` takes them from there.
 """
 from __future__ import annotations
 
@@ -59,12 +37,12 @@ import numpy as np
 import pandas as pd
 
 from nslib.data.cache import cached
-from nslib.data.mixed_data import gpu_frame
 from nslib.data.paths import data_root, hash_files
-from nslib.data.settings import Settings
 from nslib.kernels import measured, row_latency, sizes
-from nslib.model.sdpa_trace import BACKWARD_FLOPS
-from nslib.predictors import trained
+# the 16-bit rows' pricing, kept importable from here too
+from nslib.model.stream16 import (TENSOR_KINDS, attention_inputs, datasheet_columns,  # noqa: F401
+                                  fp32_equivalent, gemm_inputs, tensor_masks, tensor_ms,
+                                  tensor_predictors)
 
 # Back-to-back kernel launch gap on the GPU, us (a few us on CUDA GPUs). Not fitted: the
 # mean end-to-end errors moved by under half a point between 3 and 6 us when this was tried.
@@ -130,20 +108,21 @@ def floors(pred, frame: pd.DataFrame, data=None, host_floor_ms: float | None = N
     ratio (:func:`probe_kernels`, without the GPUs the predictor's training left out).
     ``host_floor_ms``: another host's measured one-op floor (ms) in place of the elementwise
     probe's, the class ratios kept (a harness whose host is not the training data's)."""
-    base, ratio = _floor_parts(pred, frame, data, host_floor_ms is None)
+    base, ratio, _ = _floor_parts(pred, frame, data, host_floor_ms is None)
     return (base if host_floor_ms is None else float(host_floor_ms)) * ratio
 
 
 def _floor_parts(pred, frame: pd.DataFrame, data=None, probe_floor: bool = True
-                 ) -> tuple[np.ndarray, np.ndarray]:
+                 ) -> tuple[np.ndarray, np.ndarray, float]:
     """Per row: the predictor's elementwise-probe floor on the row's GPU (ms; NaN unless
-    ``probe_floor``) and the class ratio (:func:`class_ratio`), from one probe lookup."""
+    ``probe_floor``) and the class ratio (:func:`class_ratio`); and the hosts' one-op
+    dispatch (ms, :func:`host_dispatch_ms`), from one probe lookup."""
     if not len(frame):
-        return np.zeros(0), np.zeros(0)
+        return np.zeros(0), np.zeros(0), 0.0
     probe = probe_kernels(data, getattr(pred, "excluded_gpus", ()))
-    ratio = class_ratio(pred, frame, probe)
+    ratio, host = class_ratio(pred, frame, probe), float(probe["host_ms"].iloc[0])
     if not probe_floor:
-        return np.full(len(frame), np.nan), ratio
+        return np.full(len(frame), np.nan), ratio, host
     gcols = list(sizes.GPU_COLS)
     gpus = frame[gcols].drop_duplicates().reset_index(drop=True)
     grid = gpus.merge(probe[probe["cls"] == "elementwise"], how="cross")
@@ -151,20 +130,14 @@ def _floor_parts(pred, frame: pd.DataFrame, data=None, probe_floor: bool = True
         warnings.simplefilter("ignore")
         grid["floor"] = pred.predict(grid[_PROBE_COLS + gcols])
     base = frame[gcols].merge(grid[gcols + ["floor"]], on=gcols, how="left")["floor"]
-    return base.to_numpy(float), ratio
+    return base.to_numpy(float), ratio, host
 
 
 def host_dispatch_ms(pred, data=None) -> float:
-    """What the host takes (ms) to dispatch one elementwise op: the median, over the GPUs
-    ``pred`` was trained on, of their smallest elementwise kernel's measured latency.
-
-    The dispatch is the host's (Python, ATen, the driver's launch), not the GPU's, so a GPU
-    nobody measured gets the measurement hosts' typical figure; the predictor's own price of
-    that kernel on the new GPU's datasheet (:func:`floors`, what it holds in its latencies)
-    extrapolates a GPU-side fit to a host quantity, and put every recent GPU at the A100
-    host's 31.7 us against 31-50 us measured (docs/decisions.md section 11)."""
-    probe = probe_kernels(data, getattr(pred, "excluded_gpus", ()))
-    return float(probe["host_ms"].iloc[0])
+    """The host's one-op dispatch (ms): the median, over the GPUs ``pred`` was trained on, of
+    their smallest elementwise kernel's measured latency; the host's, not the GPU's, so not
+    the predictor's price on a new datasheet (docs/decisions.md section 11)."""
+    return float(probe_kernels(data, getattr(pred, "excluded_gpus", ()))["host_ms"].iloc[0])
 
 
 def class_ratio(pred, frame: pd.DataFrame, probe: pd.DataFrame) -> np.ndarray:
@@ -233,18 +206,15 @@ def _stream_parts(pred, frame, launch_us, data, raw=None, plain_sum=None, host_f
         return raw, raw, np.zeros(len(raw)), np.zeros(len(raw))
     if launch_us < 0:
         raise ValueError(f"launch_us must be >= 0 (microseconds), got {launch_us}")
-    base, ratio = _floor_parts(pred, frame, data)
+    base, ratio, host_ms = _floor_parts(pred, frame, data)
     floor = base * ratio
     gpu_ms = np.maximum(np.maximum(raw - floor, sizes.roofline_ms(frame)), launch_us / 1000.0)
     if getattr(pred, "library_sizing", False):  # kernels as the library runs them
         gpu_ms = np.maximum(gpu_ms, row_latency.floor_ms(frame))
-    # the host issues each kernel in its one-op dispatch times the class ratio: another
-    # host's measured floor when given, else the measurement hosts' (host_dispatch_ms),
-    # never more than the kernel's whole latency there (which holds that dispatch)
-    if host_floor_ms is not None:
+    if host_floor_ms is not None:   # another host's measured floor
         host = np.full(len(raw), float(host_floor_ms))
         return raw, gpu_ms, host * ratio, host
-    host = np.full(len(raw), host_dispatch_ms(pred, data))
+    host = np.full(len(raw), host_ms)   # the measurement hosts', capped at the whole latency
     return raw, gpu_ms, np.minimum(host * ratio, raw), host
 
 
@@ -345,78 +315,3 @@ def step_summary(frame: pd.DataFrame) -> dict:
     bw = float(frame.loc[frame["phase"] == "bw", "pred_ms"].sum())
     return {"e2e_ms": fw + bw, "fw_ms": fw, "bw_ms": bw, "per_class_ms": per_class_ms(frame),
             "n_kernels": int(len(frame))}
-
-
-# ----- 16-bit rows: the tensor-core kernels and their FP32-equivalent vector kernels
-TENSOR_KINDS = ("gemm", "attention")
-
-
-def datasheet_columns(gpu) -> dict:
-    """The 16-bit predictors' datasheet columns of ``gpu``, those every 16-bit table carries
-    (:func:`nslib.data.mixed_data.gpu_frame`); a clear ValueError naming ``Bf16FLOPs`` when its
-    datasheet lacks the tensor-core peak."""
-    gpu.bf16_peak()
-    return gpu_frame([gpu]).iloc[0].to_dict()
-
-
-def gemm_inputs(frame: pd.DataFrame) -> pd.DataFrame:
-    """GEMM rows as the gemm kind's ``m, n, k`` (see the module doc for the mapping)."""
-    B, M, N, K = (frame[c].to_numpy(float) for c in ("B", "M", "N", "K"))
-    return pd.DataFrame({"m": B * M, "n": K, "k": N}, index=frame.index)
-
-
-def attention_inputs(frame: pd.DataFrame) -> pd.DataFrame:
-    """Attention rows as the attention kind's columns (``phase, batch, q_len, kv_len, heads,
-    kv_heads, head_dim, causal``); the trace stores ``B, M, N, K, H`` = batch, query length,
-    head dim, key length, heads (:mod:`nslib.model.sdpa_trace`)."""
-    q = frame["M"].to_numpy(float)
-    return pd.DataFrame({
-        "phase": np.where(q > 1, "prefill", "decode"), "batch": frame["B"].to_numpy(float),
-        "q_len": q, "kv_len": frame["K"].to_numpy(float), "heads": frame["H"].to_numpy(float),
-        "kv_heads": frame["kv_heads"].to_numpy(float),
-        "head_dim": frame["N"].to_numpy(float),
-        "causal": frame["causal"].to_numpy(float) > 0}, index=frame.index)
-
-
-def fp32_equivalent(frame: pd.DataFrame) -> pd.DataFrame:
-    """``frame`` (predictor input) with each 16-bit vector row's ``H`` scaled to the FP32
-    kernel that moves the same bytes (see the module doc); other rows unchanged."""
-    out = frame.copy()
-    vec = out["cls"].isin(sizes.VECTOR_CLASSES).to_numpy()
-    if vec.any():
-        scale = sizes.elem_bytes(out[vec]) / sizes.BYTES_PER_ELEM
-        out.loc[vec, "H"] = out.loc[vec, "H"].to_numpy(float) * scale
-    return out
-
-
-def tensor_masks(frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
-    """(16-bit GEMM rows, attention rows) of a kernel frame."""
-    gemm = frame["cls"].isin(sizes.GEMM_CLASSES).to_numpy().copy()
-    if gemm.any():
-        elem = np.full(len(frame), np.nan)
-        elem[gemm] = sizes.elem_bytes(frame[gemm])
-        gemm &= elem < sizes.BYTES_PER_ELEM
-    return gemm, (frame["cls"] == "attention").to_numpy()
-
-
-def tensor_ms(frame: pd.DataFrame, gpu, gemm_pred, attn_pred) -> np.ndarray:
-    """Kernel time (ms) of the 16-bit GEMM and attention rows of ``frame`` on ``gpu``; NaN on
-    the other rows."""
-    sheet = datasheet_columns(gpu)
-    gemm, attn = tensor_masks(frame)
-    out = np.full(len(frame), np.nan)
-    if gemm.any():
-        out[gemm] = gemm_pred.predict(gemm_inputs(frame[gemm]).assign(**sheet)
-                                      .reset_index(drop=True))
-    if attn.any():
-        rows = attention_inputs(frame[attn]).assign(**sheet).reset_index(drop=True)
-        back = (frame.loc[attn, "op"] == "attention_bw").to_numpy()
-        out[attn] = attn_pred.predict(rows) * np.where(back, BACKWARD_FLOPS, 1.0)
-    return out
-
-
-def tensor_predictors(name: str, quick: bool = False, mixed=None):
-    """(GEMM predictor, attention predictor) ``name`` trained on every measured GPU (cached,
-    :func:`nslib.predictors.trained`)."""
-    return tuple(trained(name, Settings(quick=quick, mixed=mixed), kind=kind)
-                 for kind in TENSOR_KINDS)
