@@ -92,8 +92,11 @@ def measurer(clock, rates: dict, common: dict, mem_cap: float):
     """``measure(item)`` for :func:`nslib.evaluation.collect.sweep.run_plan`."""
     def measure(item):
         flops, nbytes = _cost(item)
-        # tensor cores run 16-bit products at several times the probed FP32 rate
-        rough = rough_s(flops / 8, nbytes, rates)
+        # at the probed 16-bit product rate (tensor cores: several times FP32; a CPU without
+        # 16-bit units: slower than FP32, where FP32-based guesses let one product eat the
+        # whole budget); a probe without it: 8x the FP32 rate
+        bf16 = rates.get("bf16_flops_per_s") or 8 * rates["flops_per_s"]
+        rough = rough_s(flops * rates["flops_per_s"] / bf16, nbytes, rates)
         if nbytes > mem_cap:
             return float("inf"), None
 
