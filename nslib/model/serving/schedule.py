@@ -135,7 +135,7 @@ def serve(cost: StepCost, concurrency, isl, osl, fw="vllm") -> dict:
     # the arrival patterns the schedule assumes nothing about: one request alone into the
     # steady decode load, and every running request at once (their prompts back to back)
     lone = _lone(cost, fw, running, isl, osl)
-    burst = _waves(cost, fw, running, isl, osl)["ttft_ms"]
+    burst = _waves(cost, fw, running, isl, osl)["ttft_ms"] if fw.mixed else out["ttft_ms"]
     return {"ttft_ms": out["ttft_ms"] + queue, "tpot_ms": out["tpot_ms"],
             "ttft_lone_ms": np.minimum(lone, out["ttft_ms"]) + queue,
             "ttft_burst_ms": np.maximum(burst, out["ttft_ms"]) + queue,
