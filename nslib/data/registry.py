@@ -10,7 +10,7 @@ import os
 from dataclasses import replace
 
 from nslib.data.gpus import (OPTIONAL_FIELDS, GPU, find_gpu, gpu_matches, load_gpu_file,
-                             load_gpus, load_mixed_gpus_if_present, norm_name)
+                             load_gpus, load_mixed_gpus_if_present)
 from nslib.data.kernelbench import kernelbench_root
 from nslib.data.paths import DataNotFoundError
 
@@ -32,12 +32,16 @@ def load_kernelbench_gpus_if_present(root: str | os.PathLike | None = None) -> d
 
 def variant_of(gpus: dict[str, GPU]) -> dict[str, str]:
     """``{file stem: canonical stem}`` of each datasheet of one folder that shares its
-    ``Device`` string with the canonical file (stem = Device string) without being it: a
-    variant kept for one experiment (the NeuSight data's ``..._TP`` file: two GPUs as one),
-    which a GPU name never resolves to (:func:`nslib.data.gpus.gpu_matches`)."""
-    canon = {norm_name(g.name): k for k, g in gpus.items() if norm_name(k) == norm_name(g.name)}
-    return {k: canon[norm_name(g.name)] for k, g in gpus.items()
-            if canon.get(norm_name(g.name), k) != k}
+    ``Device`` string with the canonical file without being it: a variant kept for one
+    experiment (the NeuSight data's ``..._TP`` file: two GPUs as one). The canonical file is
+    the one its Device string resolves to (:func:`nslib.data.gpus.gpu_matches`, the one rule),
+    so a GPU name never resolves to a variant."""
+    out = {}
+    for k, g in gpus.items():
+        hits = gpu_matches(g.name, gpus)
+        if len(hits) == 1 and hits[0].key != k:
+            out[k] = hits[0].key
+    return out
 
 
 def sources(data=None, require_neusight: bool = True) -> dict[str, dict[str, GPU]]:

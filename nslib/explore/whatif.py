@@ -251,7 +251,7 @@ def scenario(gpus, model, step: Step, predictor="nslib", *, top: int = TOP_KERNE
     do not apply in 16 bits.
 
     Returns a dict: ``summary`` (one row per GPU: gpu, e2e_ms, fw_ms, bw_ms, n_kernels, the
-    datasheet numbers, ``in_training_range``, ``memory_gb``, ``fits``), ``per_class`` (ms per
+    datasheet numbers, ``in_training_range``, ``memory_gb`` (GiB), ``fits``), ``per_class`` (ms per
     kernel class, one row per GPU), ``top_kernels`` (:func:`largest_kernels` of each GPU),
     ``warnings`` (one line for the GPUs outside the training range, then kernels outside it,
     :func:`dominance_warnings` and GPUs the step does not fit on), ``range_details`` (one line

@@ -113,7 +113,7 @@ def sweep(model, mode: str, scenarios: pd.DataFrame, predictor="nslib", *,
     kernels across layers and scenarios are predicted once. The ``warnings`` column names the
     GPU's datasheet figures outside the training GPUs' range ("; "-separated, "" when in
     range; :mod:`nslib.predictors.gpu_range`); each GPU out of range also gets one Python warning
-    per figure. ``memory``: also the peak memory ``memory_gb``, the GPU's ``capacity_gb`` and
+    per figure. ``memory``: also the peak memory ``memory_gb``, the GPU's ``capacity_gb`` (GiB) and
     ``fits`` (:func:`nslib.model.memory.sweep_memory`, ``optimizer``'s states counted in training);
     the times of a scenario that does not fit are still given, as if it had the memory.
     With a cached calibration of ``predictor`` (``nslib calibrate``), ``interval_lo_ms`` and

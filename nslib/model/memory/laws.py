@@ -50,8 +50,9 @@ def law_memory(law: dict, batch: int, seq: int, mode: str, optimizer: str = "ada
 
 def sweep_memory(model, mode: str, scenarios: pd.DataFrame, optimizer: str = "adam",
                  data=None) -> pd.DataFrame:
-    """``scenarios`` (columns ``gpu``, ``batch``, ``seq``) with ``memory_gb`` (the peak, GB),
-    ``capacity_gb`` and ``fits`` added (one GPU each, no KV cache)."""
+    """``scenarios`` (columns ``gpu``, ``batch``, ``seq``) with ``memory_gb`` (the peak),
+    ``capacity_gb`` and ``fits`` added (one GPU each, no KV cache). Both figures in GiB (2**30
+    bytes), the datasheet's ``Dev_Mem`` read as GiB as the driver reports it."""
     laws = {one: storage_law(model, mode, data, batch_one=one)
             for one in pd.unique(scenarios["batch"] == 1)}
     gpus = {g: resolve_gpu(g, data) for g in pd.unique(scenarios["gpu"])}
@@ -70,7 +71,7 @@ def largest_batch(model, mode: str, seq: int, gpus, optimizer: str = "adam", dat
                   limit: int = 1 << 16) -> pd.DataFrame:
     """The largest batch of ``seq`` tokens whose step fits on each GPU (0: not even batch 1),
     by bisection over :func:`law_memory` (the peak grows with the batch). Columns ``gpu``,
-    ``seq``, ``largest_batch``, ``memory_gb`` (at that batch), ``capacity_gb``."""
+    ``seq``, ``largest_batch``, ``memory_gb`` (at that batch), ``capacity_gb`` (both GiB)."""
     laws = {one: storage_law(model, mode, data, batch_one=one) for one in (True, False)}
 
     def need(b: int) -> float:
