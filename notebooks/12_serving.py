@@ -111,8 +111,10 @@ save_figure(fig, "12_serving_scatter", out)
 # ## Where the error lies: concurrency and prompt length
 # TPOT is an iteration's time, mostly the GEMMs at the decode batch plus the KV-cache read; it
 # holds across engines. TTFT depends on how the engine admits prompts: SGLang runs prompts
-# before decodes in budget-sized batches (waves), vLLM and TensorRT-LLM mix them into decode
-# iterations. Per concurrency and per prompt length:
+# before decodes in budget-sized batches (waves), so whatever arrives merges into a wave;
+# vLLM and TensorRT-LLM mix them into decode iterations, where the arrival pattern places
+# TTFT between the two ends above, and the forecast takes their geometric mean. Per
+# concurrency and per prompt length:
 
 # %%
 by_conc = error_table(pred, by=("framework", "batch_size"))
@@ -154,10 +156,12 @@ curves.pivot_table(index="concurrency", columns="gpu", values="tokens_per_s_gpu"
 #   that stall decodes (SGLang). It holds within the bar for every engine above, and well
 #   ahead of the roofline, which misses the GEMMs' and attention's real efficiencies.
 # - **TTFT** holds for SGLang, whose waves follow from its documented policy (prompts first,
-#   in budget-sized batches). For the mixed engines the forecast assumes that requests admitted
-#   together come back together; the table by prompt length shows it over-predicts short
-#   prompts and under-predicts long ones. What it misses is what the benchmark measures besides
-#   the GPU: the HTTP front end, tokenisation, and how the clients' arrivals spread out. The
-#   sample records neither, so no law from the datasheet can supply it.
+#   in budget-sized batches, so arrivals merge into waves). For the mixed engines the
+#   schedule leaves TTFT between a request arriving alone and every request at once, and the
+#   forecast is their geometric mean (the least worst-case log error over that range). That
+#   holds for vLLM; TensorRT-LLM's measured TTFTs lie above it, some above the burst end: they
+#   grow with the output length and hold a front end (HTTP, tokenisation) the datasheet does
+#   not give. The sample records neither the arrivals nor the front end. These forms were
+#   chosen on these rows; the kept-back GPUs' rows are their test.
 # - Rows with the KV cache full (Qwen3-32B on one H100) are queueing: TTFT is the wait for a
 #   slot, set by how much memory the engine leaves to the cache.

@@ -12,6 +12,7 @@ from nslib.cli import main
 from nslib.data.gpus import gpu_from_dict
 from nslib.data.settings import Settings
 from nslib.model.serving import Framework, Workload, kv_capacity, serve
+from nslib.model.serving.schedule import _mixed
 from nslib.model.serving.steps import engine_kernels
 from nslib.model.trace import trace
 from nslib.model.step import Step
@@ -57,14 +58,27 @@ def test_one_wave_when_the_budget_holds_every_prompt():
     assert out["tpot_ms"] == pytest.approx(1.04)
 
 
+def schedule_ttft(concurrency, isl, osl, fw) -> np.ndarray:
+    """The mixed schedule's own TTFT (its groups), every request running (LinearCost's KV
+    cache holds them all)."""
+    c, isl, osl = (np.asarray(v, float) for v in np.broadcast_arrays(concurrency, isl, osl))
+    return _mixed(LinearCost(), fw, c, isl, osl)["ttft_ms"]
+
+
 def test_mixed_by_hand():
     # 10 requests of 100 + 11 tokens: one group (the room holds 81 prompts), so a request
     # decodes beside no other group's prompts and returns with no iteration running
-    out = serve(LinearCost(), 10, 100, 11, Framework("m", 8192, True, 0.9))
+    fw = Framework("m", 8192, True, 0.9)
+    out = serve(LinearCost(), 10, 100, 11, fw)
     plain = 1.0 + 0.01 * 10                      # 9.09 decode tokens (10 priced)
     carry = 1.0 + 0.01 * 1000                    # the group's 1,000 prompt tokens, alone
     assert out["tpot_ms"] == pytest.approx(plain)
-    assert out["ttft_ms"] == pytest.approx(carry)
+    assert schedule_ttft(10, 100, 11, fw) == pytest.approx(carry)
+    # the forecast: the log-midpoint of alone (2.635 ms, below) and all at once (11 ms)
+    lone = 0.5 * 1.09 + 2.09
+    assert out["ttft_ms"] == pytest.approx(np.sqrt(lone * carry))
+    # the GPU's work per cycle is the schedule's whatever the arrivals: a request spends the
+    # schedule's cycle in the engine, and the throughput is the cycle's
     assert out["latency_ms"] == pytest.approx(carry + 10 * plain)
     assert out["tokens_per_s"] == pytest.approx(10 / out["latency_ms"] * 1000 * 11)
 
@@ -76,7 +90,8 @@ def test_ttft_range_over_arrival_patterns_by_hand():
     # the 1,000 prompt tokens in one iteration, 11 ms, the schedule's own figure.
     out = serve(LinearCost(), 10, 100, 11, Framework("m", 8192, True, 0.9))
     assert out["ttft_lone_ms"] == pytest.approx(0.5 * 1.09 + 2.09)
-    assert out["ttft_burst_ms"] == pytest.approx(11.0) == pytest.approx(out["ttft_ms"])
+    assert out["ttft_burst_ms"] == pytest.approx(11.0)
+    assert out["ttft_lone_ms"] < out["ttft_ms"] < out["ttft_burst_ms"]
     # prefill-first, 4 requests in 200-token batches (TTFT 4.5, test_waves_by_hand): alone,
     # half a decode iteration of the other 3 (1.03 / 2) and its own 100-token batch (2 ms)
     out = serve(LinearCost(), 4, 100, 11, Framework("t", 200, False, 0.9))
@@ -96,18 +111,23 @@ def test_mixed_long_prompt_is_chunked():
         k = 1000 / (400 - 1 / (1 + k))
     assert k == pytest.approx(2.502, abs=1e-3)
     assert out["tpot_ms"] == pytest.approx(1.0 + 0.01)
-    assert out["ttft_ms"] == pytest.approx(k * (1.0 + 0.01 * np.ceil(1000 / k)), rel=1e-3)
+    assert schedule_ttft(1, 1000, 2, Framework("m", 400, True, 0.9)) == \
+        pytest.approx(k * (1.0 + 0.01 * np.ceil(1000 / k)), rel=1e-3)
+    # alone or all at once are one request here: the range closes on the schedule's figure
+    assert out["ttft_lone_ms"] == pytest.approx(out["ttft_ms"], rel=1e-3)
+    assert out["ttft_burst_ms"] == pytest.approx(out["ttft_ms"], rel=1e-3)
 
 
 def test_mixed_prefill_bound_by_hand():
     # 64 requests of 1,000 + 2 tokens on an engine taking whole prompts only, room for one
     # per iteration: 64 groups, every iteration carries a prompt (1,000 tokens) beside the
     # other groups' 63/64 decode token
-    out = serve(LinearCost(), 64, 1000, 2, Framework("m", 2000, True, 0.9, chunked=False))
+    fw = Framework("m", 2000, True, 0.9, chunked=False)
+    out = serve(LinearCost(), 64, 1000, 2, fw)
     carry = 1.0 + 0.01 * np.ceil(63 / 64 + 1000)
     assert out["tpot_ms"] == pytest.approx(carry)
     # half an iteration, the 62 iterations of the other groups' prompts, its own
-    assert out["ttft_ms"] == pytest.approx((0.5 + 62 + 1) * carry)
+    assert schedule_ttft(64, 1000, 2, fw) == pytest.approx((0.5 + 62 + 1) * carry)
     # one prompt per iteration: the engine admits ~1 request per carrying iteration
     assert out["tokens_per_s"] / 2 == pytest.approx(1000 / carry, rel=0.02)
 
@@ -121,18 +141,17 @@ def test_chunked_prompts_fill_the_budget():
     chunked, whole = Framework("c", 8192, True, 0.9), Framework("w", 8192, True, 0.9,
                                                                   chunked=False)
     isl = np.array([512, 1024, 2048, 4096, 6000])
-    ttft = serve(LinearCost(), 8, isl, 128, chunked)["ttft_ms"]
+    ttft = schedule_ttft(8, isl, 128, chunked)
     assert (np.diff(ttft) > 0).all()
-    assert serve(LinearCost(), 8, 4096, 128, whole)["ttft_ms"] < \
-        serve(LinearCost(), 8, 1024, 128, whole)["ttft_ms"]
+    assert (np.diff(serve(LinearCost(), 8, isl, 128, chunked)["ttft_ms"]) > 0).all()
+    assert schedule_ttft(8, 4096, 128, whole) < schedule_ttft(8, 1024, 128, whole)
     # 4k prompts, chunked, by hand: a cycle of 128 iterations; 8 x 127 / 128 = 7.94 decode
     # tokens an iteration leave room for 8,184 prompt tokens, groups of 1.998 prompts, 4.004
     # groups; a carrying iteration holds the other groups' 5.96 decodes and 8,184 prompt
     # tokens (8,191 priced), a plain one 8 decodes; 4.004 of 128 iterations carry
-    out = serve(LinearCost(), 8, 4096, 128, chunked)
     carry, plain = 1.0 + 0.01 * 8191, 1.0 + 0.01 * 8
     mean = (1 - 4.0039 / 128) * plain + 4.0039 / 128 * carry
-    assert out["ttft_ms"] == pytest.approx(0.5 * mean + carry, rel=1e-4)
+    assert schedule_ttft(8, 4096, 128, chunked) == pytest.approx(0.5 * mean + carry, rel=1e-4)
 
 
 def test_a_chunk_of_a_prompt_pays_its_share_of_the_attention():

@@ -18,7 +18,7 @@ Two ways to schedule prompts beside decodes cover the three engines of the silic
   iterations and ``osl - 1`` decode iterations, or ``n k`` iterations when the groups'
   prompts fill every iteration (prefill-bound: a group then waits for its turn). TPOT is a
   request's decode iterations: plain ones, and the share ``(n - 1) k / (osl - 1)`` that
-  carries another group's prompts. TTFT is half an iteration (a group returns while
+  carries another group's prompts. The groups' TTFT is half an iteration (a group returns while
   another's runs; none when it is the only group), the wait for its turn, and its ``k``
   prompt iterations.
 - **prefill-first** (SGLang's default: no mixed chunks, prompts before decodes): requests
@@ -29,11 +29,15 @@ Two ways to schedule prompts beside decodes cover the three engines of the silic
   ``TPOT = decode iteration + (later prefill batches) / (osl - 1)``, on average over the wave.
 
 How the benchmark's requests arrive is not known to the forecast (clients in step, spread
-out, or between), and TTFT moves with it; TPOT and throughput barely do. Beside the
-schedule's TTFT, :func:`serve` gives the two extremes: a request arriving alone into the
-steady decode load (half an iteration, then its prompt beside the decodes, or as a batch of
-its own) and every running request arriving at once (their prompts back to back in budget
-batches, the waves above).
+out, or between), and TTFT moves with it; TPOT and throughput barely do. :func:`serve` gives
+the two extremes: a request arriving alone into the steady decode load (half an iteration,
+then its prompt beside the decodes, or as a batch of its own; still waiting its turn when
+the prompts fill every iteration) and every running request arriving at once (their prompts
+back to back in budget batches, the waves above). A prefill-first engine merges whatever
+arrives into its waves, so its TTFT is the waves'. A mixed engine's TTFT lies between the
+extremes by the arrival pattern; its forecast is their geometric mean, the point whose worst
+log error over the range is least. Throughput and request latency are the schedule's cycle:
+no arrival pattern gets the GPU through a cycle's work sooner.
 
 When the KV cache holds ``running < concurrency`` requests, a request waits for a slot: with
 ``R`` the time a running request takes, a closed loop of ``concurrency`` clients served
@@ -119,7 +123,9 @@ def serve(cost: StepCost, concurrency, isl, osl, fw="vllm") -> dict:
     ``ttft_lone_ms`` and ``ttft_burst_ms``: TTFT if a request arrived alone into the steady
     decode load, and if all running requests arrived at once (their prompts back to back,
     :func:`_waves`), each no nearer than the schedule's own TTFT (the range a benchmark's
-    arrival pattern, which the schedule does not know, moves TTFT over).
+    arrival pattern, which the schedule does not know, moves TTFT over). A mixed engine's
+    ``ttft_ms`` is the geometric mean of the two, a prefill-first engine's its waves' (module
+    doc); ``latency_ms`` is at least the schedule's cycle.
     """
     fw = framework(fw)
     c, isl, osl = (np.asarray(v, float) for v in np.broadcast_arrays(concurrency, isl, osl))
@@ -129,16 +135,25 @@ def serve(cost: StepCost, concurrency, isl, osl, fw="vllm") -> dict:
     fits_one = np.floor(cap["kv_tokens"] / (isl + osl))
     running = np.clip(fits_one, 1.0, c)
     out = (_mixed if fw.mixed else _waves)(cost, fw, running, isl, osl)
-    service = out["ttft_ms"] + (osl - 1) * out["tpot_ms"]
-    queue = service * (c / running - 1.0)
-    rate = running / service * 1000.0        # requests per second
     # the arrival patterns the schedule assumes nothing about: one request alone into the
     # steady decode load, and every running request at once (their prompts back to back)
-    lone = _lone(cost, fw, running, isl, osl)
     burst = _waves(cost, fw, running, isl, osl)["ttft_ms"] if fw.mixed else out["ttft_ms"]
-    return {"ttft_ms": out["ttft_ms"] + queue, "tpot_ms": out["tpot_ms"],
-            "ttft_lone_ms": np.minimum(lone, out["ttft_ms"]) + queue,
-            "ttft_burst_ms": np.maximum(burst, out["ttft_ms"]) + queue,
+    # alone still waits its turn when the prompts fill every iteration (prefill-bound: that
+    # wait is the GPU's capacity, whatever the arrivals)
+    lone = np.minimum(_lone(cost, fw, running, isl, osl) + out.get("turn_ms", 0.0),
+                      out["ttft_ms"])
+    burst = np.maximum(burst, out["ttft_ms"])
+    # a prefill-first engine merges whatever arrives into its waves, so its schedule is its
+    # TTFT; a mixed engine's TTFT lies in [lone, burst] by an arrival pattern nobody
+    # recorded: the log-midpoint is the point of least worst-case log error over that range
+    ttft = np.sqrt(lone * burst) if fw.mixed else out["ttft_ms"]
+    # no arrival pattern gets the GPU through a cycle's work faster than the schedule does:
+    # a request's time in the engine is at least the schedule's (work-conserving) cycle
+    service = np.maximum(ttft, out["ttft_ms"]) + (osl - 1) * out["tpot_ms"]
+    queue = service * (c / running - 1.0)
+    rate = running / service * 1000.0        # requests per second
+    return {"ttft_ms": ttft + queue, "tpot_ms": out["tpot_ms"],
+            "ttft_lone_ms": lone + queue, "ttft_burst_ms": burst + queue,
             "latency_ms": service + queue, "running": running, "queue_ms": queue,
             "tokens_per_s": rate * osl, "tokens_per_s_gpu": rate * osl / cost.setup.tp,
             "fits": fits_one >= 1, "kv_tokens": np.full(c.shape, cap["kv_tokens"])}
@@ -168,8 +183,10 @@ def _mixed(cost: StepCost, fw: Framework, running, isl, osl) -> dict:
     mean = (1.0 - carrying) * plain + carrying * carry
     # a group returns while another's iteration runs (none when it is the only one), then
     # waits for its prompts' turn when prefill-bound
-    wait = np.where(groups > 1.0, 0.5 * mean, 0.0) + (cycle - d - k) * mean
-    return {"ttft_ms": wait + k * carry, "tpot_ms": (1.0 - seen) * plain + seen * carry}
+    turn = (cycle - d - k) * mean
+    wait = np.where(groups > 1.0, 0.5 * mean, 0.0) + turn
+    return {"ttft_ms": wait + k * carry, "tpot_ms": (1.0 - seen) * plain + seen * carry,
+            "turn_ms": turn}
 
 
 def _waves(cost: StepCost, fw: Framework, running, isl, osl) -> dict:
