@@ -18,9 +18,13 @@ import numpy as np
 
 
 def timed_cli(args) -> float:
-    """Wall seconds of ``python -m nslib.cli ARGS`` as a whole process."""
+    """Wall seconds of ``python -m nslib.cli ARGS`` as a whole process, timed as a default
+    Python runs: bytecode written once, then read (a machine that sets
+    PYTHONDONTWRITEBYTECODE compiles every module in every process, as bench_predict.py
+    notes)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "nslib.cli", *args], env=dict(os.environ),
+    subprocess.run([sys.executable, "-m", "nslib.cli", *args], env=env,
                    check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return time.perf_counter() - t0
 

@@ -131,6 +131,17 @@ def serve(cost: StepCost, concurrency, isl, osl, fw="vllm") -> dict:
     c, isl, osl = (np.asarray(v, float) for v in np.broadcast_arrays(concurrency, isl, osl))
     if (c < 1).any() or (isl < 1).any() or (osl < 1).any():
         raise ValueError("concurrency, isl and osl must be at least 1")
+    # what the schedule prices never depends on the prices: collect it first, price it in
+    # one call per kind, then run the schedule on the priced figures
+    wanted = _Wanted(cost)
+    with np.errstate(all="ignore"):
+        _serve(wanted, fw, c, isl, osl)
+    wanted.price()
+    return _serve(cost, fw, c, isl, osl)
+
+
+def _serve(cost, fw: Framework, c, isl, osl) -> dict:
+    """:func:`serve` on validated arrays."""
     cap = kv_capacity(cost, fw)
     fits_one = np.floor(cap["kv_tokens"] / (isl + osl))
     running = np.clip(fits_one, 1.0, c)
@@ -157,6 +168,36 @@ def serve(cost: StepCost, concurrency, isl, osl, fw="vllm") -> dict:
             "latency_ms": service + queue, "running": running, "queue_ms": queue,
             "tokens_per_s": rate * osl, "tokens_per_s_gpu": rate * osl / cost.setup.tp,
             "fits": fits_one >= 1, "kv_tokens": np.full(c.shape, cap["kv_tokens"])}
+
+
+class _Wanted:
+    """Stands in for a cost to collect every iteration and attention group a schedule asks
+    for (zeros returned), so that :meth:`price` prices them in one predictor call each."""
+
+    def __init__(self, cost):
+        self.cost, self.tokens, self.groups = cost, [], []
+
+    def __getattr__(self, name):
+        return getattr(self.cost, name)
+
+    def tokens_ms(self, tokens, logits) -> np.ndarray:
+        t, n = np.broadcast_arrays(np.asarray(tokens, float), np.asarray(logits, float))
+        self.tokens.append((t.ravel(), n.ravel()))
+        return np.zeros(t.shape)
+
+    def attention_ms(self, phase, batch, q_len, kv_len) -> np.ndarray:
+        arrays = np.broadcast_arrays(np.asarray(phase),
+                                     *(np.asarray(v, float) for v in (batch, q_len, kv_len)))
+        self.groups.append([a.ravel() for a in arrays])
+        return np.zeros(arrays[1].shape)
+
+    def price(self) -> None:
+        """Price what was asked on the cost that keeps its prices (a scaled cost's base)."""
+        base = getattr(self.cost, "cost", self.cost)
+        if self.tokens and hasattr(base, "token_parts"):
+            base.token_parts(*(np.concatenate(col) for col in zip(*self.tokens)))
+        if self.groups and hasattr(base, "_attended"):
+            base.attention_ms(*(np.concatenate(col) for col in zip(*self.groups)))
 
 
 def _mixed(cost: StepCost, fw: Framework, running, isl, osl) -> dict:

@@ -256,6 +256,7 @@ class StepCost:
         self._elem = np.nan_to_num(sizes.elem_bytes(self.rows), nan=sizes.BYTES_PER_ELEM)
         self._distinct, self._count = _distinct_rows(self.rows, self.law, self._elem)
         self._priced: dict = {}   # (tokens, logits) -> (gemm, vector, comm) ms
+        self._attended: dict = {}  # (phase, batch, q_len, kv_len) -> every layer's ms
         self.link = resolve_link(setup.link, self.spec, setup.data) if setup.link is not None \
             else default_link(self.spec, setup.data)
         attn = engine_table(setup)
@@ -306,10 +307,10 @@ class StepCost:
                                axis=0, return_inverse=True)
         # the schedule asks again for the token counts it priced (each interval bound reruns
         # it with the same counts): only new pairs are priced
+        if len(self._priced) > PRICED_KEPT:   # bounded memory in a long sweep
+            self._priced.clear()
         new = np.array([tuple(p) not in self._priced for p in pairs], bool)
         if new.any():
-            if len(self._priced) > PRICED_KEPT:
-                self._priced.clear()
             parts = self._price(pairs[new])
             for i, p in enumerate(pairs[new]):
                 self._priced[tuple(p)] = parts[i]
@@ -347,19 +348,25 @@ class StepCost:
         live = batch.ravel() > 0
         if not live.any():
             return out
-        key = pd.DataFrame({"phase": phase.ravel()[live], "batch": np.ceil(batch.ravel()[live]),
-                            "q_len": np.ceil(q_len.ravel()[live]),
-                            "kv_len": np.ceil(kv_len.ravel()[live])})
-        uniq = key.drop_duplicates().reset_index(drop=True)
-        rows = uniq.assign(heads=self.heads, kv_heads=self.kv_heads, head_dim=self.head_dim,
-                           causal=uniq["phase"] == "prefill",
-                           **datasheet_columns(self.spec))
-        attn = self.predictors[1][1]
-        ms = np.asarray(attn.predict(rows), float) * self.layers
-        if self.setup.launch_us is not None:
-            ms = np.maximum(ms, self.layers * self.setup.launch_us / 1000.0)
-        got = key.merge(uniq.assign(ms=ms), how="left", on=list(key.columns))["ms"]
-        out.ravel()[np.flatnonzero(live)] = got.to_numpy()
+        keys = list(zip(phase.ravel()[live].tolist(), np.ceil(batch.ravel()[live]).tolist(),
+                        np.ceil(q_len.ravel()[live]).tolist(),
+                        np.ceil(kv_len.ravel()[live]).tolist()))
+        # as for the token counts: the schedule and its interval bounds ask again for the
+        # groups they priced, and only new ones go to the predictor
+        if len(self._attended) > PRICED_KEPT:   # bounded memory in a long sweep
+            self._attended.clear()
+        new = list(dict.fromkeys(k for k in keys if k not in self._attended))
+        if new:
+            uniq = pd.DataFrame(new, columns=["phase", "batch", "q_len", "kv_len"])
+            rows = uniq.assign(heads=self.heads, kv_heads=self.kv_heads,
+                               head_dim=self.head_dim, causal=uniq["phase"] == "prefill",
+                               **datasheet_columns(self.spec))
+            attn = self.predictors[1][1]
+            ms = np.asarray(attn.predict(rows), float) * self.layers
+            if self.setup.launch_us is not None:
+                ms = np.maximum(ms, self.layers * self.setup.launch_us / 1000.0)
+            self._attended.update(zip(new, ms.tolist()))
+        out.ravel()[np.flatnonzero(live)] = [self._attended[k] for k in keys]
         return out
 
 
