@@ -49,7 +49,7 @@ data: setup
 		2>/dev/null || $(BIN)/nslib fetch --kernelbench
 
 test: setup
-	MPLBACKEND=Agg $(BIN)/pytest -q
+	MPLBACKEND=Agg $(BIN)/pytest -q --durations=15
 
 # everything but the tests marked slow (executed notebooks, whole-table properties)
 test-fast: setup

@@ -12,7 +12,7 @@ from nslib.cli import main
 from nslib.data.gpus import gpu_from_dict
 from nslib.data.settings import Settings
 from nslib.model.serving import Framework, Workload, kv_capacity, serve
-from nslib.model.serving.schedule import _mixed
+from nslib.model.serving.schedule import _mixed, _waves, framework
 from nslib.model.serving.steps import engine_kernels
 from nslib.model.trace import trace
 from nslib.model.step import Step
@@ -77,10 +77,10 @@ def test_mixed_by_hand():
     # the forecast: the log-midpoint of alone (2.635 ms, below) and all at once (11 ms)
     lone = 0.5 * 1.09 + 2.09
     assert out["ttft_ms"] == pytest.approx(np.sqrt(lone * carry))
-    # the GPU's work per cycle is the schedule's whatever the arrivals: a request spends the
-    # schedule's cycle in the engine, and the throughput is the cycle's
-    assert out["latency_ms"] == pytest.approx(carry + 10 * plain)
-    assert out["tokens_per_s"] == pytest.approx(10 / out["latency_ms"] * 1000 * 11)
+    assert out["latency_ms"] == pytest.approx(out["ttft_ms"] + 10 * plain)
+    # the GPU's work per request is the schedule's cycle whatever the arrivals: the
+    # throughput is the cycle's
+    assert out["tokens_per_s"] == pytest.approx(10 / (carry + 10 * plain) * 1000 * 11)
 
 
 def test_ttft_range_over_arrival_patterns_by_hand():
@@ -173,8 +173,12 @@ def test_kv_cache_bound_queues_by_littles_law():
     assert 1 <= running < 64
     out = serve(cost, 64, 100, 11, fw)
     assert out["running"] == running
-    service = out["latency_ms"] - out["queue_ms"]
-    assert out["latency_ms"] == pytest.approx(64 / running * service)
+    # Little's law on the schedule's cycle (the GPU's work per request): 64 clients served
+    # `running` at a time wait (64 / running - 1) cycles for a slot
+    one = _mixed(cost, fw, np.array([running]), np.array([100.0]), np.array([11.0]))
+    cycle = one["ttft_ms"][0] + 10 * one["tpot_ms"][0]
+    assert out["queue_ms"] + cycle == pytest.approx(64 / running * cycle)
+    assert out["tokens_per_s"] == pytest.approx(running / cycle * 1000 * 11)
     assert out["ttft_ms"] > out["queue_ms"] > 0
 
 
@@ -194,6 +198,29 @@ def test_sweep_is_monotone_in_concurrency():
     out = serve(LinearCost(), np.arange(1, 101), 512, 64, "vllm")
     assert (np.diff(out["tpot_ms"]) >= -1e-9).all()
     assert (np.diff(out["tokens_per_s"]) >= -1e-9).all()
+
+
+@pytest.mark.parametrize("fw", ["vllm", "trtllm", "sglang"])
+@pytest.mark.parametrize("isl,osl", [(512, 64), (1024, 16), (4096, 16)])
+def test_ttft_inside_its_range_and_throughput_the_cycles(fw, isl, osl):
+    c = np.arange(1, 161, dtype=float)
+    out = serve(LinearCost(), c, isl, osl, fw)
+    assert (out["ttft_lone_ms"] <= out["ttft_ms"] * (1 + 1e-9)).all()
+    assert (out["ttft_ms"] <= out["ttft_burst_ms"] * (1 + 1e-9)).all()
+    # the arrival pattern moves TTFT, not the GPU's work per request: throughput is the
+    # schedule's own cycle whatever the TTFT forecast
+    f = framework(fw)
+    one = (_mixed if f.mixed else _waves)(LinearCost(), f, c, np.full_like(c, isl),
+                                          np.full_like(c, osl))
+    cycle = one["ttft_ms"] + (osl - 1) * one["tpot_ms"]
+    assert out["tokens_per_s"] == pytest.approx(c / cycle * 1000 * osl)
+
+
+def test_latency_is_ttft_plus_the_decode():
+    out = serve(LinearCost(), [1, 16, 64], 128, [1, 8, 32], "vllm")
+    assert out["latency_ms"] == pytest.approx(out["ttft_ms"] + (np.array([1, 8, 32]) - 1) *
+                                              out["tpot_ms"])
+    assert out["latency_ms"][0] == pytest.approx(out["ttft_ms"][0])
 
 
 # -- the engine's kernels of a tiny Llama --------------------------------------------------

@@ -7,7 +7,8 @@ Two ways to schedule prompts beside decodes cover the three engines of the silic
 (:data:`FRAMEWORKS`, their documented defaults):
 
 - **mixed** (vLLM V1, TensorRT-LLM in-flight batching): every iteration carries one token of
-  each decoding request and as many prompt tokens as fit in the token budget. Requests
+  each decoding request and as many prompt tokens as fit in the token budget. The schedule
+  below sets TPOT and the cycle (throughput); TTFT comes from the range further down. Requests
   admitted together finish together and come back together (every request has the same
   lengths), so the ``running`` requests move in ``n = running / g`` groups of the ``g``
   prompts the room holds (``room`` = budget - decode tokens; a longer prompt is one group
@@ -36,8 +37,8 @@ the prompts fill every iteration) and every running request arriving at once (th
 back to back in budget batches, the waves above). A prefill-first engine merges whatever
 arrives into its waves, so its TTFT is the waves'. A mixed engine's TTFT lies between the
 extremes by the arrival pattern; its forecast is their geometric mean, the point whose worst
-log error over the range is least. Throughput and request latency are the schedule's cycle:
-no arrival pattern gets the GPU through a cycle's work sooner.
+log error over the range is least. Throughput is the schedule's cycle: the arrival pattern
+moves how a request's time splits between TTFT and decode, not the GPU's work per request.
 
 When the KV cache holds ``running < concurrency`` requests, a request waits for a slot: with
 ``R`` the time a running request takes, a closed loop of ``concurrency`` clients served
@@ -57,7 +58,7 @@ import numpy as np
 
 from nslib.data.units import GIB
 from nslib.model.memory.step import framework_bytes
-from nslib.model.serving.steps import StepCost
+from nslib.model.serving.steps import PRICED_KEPT, StepCost
 
 
 @dataclass(frozen=True)
@@ -122,10 +123,13 @@ def serve(cost: StepCost, concurrency, isl, osl, fw="vllm") -> dict:
     second, all GPUs), ``tokens_per_s_gpu`` (per GPU), ``fits`` (at least one request fits);
     ``ttft_lone_ms`` and ``ttft_burst_ms``: TTFT if a request arrived alone into the steady
     decode load, and if all running requests arrived at once (their prompts back to back,
-    :func:`_waves`), each no nearer than the schedule's own TTFT (the range a benchmark's
-    arrival pattern, which the schedule does not know, moves TTFT over). A mixed engine's
-    ``ttft_ms`` is the geometric mean of the two, a prefill-first engine's its waves' (module
-    doc); ``latency_ms`` is at least the schedule's cycle.
+    :func:`_waves`), with ``lone <= schedule's own TTFT <= burst`` (the range a benchmark's
+    arrival pattern, which the schedule does not know, moves TTFT over; alone still waits its
+    turn when the prompts fill every iteration). A mixed engine's ``ttft_ms`` is the geometric
+    mean of the two, a prefill-first engine's its waves' (module doc). ``tokens_per_s`` and
+    ``queue_ms`` come from the schedule's cycle (its own TTFT plus ``osl - 1`` TPOTs), the
+    GPU's work per request, which the arrival pattern does not change; ``latency_ms`` is
+    ``ttft_ms + (osl - 1) tpot_ms``.
     """
     fw = framework(fw)
     c, isl, osl = (np.asarray(v, float) for v in np.broadcast_arrays(concurrency, isl, osl))
@@ -158,14 +162,15 @@ def _serve(cost, fw: Framework, c, isl, osl) -> dict:
     # TTFT; a mixed engine's TTFT lies in [lone, burst] by an arrival pattern nobody
     # recorded: the log-midpoint is the point of least worst-case log error over that range
     ttft = np.sqrt(lone * burst) if fw.mixed else out["ttft_ms"]
-    # no arrival pattern gets the GPU through a cycle's work faster than the schedule does:
-    # a request's time in the engine is at least the schedule's (work-conserving) cycle
-    service = np.maximum(ttft, out["ttft_ms"]) + (osl - 1) * out["tpot_ms"]
-    queue = service * (c / running - 1.0)
-    rate = running / service * 1000.0        # requests per second
+    # throughput is the GPU's work per cycle, which the arrival pattern does not change: the
+    # schedule's cycle sets it and the wait for a KV slot, whatever the TTFT's share of it
+    cycle = out["ttft_ms"] + (osl - 1) * out["tpot_ms"]
+    queue = cycle * (c / running - 1.0)
+    rate = running / cycle * 1000.0        # requests per second
     return {"ttft_ms": ttft + queue, "tpot_ms": out["tpot_ms"],
             "ttft_lone_ms": lone + queue, "ttft_burst_ms": burst + queue,
-            "latency_ms": service + queue, "running": running, "queue_ms": queue,
+            "latency_ms": ttft + queue + (osl - 1) * out["tpot_ms"], "running": running,
+            "queue_ms": queue,
             "tokens_per_s": rate * osl, "tokens_per_s_gpu": rate * osl / cost.setup.tp,
             "fits": fits_one >= 1, "kv_tokens": np.full(c.shape, cap["kv_tokens"])}
 
@@ -194,10 +199,15 @@ class _Wanted:
     def price(self) -> None:
         """Price what was asked on the cost that keeps its prices (a scaled cost's base)."""
         base = getattr(self.cost, "cost", self.cost)
-        if self.tokens and hasattr(base, "token_parts"):
-            base.token_parts(*(np.concatenate(col) for col in zip(*self.tokens)))
+        # a cost without memos, or a sweep larger than they keep, is priced call by call
+        if self.tokens and hasattr(base, "_priced"):
+            tokens = [np.concatenate(col) for col in zip(*self.tokens)]
+            if len(tokens[0]) <= PRICED_KEPT:
+                base.token_parts(*tokens)
         if self.groups and hasattr(base, "_attended"):
-            base.attention_ms(*(np.concatenate(col) for col in zip(*self.groups)))
+            groups = [np.concatenate(col) for col in zip(*self.groups)]
+            if len(groups[0]) <= PRICED_KEPT:
+                base.attention_ms(*groups)
 
 
 def _mixed(cost: StepCost, fw: Framework, running, isl, osl) -> dict:
