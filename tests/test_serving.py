@@ -321,6 +321,18 @@ def test_serve_cli_json(data_dir, mixed_dir, tmp_path, capsys):
     assert all(r["ttft_ms"] > 0 and r["tpot_ms"] > 0 for r in out["forecasts"])
 
 
+def test_serve_cli_says_what_its_ttft_is(data_dir, mixed_dir, tmp_path, capsys):
+    cfg = tmp_path / "tiny.json"
+    cfg.write_text(json.dumps(LLAMA))
+    args = ["serve", "--model", str(cfg), "--gpu", "H100", "--concurrency", "4", "--isl", "32",
+            "--osl", "8", "--tensor-predictor", "roofline", "--predictor", "roofline",
+            "--quick"]
+    assert main(args) == 0
+    assert "ttft_ms: the geometric mean of that range" in capsys.readouterr().out
+    assert main(args + ["--framework", "sglang"]) == 0
+    assert "ttft_ms: its waves, the burst end" in capsys.readouterr().out
+
+
 # -- the explorer's serving view -------------------------------------------------------------
 
 def test_serving_explorer_view(data_dir, mixed_dir):

@@ -46,6 +46,7 @@ def _serve(args) -> int:
     print(f"weights {mem['weight_bytes'] / 2 ** 30:.1f} GiB per GPU; the KV cache holds "
           f"{fmt_count(mem['kv_tokens'])} tokens")
     print(_table(frame, args.osl).to_string(index=False))
+    print(_ttft_note(FRAMEWORKS[args.framework].mixed))
     short = frame[frame["running"] < frame["concurrency"]]
     if len(short):
         print(f"the KV cache holds {fmt_count(short['running'].iloc[0])} requests of this "
@@ -70,6 +71,15 @@ def _check_gpu(gpu) -> None:
                          f"GFLOP/s) in its datasheet, and serving forecasts are 16-bit: pick a "
                          f"GPU that has it (`nslib gpus`), or add it to a copy of the datasheet "
                          f"and pass that with {GPU_FILE}")
+
+
+def _ttft_note(mixed: bool) -> str:
+    """One line on what the TTFT columns are, for an engine that mixes prompts into decode
+    iterations or runs them first (:mod:`nslib.model.serving.schedule`)."""
+    point = ("the geometric mean of that range" if mixed else
+             "its waves, the burst end (prompts run first, so arrivals merge)")
+    return ("TTFT lone-burst: a request arriving alone .. every request at once (how the "
+            f"requests arrive is not known); ttft_ms: {point}")
 
 
 # TPOT columns: with one output token a request has no time between tokens
