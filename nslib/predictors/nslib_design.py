@@ -13,6 +13,8 @@ error over the training GPUs (docs/decisions.md):
 - a GEMM's FP32 rate at most what its SMs issue as FFMAs (:mod:`nslib.kernels.issue_rate`:
   128 lanes per SM do not double SGEMM) and what its board's power pays for
   (:mod:`nslib.kernels.power`, FLOP per joule learned from the training GPUs);
+- long training GEMMs of a campaign that throttled left out of training
+  (:mod:`nslib.predictors.throttle`);
 - softmax rows packed into blocks as PyTorch launches them; ensembles and epochs of
   :data:`nslib.predictors.training.DEFAULTS`;
 - at model level, each kernel's microbenchmark dispatch floor off and a phase no faster than
@@ -24,6 +26,7 @@ import numpy as np
 import pandas as pd
 
 from nslib.kernels import issue_rate, power, sizes
+from nslib.predictors import throttle
 from nslib.predictors.neusight import NeuSight
 
 GEMM_DEFAULTS = {"features": ("tile_m", "tile_k", "reduction", "num_sm"), "form": "series",
@@ -69,8 +72,10 @@ class NslibDesign(NeuSight):
         return sizes.gemv_as_stream(frame)
 
     def fit(self, frame: pd.DataFrame, progress: bool = True) -> "NslibDesign":
-        """NeuSight's fit, then the power bound's FLOP per joule from the training kernels
+        """NeuSight's fit on the training kernels less a throttled campaign's long GEMMs
+        (:func:`throttle.throttled`), then the power bound's FLOP per joule from them
         (:func:`power.learned_eta`; off when the frame has no ``tdp_w``)."""
+        frame = frame[~throttle.throttled(frame)]
         super().fit(frame, progress)
         self.power_eta = power.learned_eta(frame)
         return self
