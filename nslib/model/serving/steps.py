@@ -307,14 +307,9 @@ class StepCost:
                                axis=0, return_inverse=True)
         # the schedule asks again for the token counts it priced (each interval bound reruns
         # it with the same counts): only new pairs are priced
-        if len(self._priced) > PRICED_KEPT:   # bounded memory in a long sweep
-            self._priced.clear()
-        new = np.array([tuple(p) not in self._priced for p in pairs], bool)
-        if new.any():
-            parts = self._price(pairs[new])
-            for i, p in enumerate(pairs[new]):
-                self._priced[tuple(p)] = parts[i]
-        per = np.array([self._priced[tuple(p)] for p in pairs]).reshape(len(pairs), 3)
+        keys = [tuple(p) for p in pairs.tolist()]
+        _fill(self._priced, keys, lambda new: self._price(np.array(new)))
+        per = np.array([self._priced[k] for k in keys]).reshape(len(pairs), 3)
         return {part: per[inv.ravel(), j].reshape(tokens.shape)
                 for j, part in enumerate(("gemm", "vector", "comm"))}
 
@@ -353,21 +348,30 @@ class StepCost:
                         np.ceil(kv_len.ravel()[live]).tolist()))
         # as for the token counts: the schedule and its interval bounds ask again for the
         # groups they priced, and only new ones go to the predictor
-        if len(self._attended) > PRICED_KEPT:   # bounded memory in a long sweep
-            self._attended.clear()
-        new = list(dict.fromkeys(k for k in keys if k not in self._attended))
-        if new:
-            uniq = pd.DataFrame(new, columns=["phase", "batch", "q_len", "kv_len"])
-            rows = uniq.assign(heads=self.heads, kv_heads=self.kv_heads,
-                               head_dim=self.head_dim, causal=uniq["phase"] == "prefill",
-                               **datasheet_columns(self.spec))
-            attn = self.predictors[1][1]
-            ms = np.asarray(attn.predict(rows), float) * self.layers
-            if self.setup.launch_us is not None:
-                ms = np.maximum(ms, self.layers * self.setup.launch_us / 1000.0)
-            self._attended.update(zip(new, ms.tolist()))
+        _fill(self._attended, keys, self._attention)
         out.ravel()[np.flatnonzero(live)] = [self._attended[k] for k in keys]
         return out
+
+    def _attention(self, groups: list) -> list:
+        """Every layer's attention (ms) of each (phase, batch, q_len, kv_len) of ``groups``."""
+        uniq = pd.DataFrame(groups, columns=["phase", "batch", "q_len", "kv_len"])
+        rows = uniq.assign(heads=self.heads, kv_heads=self.kv_heads, head_dim=self.head_dim,
+                           causal=uniq["phase"] == "prefill", **datasheet_columns(self.spec))
+        ms = np.asarray(self.predictors[1][1].predict(rows), float) * self.layers
+        if self.setup.launch_us is not None:
+            ms = np.maximum(ms, self.layers * self.setup.launch_us / 1000.0)
+        return ms.tolist()
+
+
+def _fill(memo: dict, keys: list, price) -> None:
+    """Add to ``memo`` the ``keys`` it lacks, priced once each by ``price(new keys)`` (a
+    sequence of values in their order); a memo holding more than :data:`PRICED_KEPT` entries
+    is emptied first (bounded memory in a long sweep)."""
+    if len(memo) > PRICED_KEPT:
+        memo.clear()
+    new = list(dict.fromkeys(k for k in keys if k not in memo))
+    if new:
+        memo.update(zip(new, price(new)))
 
 
 class ScaledCost:
