@@ -239,3 +239,24 @@ def test_kernelbench_level3_models_trace_a_training_step(kernelbench_dir):
     assert all("building the module failed" in why for name, why in failed.items()
                if "Swin" in name)
     assert {n for n in failed if "Shuffle" not in n and "Swin" not in n} == set()
+
+
+@pytest.mark.parametrize("cls,kw", [(nn.LSTM, dict(batch_first=True, num_layers=2)),
+                                    (nn.GRU, dict(bidirectional=True, num_layers=3)),
+                                    (nn.RNN, dict(batch_first=True, bidirectional=True))])
+def test_recurrent_layer_shapes_without_the_decomposition(cls, kw):
+    """While traced, a recurrent layer returns outputs of the shapes PyTorch's own forward
+    gives (without running its step-by-step decomposition), and is itself again afterwards."""
+    from nslib.model.rnn_trace import _ShapesOnly
+
+    with torch.device("meta"):
+        rnn = cls(16, 24, **kw)
+        x = torch.empty(5, 7, 16)
+    real = rnn(x)
+    handle = _ShapesOnly(rnn)
+    fast = rnn(x)
+    handle.remove()
+    flat = lambda o: [o[0], *(o[1] if isinstance(o[1], tuple) else (o[1],))]
+    assert [t.shape for t in flat(fast)] == [t.shape for t in flat(real)]
+    assert "forward" not in rnn.__dict__
+    assert [t.shape for t in flat(rnn(x))] == [t.shape for t in flat(real)]

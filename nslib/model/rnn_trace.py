@@ -131,8 +131,44 @@ def rnn_hooks(model, tracer, train: bool = False) -> list:
     handles = []
     for mod in model.modules():
         if isinstance(mod, torch.nn.RNNBase) and mod.mode in GATES:
-            handles += [mod.register_forward_pre_hook(pre), mod.register_forward_hook(post)]
+            handles += [mod.register_forward_pre_hook(pre), mod.register_forward_hook(post),
+                        _ShapesOnly(mod)]
     return handles
+
+
+class _ShapesOnly:
+    """While installed, recurrent layer ``mod`` on a batched meta input returns empty outputs
+    of the shapes its forward gives, without running PyTorch's step-by-step decomposition (on
+    the meta device ~0.5 ms per aten op, tens of seconds for a long sequence, and muted anyway:
+    :func:`rnn_rows` writes the kernels). Anything else (an unbatched or non-meta input, a
+    projected LSTM) runs the real forward. ``remove()`` puts the layer back, like a hook's
+    handle."""
+
+    def __init__(self, mod):
+        self.mod, self.had = mod, mod.__dict__.get("forward")
+        real = mod.forward
+
+        def forward(x, hx=None):
+            import torch
+
+            if not (isinstance(x, torch.Tensor) and x.is_meta and x.dim() == 3
+                    and not getattr(mod, "proj_size", 0)):
+                return real(x, hx)
+            T, B = (x.shape[1], x.shape[0]) if mod.batch_first else (x.shape[0], x.shape[1])
+            dirs = 2 if mod.bidirectional else 1
+            H = mod.hidden_size
+            shape = (B, T, dirs * H) if mod.batch_first else (T, B, dirs * H)
+            out = x.new_empty(shape)
+            h = x.new_empty((dirs * mod.num_layers, B, H))
+            return out, ((h, x.new_empty(h.shape)) if mod.mode == "LSTM" else h)
+
+        mod.forward = forward
+
+    def remove(self):
+        if self.had is None:
+            del self.mod.forward
+        else:
+            self.mod.forward = self.had
 
 
 def _through_cudnn_node(tracer, node_fn, mod, args, out, call):
