@@ -242,6 +242,7 @@ def test_kernelbench_level3_models_trace_a_training_step(kernelbench_dir):
 
 
 @pytest.mark.parametrize("cls,kw", [(nn.LSTM, dict(batch_first=True, num_layers=2)),
+                                    (nn.LSTM, dict(proj_size=8, bidirectional=True)),
                                     (nn.GRU, dict(bidirectional=True, num_layers=3)),
                                     (nn.RNN, dict(batch_first=True, bidirectional=True))])
 def test_recurrent_layer_shapes_without_the_decomposition(cls, kw):
@@ -260,3 +261,20 @@ def test_recurrent_layer_shapes_without_the_decomposition(cls, kw):
     assert [t.shape for t in flat(fast)] == [t.shape for t in flat(real)]
     assert "forward" not in rnn.__dict__
     assert [t.shape for t in flat(rnn(x))] == [t.shape for t in flat(real)]
+
+
+def test_projected_lstm_by_hand():
+    """An LSTM with ``proj_size`` P: per step the recurrent GEMM is P deep and the new hidden
+    state is projected (H -> P); the backward takes the projection's data gradient first and
+    adds its weight gradient."""
+    T, B, H, P = 3, 4, 32, 8
+    model, x = _meta(lambda: nn.LSTM(16, H, proj_size=P, batch_first=True), B, T, 16)
+    tr = trace_module(model, [x], mode="train")
+    assert tr.attrs["unknown_ops"] == {}
+    gemm = lambda f: f[f["cls"] == "linear"][["M", "N", "K"]].astype(int).values.tolist()
+    fw = tr[tr["aten"] == "cudnn_rnn.LSTM"]
+    assert gemm(fw) == [[T * B, 16, 4 * H]] + [[B, P, 4 * H], [B, H, P]] * T
+    assert (fw["cls"] == "elementwise").sum() == T
+    bw = tr[tr["aten"] == "cudnn_rnn_backward.LSTM"]
+    assert gemm(bw) == [[B, P, H], [B, 4 * H, P]] * T + [[16, T * B, 4 * H],
+                                                         [P, T * B, 4 * H], [H, T * B, P]]

@@ -24,13 +24,15 @@ def rnn_rows(tracer, rnn, x) -> None:
     """The kernels cuDNN's standard algorithm launches for recurrent layer ``rnn`` on input
     ``x``, appended to ``tracer``: per layer and direction one GEMM projecting every step's
     input onto the gates (``T*B x in @ in x gates*H``), then per step the recurrent GEMM
-    (``B x H @ H x gates*H``) and one fused pointwise kernel over the gates (two streams in,
-    one out), the steps in sequence. PyTorch's own decomposition (a dozen kernels a step) is
-    what a CPU runs, not what the GPU launches."""
+    (``B x P @ P x gates*H``) and one fused pointwise kernel over the gates (two streams in,
+    one out), then, for an LSTM with ``proj_size`` P, the projection of the new hidden state
+    (``B x H @ H x P``; without one P is H and there is none), the steps in sequence. PyTorch's
+    own decomposition (a dozen kernels a step) is what a CPU runs, not what the GPU
+    launches."""
     if x.dim() != 3:
         raise RnnError(f"{type(rnn).__name__}: only batched (3-D) inputs are traced")
     T, B = (x.shape[1], x.shape[0]) if rnn.batch_first else (x.shape[0], x.shape[1])
-    H, G = rnn.hidden_size, GATES[rnn.mode]
+    H, G, P = rnn.hidden_size, GATES[rnn.mode], _state_width(rnn)
     dirs = 2 if rnn.bidirectional else 1
     aten = f"cudnn_rnn.{rnn.mode}"
     last = ()
@@ -39,21 +41,31 @@ def rnn_rows(tracer, rnn, x) -> None:
     tracer.n_calls += 1
     rnn_call = tracer.call
     for layer in range(rnn.num_layers):
-        width = rnn.input_size if layer == 0 else H * dirs
+        width = rnn.input_size if layer == 0 else P * dirs
         for _ in range(dirs):
-            m, n, k = int(T * B), int(width), int(G * H)
-            kid = tracer.add_row(aten, "linear", "linear", (1, m, n, k, None), 2.0 * m * n * k,
-                                 4.0 * (m * n + n * k + m * k), last)
-            step = (kid,)
+            step = (_gemm(tracer, aten, int(T * B), int(width), int(G * H), last),)
             for _ in range(int(T)):
-                g = tracer.add_row(aten, "linear", "linear", (1, B, H, G * H, None),
-                                   2.0 * B * H * G * H, 4.0 * (B * H + H * G * H + B * G * H),
-                                   step)
+                g = _gemm(tracer, aten, int(B), P, G * H, step)
                 step = (tracer.add_row(aten, "elementwise", "add", (int(B), None, None, None,
                                        int(G * H)), float(B * G * H), 12.0 * B * G * H, (g,)),)
+                if P != H:
+                    step = (_gemm(tracer, aten, int(B), H, P, step),)
             last = step
     tracer.call = saved
     return rnn_call
+
+
+def _state_width(rnn) -> int:
+    """The width of the state a step hands the next: an LSTM's ``proj_size`` when it has
+    one, else the hidden size."""
+    return int(getattr(rnn, "proj_size", 0) or rnn.hidden_size)
+
+
+def _gemm(tracer, aten: str, m: int, k: int, n: int, inputs) -> int:
+    """Append one FP32 GEMM row ``m x k @ k x n`` (rows, reduction, outputs; FLOPs and
+    bytes of its three matrices) launched by ``aten``; its kernel id."""
+    return tracer.add_row(aten, "linear", "linear", (1, m, k, n, None), 2.0 * m * k * n,
+                          4.0 * (m * k + k * n + m * n), inputs)
 
 
 def rnn_backward_rows(tracer, rnn, x, call: int, input_grad: bool,
@@ -65,33 +77,34 @@ def rnn_backward_rows(tracer, rnn, x, call: int, input_grad: bool,
     GEMM's data gradient (``T*B x gates*H @ gates*H x in``; the first layer's only when its
     input needs a gradient), and, when the layer's weights are trained (``weight_grad``), their
     gradients as two GEMMs over every step (``in x T*B @ T*B x gates*H`` and
-    ``H x T*B @ T*B x gates*H``; the bias gradients, reductions cuDNN folds into them, are not
-    rows of their own)."""
+    ``P x T*B @ T*B x gates*H``; the bias gradients, reductions cuDNN folds into them, are not
+    rows of their own). With an LSTM's ``proj_size`` P each step first takes the projection's
+    data gradient (``B x P @ P x H``), the recurrent GEMM returns P wide, and the projection's
+    weight gradient (``H x T*B @ T*B x P``) is a third GEMM."""
     T, B = (x.shape[1], x.shape[0]) if rnn.batch_first else (x.shape[0], x.shape[1])
     T, B = int(T), int(B)
-    H, G = rnn.hidden_size, GATES[rnn.mode]
+    H, G, P = rnn.hidden_size, GATES[rnn.mode], _state_width(rnn)
     dirs = 2 if rnn.bidirectional else 1
     aten = f"cudnn_rnn_backward.{rnn.mode}"
     saved, tracer.call = tracer.call, call
     last = ()
     for layer in reversed(range(rnn.num_layers)):
-        width = rnn.input_size if layer == 0 else H * dirs
+        width = rnn.input_size if layer == 0 else P * dirs
         for _ in range(dirs):
             step = last
             for _ in range(T):
+                if P != H:
+                    step = (_gemm(tracer, aten, B, P, H, step),)
                 pw = tracer.add_row(aten, "elementwise", "add", (B, None, None, None, G * H),
                                     float(B * G * H), 12.0 * B * G * H, step)
-                step = (tracer.add_row(aten, "linear", "linear", (1, B, G * H, H, None),
-                                       2.0 * B * G * H * H,
-                                       4.0 * (B * G * H + G * H * H + B * H), (pw,)),)
+                step = (_gemm(tracer, aten, B, G * H, P, (pw,)),)
             m = T * B
             gemms = [(m, G * H, width)] if layer > 0 or input_grad else []
             if weight_grad:
-                gemms += [(width, m, G * H), (H, m, G * H)]
+                gemms += [(width, m, G * H), (P, m, G * H)] + ([(H, m, P)] if P != H else [])
             last = step
             for a, b, c in gemms:
-                last = (tracer.add_row(aten, "linear", "linear", (1, a, b, c, None),
-                                       2.0 * a * b * c, 4.0 * (a * b + b * c + a * c), step),)
+                last = (_gemm(tracer, aten, a, b, c, step),)
     tracer.call = saved
 
 
@@ -140,8 +153,8 @@ class _ShapesOnly:
     """While installed, recurrent layer ``mod`` on a batched meta input returns empty outputs
     of the shapes its forward gives, without running PyTorch's step-by-step decomposition (on
     the meta device ~0.5 ms per aten op, tens of seconds for a long sequence, and muted anyway:
-    :func:`rnn_rows` writes the kernels). Anything else (an unbatched or non-meta input, a
-    projected LSTM) runs the real forward. ``remove()`` puts the layer back, like a hook's
+    :func:`rnn_rows` writes the kernels). Anything else (an unbatched or non-meta input) runs
+    the real forward. ``remove()`` puts the layer back, like a hook's
     handle."""
 
     def __init__(self, mod):
@@ -151,16 +164,15 @@ class _ShapesOnly:
         def forward(x, hx=None):
             import torch
 
-            if not (isinstance(x, torch.Tensor) and x.is_meta and x.dim() == 3
-                    and not getattr(mod, "proj_size", 0)):
+            if not (isinstance(x, torch.Tensor) and x.is_meta and x.dim() == 3):
                 return real(x, hx)
             T, B = (x.shape[1], x.shape[0]) if mod.batch_first else (x.shape[0], x.shape[1])
-            dirs = 2 if mod.bidirectional else 1
-            H = mod.hidden_size
-            shape = (B, T, dirs * H) if mod.batch_first else (T, B, dirs * H)
-            out = x.new_empty(shape)
-            h = x.new_empty((dirs * mod.num_layers, B, H))
-            return out, ((h, x.new_empty(h.shape)) if mod.mode == "LSTM" else h)
+            dirs, P = (2 if mod.bidirectional else 1), _state_width(mod)
+            out = x.new_empty((B, T, dirs * P) if mod.batch_first else (T, B, dirs * P))
+            h = x.new_empty((dirs * mod.num_layers, B, P))
+            if mod.mode != "LSTM":
+                return out, h
+            return out, (h, x.new_empty((dirs * mod.num_layers, B, mod.hidden_size)))
 
         mod.forward = forward
 
