@@ -247,3 +247,36 @@ def test_module_inputs_take_an_element_type(tmp_path, data_dir, capsys):
     assert main(["predict", "--gpu", "V100", "--module", f"{f}:Net", "--inputs", "4x16:int64",
                  "--predictor", "roofline", "--json"]) == 0
     assert '"e2e_ms"' in capsys.readouterr().out
+    # FP32 ids: the error names the fix, not only PyTorch's complaint
+    assert main(["predict", "--gpu", "V100", "--module", f"{f}:Net", "--inputs", "4x16",
+                 "--predictor", "roofline"]) == 2
+    assert "8x512:int64" in capsys.readouterr().err
+
+
+def test_module_input_and_build_errors_name_the_fix(tmp_path, data_dir, capsys):
+    """A shape written with commas, a class that needs constructor arguments, a file without
+    KernelBench's three names: one line each, saying what to write instead; shapes written
+    as on the command line also work from Python."""
+    import pytest
+
+    from nslib.model.module_predict import parse_shapes, predict_module
+    with pytest.raises(ValueError, match="32x3x224x224"):
+        parse_shapes("32,3,224,224")
+    assert [s.dtype for s in parse_shapes("4:float32,4:int64")] == ["float32", "int64"]
+    f = tmp_path / "mlp.py"
+    f.write_text("from torch import nn\n\n"
+                 "class MLP(nn.Module):\n"
+                 "    def __init__(self, d_in, d_out):\n"
+                 "        super().__init__()\n"
+                 "        self.fc = nn.Linear(d_in, d_out)\n\n"
+                 "    def forward(self, x):\n"
+                 "        return self.fc(x)\n\n"
+                 "def make():\n"
+                 "    return MLP(64, 32)\n")
+    assert main(["predict", "--gpu", "V100", "--module", f"{f}:MLP", "--inputs", "8x64"]) == 2
+    assert "zero-argument factory" in capsys.readouterr().err
+    assert main(["predict", "--gpu", "V100", "--module", str(f), "--inputs", "8x64"]) == 2
+    assert f"{f}:MLP --inputs SHAPES" in capsys.readouterr().err
+    by_text = predict_module("V100", f"{f}:make", inputs="8x64", predictor="roofline")[1]
+    by_tuple = predict_module("V100", f"{f}:make", inputs=[(8, 64)], predictor="roofline")[1]
+    assert by_text["e2e_ms"] == by_tuple["e2e_ms"]

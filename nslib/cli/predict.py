@@ -118,8 +118,15 @@ def _predict_module(args) -> int:
 
 def _interval_hint(args, summary: dict) -> None:
     """On stderr, the note that ``nslib calibrate`` gives the forecast its interval, where
-    it has none for want of a calibration (:func:`nslib.cli.intervals.calibrate_hint`)."""
+    it has none for want of a calibration (:func:`nslib.cli.intervals.calibrate_hint`), or
+    that the forecast lies outside its interval, where it does."""
     if "interval_ms" in summary:
+        lo, hi = summary["interval_ms"]
+        if not lo <= summary["e2e_ms"] <= hi:   # a predictor that errs one way (the roofline)
+            side = "below" if summary["e2e_ms"] < lo else "above"
+            print(f"note: the forecast lies {side} its interval: on the GPUs it was "
+                  f"calibrated on (each held out in turn), {args.predictor} errs {side} "
+                  "the measured times, and the interval is where they fell", file=sys.stderr)
         return
     dtype = getattr(args, "dtype", "fp32") or "fp32"
     tensor = None if dtype == "fp32" else (args.tensor_predictor or "nslib")

@@ -76,6 +76,12 @@ def parse_shapes(text: str) -> list[Shape]:
     """``"8x3x224x224,8x10:int64"`` as ``[(8, 3, 224, 224), (8, 10)]`` (:class:`Shape`, the
     second of int64 elements: an embedding's token ids); a ValueError naming the bad part
     otherwise."""
+    parts = [q.strip() for q in str(text).split(",")]
+    if len(parts) > 1 and all(re.fullmatch(r"\d+", q) for q in parts):
+        # "32,3,224,224" is almost surely one shape written with commas
+        raise ValueError(f"--inputs {text!r} reads as {len(parts)} one-dimensional inputs: a "
+                         f"shape's dimensions are joined by x ({'x'.join(parts)}); for "
+                         f"one-dimensional inputs give their type ({parts[0]}:float32,...)")
     shapes = []
     for part in str(text).split(","):
         part = part.strip()
@@ -125,6 +131,12 @@ def _load(spec) -> tuple[object, object]:
     return ns[name], (ns["get_inputs"] if callable(ns.get("get_inputs")) else None)
 
 
+def _is_shape_text(v) -> bool:
+    """Whether ``v`` is one shape written as on the command line (``8x3x224x224``,
+    ``8x128:int64``)."""
+    return isinstance(v, str) and re.fullmatch(r"\d+(?:x\d+)*(?::\w+)?", v.strip()) is not None
+
+
 def _is_shape(v, alone: bool = False) -> bool:
     """Whether ``v`` is one tensor shape: a tuple (or, inside the inputs' list, a list) of
     integers; a bare list of integers is the module's integer arguments, not a shape."""
@@ -161,8 +173,9 @@ def module_trace_of(model, inputs=None, eval_mode: bool = True, mode: str = "inf
     """The kernel rows of one step of ``model`` (see :func:`is_module_spec`; ``mode`` ``inf``,
     an inference forward, or ``train``, forward and backward:
     :func:`nslib.model.module_trace.trace_module`) on
-    ``inputs``: a list of tensors or shapes (tuples of ints, made FP32 tensors) and other
-    arguments, or one tensor or shape tuple alone; ``None`` takes the file's ``get_inputs()``. Everything is built on the meta device (no weights, no memory);
+    ``inputs``: a list of tensors or shapes (tuples of ints, made FP32 tensors; or written as
+    on the command line, ``"8x128:int64"``) and other arguments, or one tensor, shape tuple
+    or shape string (``"8x3x224x224,8x10"``: several) alone; ``None`` takes the file's ``get_inputs()``. Everything is built on the meta device (no weights, no memory);
     a caller's own module is copied first (its weights, device and train/eval flag stay as
     they are). :class:`nslib.model.module_trace.ProblemError` (a ValueError) naming what
     failed."""
@@ -181,8 +194,11 @@ def module_trace_of(model, inputs=None, eval_mode: bool = True, mode: str = "inf
 
     def make_inputs():
         if inputs is not None:
+            if isinstance(inputs, str):   # "8x3x224x224,8x10:int64", as on the command line
+                return [_input_tensor(v) for v in parse_shapes(inputs)]
             alone = _is_shape(inputs, alone=True) or isinstance(inputs, torch.Tensor)
-            return [_input_tensor(v) if _is_shape(v) else v
+            return [_input_tensor(parse_shapes(v)[0]) if _is_shape_text(v)
+                    else _input_tensor(v) if _is_shape(v) else v
                     for v in ([inputs] if alone else inputs)]
         if get_inputs is None:
             raise ProblemError(f"{label}: give the inputs (shapes such as [(8, 3, 224, 224)], "

@@ -167,8 +167,15 @@ def load_problem(path: str | Path) -> dict:
     ns = run_file(path)
     missing = [k for k in ("Model", "get_inputs", "get_init_inputs") if not callable(ns.get(k))]
     if missing:
+        import torch
+
+        named = [k for k, v in ns.items() if isinstance(v, type) and k != "Model"
+                 and issubclass(v, torch.nn.Module) and v.__module__ == ns.get("__name__")]
+        other = (f"; or name a module class or factory: {path}:{named[0]} --inputs SHAPES"
+                 if named else "; or name a module class or factory: FILE.py:NAME --inputs "
+                 "SHAPES")
         raise ProblemError(f"{path}: a problem file defines Model, get_inputs() and "
-                           f"get_init_inputs(); missing {', '.join(missing)}")
+                           f"get_init_inputs(); missing {', '.join(missing)}{other}")
     return ns
 
 
@@ -182,8 +189,25 @@ def meta_trace(build, make_inputs, label: str, eval_mode: bool = True, mode: str
     import torch
 
     def why(e: Exception) -> str:
-        first = str(e).splitlines()[0][:200] if str(e) else ""
+        first = str(e).splitlines()[0] if str(e) else ""
+        if len(first) > 300:   # cut at a word, and say so
+            first = first[:300].rsplit(" ", 1)[0] + " ..."
         return f"{type(e).__name__}: {first}"
+
+    def input_hint(e: Exception) -> str:
+        text = str(e)
+        if "Long" in text and ("Int" in text or "indices" in text):
+            # an embedding (or index) given float inputs
+            return ("token ids and indices need an integer type: give that input as "
+                    "8x512:int64 (--inputs) or a torch.long tensor")
+        return "check that the input shapes are the ones the module expects"
+
+    def build_hint(e: Exception) -> str:
+        if isinstance(e, TypeError) and "required positional argument" in str(e):
+            return ("; the module is built with no arguments: name a zero-argument factory "
+                    "instead (def make(): return Net(...), then FILE.py:make), or use "
+                    "KernelBench's convention (Model, get_inputs(), get_init_inputs())")
+        return f"; {data_hint}" if needs_data(e) else ""
 
     def needs_data(e: Exception) -> bool:
         # a meta tensor has no values: reading one is what a data-dependent module does
@@ -201,7 +225,7 @@ def meta_trace(build, make_inputs, label: str, eval_mode: bool = True, mode: str
             raise
         except Exception as e:  # the user's constructor raises anything
             raise ProblemError(f"{label}: building the module failed ({why(e)})"
-                               + (f"; {data_hint}" if needs_data(e) else "")) from None
+                               + build_hint(e)) from None
         try:
             inputs = [t.to("meta") if isinstance(t, torch.Tensor) else t for t in make_inputs()]
         except ProblemError:
@@ -215,8 +239,7 @@ def meta_trace(build, make_inputs, label: str, eval_mode: bool = True, mode: str
         except Exception as e:  # the module's own code raises anything on meta tensors
             shapes = ", ".join("x".join(str(d) for d in t.shape) if isinstance(t, torch.Tensor)
                                else type(t).__name__ for t in inputs) or "none"
-            hint = data_hint if needs_data(e) else \
-                "check that the input shapes are the ones the module expects"
+            hint = data_hint if needs_data(e) else input_hint(e)
             what = "forward" if mode == "inf" else "forward or backward"
             raise ProblemError(f"{label}: its {what} failed on the meta device with inputs "
                                f"[{shapes}] ({why(e)}); {hint}") from None
