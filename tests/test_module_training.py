@@ -278,3 +278,50 @@ def test_projected_lstm_by_hand():
     bw = tr[tr["aten"] == "cudnn_rnn_backward.LSTM"]
     assert gemm(bw) == [[B, P, H], [B, 4 * H, P]] * T + [[16, T * B, 4 * H],
                                                          [P, T * B, 4 * H], [H, T * B, P]]
+
+
+class _CellLoop(nn.Module):
+    """An LSTM cell feeding a GRU cell, stepped by the module's own loop."""
+
+    def __init__(self, n_in=16, h=32):
+        super().__init__()
+        self.h = h
+        self.lstm, self.gru = nn.LSTMCell(n_in, h), nn.GRUCell(h, h)
+
+    def forward(self, x):
+        h = c = g = x.new_zeros(x.shape[0], self.h)
+        for t in range(x.shape[1]):
+            h, c = self.lstm(x[:, t], (h, c))
+            g = self.gru(h, g)
+        return g
+
+
+def test_recurrent_cells_are_cudas_fused_kernels():
+    """Each step of an LSTM or GRU cell: its two GEMMs and one fused pointwise kernel, not the
+    dozen pointwise kernels of PyTorch's decomposition; the backward one fused kernel and the
+    GEMMs of the gradients that are needed (the LSTM's input is data: no input gradient)."""
+    T, B, H = 3, 4, 32
+    model, x = _meta(_CellLoop, B, T, 16)
+    tr = trace_module(model, [x], mode="train")
+    assert tr.attrs["unknown_ops"] == {}
+    gemm = lambda f: f[f["cls"] == "linear"][["M", "N", "K"]].astype(int).values.tolist()
+    lstm = tr[tr["aten"] == "_thnn_fused_lstm_cell"]
+    assert gemm(lstm) == [[B, 16, 4 * H], [B, H, 4 * H]] * T
+    assert lstm.groupby("call")["cls"].apply(list).tolist() == \
+        [["linear", "linear", "elementwise"]] * T
+    gru = tr[tr["aten"] == "_thnn_fused_gru_cell"]
+    assert gemm(gru) == [[B, H, 3 * H], [B, H, 3 * H]] * T
+    assert (gru["cls"] == "elementwise").sum() == T
+    lstm_bw = tr[tr["aten"] == "_thnn_fused_lstm_cell_backward"]
+    # last step first: the state's data gradient (not the first step's: its state is the
+    # zeros the loop made) and the two weight gradients
+    weights = [[16, B, 4 * H], [H, B, 4 * H]]
+    assert gemm(lstm_bw) == ([[B, 4 * H, H]] + weights) * (T - 1) + weights
+    gru_bw = tr[tr["aten"] == "_thnn_fused_gru_cell_backward"]
+    weights = [[H, B, 3 * H], [H, B, 3 * H]]
+    assert gemm(gru_bw) == ([[B, 3 * H, H]] * 2 + weights) * (T - 1) + [[B, 3 * H, H]] + weights
+    assert (gru_bw["cls"] == "elementwise").sum() == (lstm_bw["cls"] == "elementwise").sum() == T
+    # inference: no decomposition left either
+    inf = trace_module(model, [x], mode="inf")
+    assert set(inf["aten"]) <= {"_thnn_fused_lstm_cell", "_thnn_fused_gru_cell",
+                                "aten.new_zeros.default", "aten.select.int", "aten.zeros.default"}

@@ -4,13 +4,17 @@ PyTorch's ``nn.LSTM``/``GRU``/``RNN`` on the meta device runs a step-by-step dec
 dozen kernels a step, and its autograd in a training step): what a CPU runs, not what the GPU
 launches. Hooks on each recurrent layer (:func:`rnn_hooks`) mute it and write cuDNN's standard
 algorithm instead (:func:`rnn_rows`; in training :func:`rnn_backward_rows` through one autograd
-node), all launched by the layer's one operator call. Units: FLOPs, bytes (FP32).
+node), all launched by the layer's one operator call. A cell (``nn.LSTMCell``, ``nn.GRUCell``)
+called step by step in the module's own loop is priced the same way, one step a call: its two
+GEMMs and CUDA's one fused pointwise kernel (:func:`cell_rows`, :func:`cell_backward_rows`).
+Units: FLOPs, bytes (FP32).
 """
 from __future__ import annotations
 
 from nslib.model.aten import tensors_in
 
-__all__ = ["GATES", "rnn_rows", "rnn_backward_rows", "rnn_hooks", "RnnError"]
+__all__ = ["GATES", "rnn_rows", "rnn_backward_rows", "cell_rows", "cell_backward_rows",
+           "rnn_hooks", "RnnError"]
 
 # gate GEMM widths per hidden unit of PyTorch's recurrent layers (nn.RNNBase.mode)
 GATES = {"LSTM": 4, "GRU": 3, "RNN_TANH": 1, "RNN_RELU": 1}
@@ -108,6 +112,63 @@ def rnn_backward_rows(tracer, rnn, x, call: int, input_grad: bool,
     tracer.call = saved
 
 
+def _cell(mod) -> tuple[str, int] | None:
+    """(kind, gates per hidden unit) of a recurrent cell CUDA runs fused (``nn.LSTMCell``,
+    ``nn.GRUCell``), else None (an ``nn.RNNCell`` is two GEMMs, an add and the activation as
+    traced)."""
+    import torch
+
+    if isinstance(mod, torch.nn.LSTMCell):
+        return "lstm", 4
+    if isinstance(mod, torch.nn.GRUCell):
+        return "gru", 3
+    return None
+
+
+def cell_rows(tracer, cell, x) -> int:
+    """The kernels one step of recurrent cell ``cell`` (``nn.LSTMCell``, ``nn.GRUCell``)
+    launches on CUDA for input ``x`` (``B x in``, or one unbatched row), appended to
+    ``tracer`` under one operator call (returned): the input and the state projected onto the
+    gates (``B x in @ in x gates*H``, ``B x H @ H x gates*H``) and one fused pointwise kernel
+    over both (``_thnn_fused_lstm_cell`` / ``_thnn_fused_gru_cell``, the biases folded in),
+    not the dozen pointwise kernels of PyTorch's decomposition."""
+    kind, G = _cell(cell)
+    B, H = (int(x.shape[0]) if x.dim() == 2 else 1), int(cell.hidden_size)
+    aten = f"_thnn_fused_{kind}_cell"
+    saved, tracer.call = tracer.call, tracer.n_calls
+    tracer.n_calls += 1
+    call = tracer.call
+    gi = _gemm(tracer, aten, B, int(cell.input_size), G * H, ())
+    gh = _gemm(tracer, aten, B, H, G * H, ())
+    tracer.add_row(aten, "elementwise", "add", (B, None, None, None, G * H), float(B * G * H),
+                   12.0 * B * G * H, (gi, gh))
+    tracer.call = saved
+    return call
+
+
+def cell_backward_rows(tracer, cell, x, call: int, input_grad: bool, state_grad: bool = True,
+                       weight_grad: bool = True) -> None:
+    """The kernels of a fused cell's backward (the forward's operator ``call``): one fused
+    pointwise kernel giving the gates' gradient, then the GEMMs of the two projections' data
+    gradients (input: ``B x gates*H @ gates*H x in``, when it needs one; state:
+    ``B x gates*H @ gates*H x H``, when it does) and, when the weights are trained, their
+    gradients (``in x B @ B x gates*H``, ``H x B @ B x gates*H``; the bias gradient is a
+    reduction folded in, as for the layers)."""
+    kind, G = _cell(cell)
+    B, H = (int(x.shape[0]) if x.dim() == 2 else 1), int(cell.hidden_size)
+    n_in = int(cell.input_size)
+    aten = f"_thnn_fused_{kind}_cell_backward"
+    saved, tracer.call = tracer.call, call
+    pw = (tracer.add_row(aten, "elementwise", "add", (B, None, None, None, G * H),
+                         float(B * G * H), 12.0 * B * G * H, ()),)
+    gemms = ([(B, G * H, n_in)] if input_grad else []) + ([(B, G * H, H)] if state_grad else [])
+    if weight_grad:
+        gemms += [(n_in, B, G * H), (H, B, G * H)]
+    for m, k, n in gemms:
+        _gemm(tracer, aten, m, k, n, pw)
+    tracer.call = saved
+
+
 def rnn_hooks(model, tracer, train: bool = False) -> list:
     """Hooks pricing each recurrent layer of ``model`` as :func:`rnn_rows` (its own aten calls
     muted while it runs). Training: the layer's forward runs without autograd and its outputs
@@ -135,7 +196,7 @@ def rnn_hooks(model, tracer, train: bool = False) -> list:
             torch.set_grad_enabled(state[id(mod)][0])
         if tracer.muted:
             return None
-        call = rnn_rows(tracer, mod, args[0])
+        call = (cell_rows if _cell(mod) else rnn_rows)(tracer, mod, args[0])
         if not train:
             return None
         state[id(mod)] = (state[id(mod)][0], call)
@@ -146,6 +207,8 @@ def rnn_hooks(model, tracer, train: bool = False) -> list:
         if isinstance(mod, torch.nn.RNNBase) and mod.mode in GATES:
             handles += [mod.register_forward_pre_hook(pre), mod.register_forward_hook(post),
                         _ShapesOnly(mod)]
+        elif _cell(mod):   # one step: PyTorch's decomposition is cheap enough to run, muted
+            handles += [mod.register_forward_pre_hook(pre), mod.register_forward_hook(post)]
     return handles
 
 
@@ -190,7 +253,10 @@ def _through_cudnn_node(tracer, node_fn, mod, args, out, call):
     (outputs unchanged) when nothing upstream needs a gradient."""
     import torch
 
-    flat = [out[0], *(out[1] if isinstance(out[1], tuple) else (out[1],))]
+    if _cell(mod):   # a cell's outputs: h, or (h, c)
+        flat = list(out) if isinstance(out, tuple) else [out]
+    else:            # a layer's: (output, h) or (output, (h, c))
+        flat = [out[0], *(out[1] if isinstance(out[1], tuple) else (out[1],))]
     hx = [t for t in tensors_in(list(args[1:]), []) if isinstance(t, torch.Tensor)]
     tracer.muted += 1   # the node's views launch nothing
     try:
@@ -205,6 +271,8 @@ def _through_cudnn_node(tracer, node_fn, mod, args, out, call):
     for n, _ in node.next_functions:
         if id(getattr(n, "variable", None)) in params:
             tracer.node_call[n] = call
+    if _cell(mod):
+        return tuple(new) if isinstance(out, tuple) else new[0]
     return new[0], (tuple(new[1:]) if isinstance(out[1], tuple) else new[1])
 
 
@@ -227,8 +295,15 @@ def _cudnn_node(tracer, state: dict):
         def backward(ctx, *grads):
             need = ctx.needs_input_grad
             n_params = len(need) - 4 - len(grads) - ctx.n_state
-            rnn_backward_rows(tracer, ctx.mod, ctx.x, ctx.call, input_grad=need[1],
-                              weight_grad=any(need[len(need) - n_params:]))
+            weight_grad = any(need[len(need) - n_params:])
+            if _cell(ctx.mod):
+                first = 4 + len(grads)
+                cell_backward_rows(tracer, ctx.mod, ctx.x, ctx.call, input_grad=need[1],
+                                   state_grad=any(need[first:first + ctx.n_state]),
+                                   weight_grad=weight_grad)
+            else:
+                rnn_backward_rows(tracer, ctx.mod, ctx.x, ctx.call, input_grad=need[1],
+                                  weight_grad=weight_grad)
             tracer.muted += 1   # gradients of the right shapes, no kernel of their own
             try:
                 return (None, torch.empty_like(ctx.x) if need[1] else None, None, None,
