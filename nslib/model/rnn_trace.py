@@ -179,7 +179,8 @@ def rnn_hooks(model, tracer, train: bool = False) -> list:
     import torch
 
     state: dict = {}   # per layer (by id): grad mode before its forward, its operator call
-    node_fn = _cudnn_node(tracer, state)
+    names = {id(m): n for n, m in model.named_modules()}   # rows are filed under the layer
+    node_fn = _cudnn_node(tracer, state, names)
 
     def pre(mod, args):
         if isinstance(args[0], torch.nn.utils.rnn.PackedSequence):
@@ -196,7 +197,11 @@ def rnn_hooks(model, tracer, train: bool = False) -> list:
             torch.set_grad_enabled(state[id(mod)][0])
         if tracer.muted:
             return None
-        call = (cell_rows if _cell(mod) else rnn_rows)(tracer, mod, args[0])
+        tracer.fw_stack.append(names.get(id(mod), ""))   # its own hook has popped it
+        try:
+            call = (cell_rows if _cell(mod) else rnn_rows)(tracer, mod, args[0])
+        finally:
+            tracer.fw_stack.pop()
         if not train:
             return None
         state[id(mod)] = (state[id(mod)][0], call)
@@ -276,9 +281,10 @@ def _through_cudnn_node(tracer, node_fn, mod, args, out, call):
     return new[0], (tuple(new[1:]) if isinstance(out[1], tuple) else new[1])
 
 
-def _cudnn_node(tracer, state: dict):
+def _cudnn_node(tracer, state: dict, names: dict):
     """The autograd function whose backward writes a recurrent layer's cuDNN backward rows
-    (:func:`rnn_backward_rows`) into ``tracer`` and returns gradients of the right shapes
+    (:func:`rnn_backward_rows`; a cell's, :func:`cell_backward_rows`), filed under the layer's
+    name in ``names`` (by id), into ``tracer`` and returns gradients of the right shapes
     (meta, no kernel). Its inputs: the layer, its input, the counts of outputs and of state
     tensors, then the outputs, the initial state tensors and the parameters."""
     import torch
@@ -296,14 +302,11 @@ def _cudnn_node(tracer, state: dict):
             need = ctx.needs_input_grad
             n_params = len(need) - 4 - len(grads) - ctx.n_state
             weight_grad = any(need[len(need) - n_params:])
-            if _cell(ctx.mod):
-                first = 4 + len(grads)
-                cell_backward_rows(tracer, ctx.mod, ctx.x, ctx.call, input_grad=need[1],
-                                   state_grad=any(need[first:first + ctx.n_state]),
-                                   weight_grad=weight_grad)
-            else:
-                rnn_backward_rows(tracer, ctx.mod, ctx.x, ctx.call, input_grad=need[1],
-                                  weight_grad=weight_grad)
+            tracer.bw_stack.append(names.get(id(ctx.mod), ""))
+            try:
+                _backward_rows(ctx, need, grads, weight_grad)
+            finally:
+                tracer.bw_stack.pop()
             tracer.muted += 1   # gradients of the right shapes, no kernel of their own
             try:
                 return (None, torch.empty_like(ctx.x) if need[1] else None, None, None,
@@ -312,5 +315,16 @@ def _cudnn_node(tracer, state: dict):
                           for t, n in zip(ctx.ins, need[4 + len(grads):])))
             finally:
                 tracer.muted -= 1
+
+    def _backward_rows(ctx, need, grads, weight_grad):
+        """The cell's or the layer's backward rows, as the node's inputs need them."""
+        if _cell(ctx.mod):
+            first = 4 + len(grads)
+            cell_backward_rows(tracer, ctx.mod, ctx.x, ctx.call, input_grad=need[1],
+                               state_grad=any(need[first:first + ctx.n_state]),
+                               weight_grad=weight_grad)
+        else:
+            rnn_backward_rows(tracer, ctx.mod, ctx.x, ctx.call, input_grad=need[1],
+                              weight_grad=weight_grad)
 
     return CudnnRnn
