@@ -280,3 +280,26 @@ def test_module_input_and_build_errors_name_the_fix(tmp_path, data_dir, capsys):
     by_text = predict_module("V100", f"{f}:make", inputs="8x64", predictor="roofline")[1]
     by_tuple = predict_module("V100", f"{f}:make", inputs=[(8, 64)], predictor="roofline")[1]
     assert by_text["e2e_ms"] == by_tuple["e2e_ms"]
+
+
+def test_predict_writes_the_priced_kernels(tmp_path, data_dir, capsys):
+    """``--kernels FILE.csv``: one row per priced kernel whose times add up to the classes'
+    sums the summary prints, for a module and for a config."""
+    f = tmp_path / "net.py"
+    f.write_text("from torch import nn\n\n"
+                 "def make():\n"
+                 "    return nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 8))\n")
+    out = tmp_path / "k" / "module.csv"
+    assert main(["predict", "--gpu", "V100", "--module", f"{f}:make", "--inputs", "32x64",
+                 "--predictor", "roofline", "--json", "--kernels", str(out)]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    k = pd.read_csv(out)
+    assert k["cls"].tolist() == ["linear", "elementwise", "linear"]
+    assert k[["M", "N", "K"]].iloc[0].tolist() == [32, 64, 128]
+    per_class = k.groupby("cls")["pred_ms"].sum()
+    assert per_class.to_dict() == pytest.approx(summary["per_class_ms"])
+    out = tmp_path / "config.csv"
+    assert main(["predict", "--gpu", "V100", "--model", "gpt2_large", "--batch", "1", "--seq",
+                 "64", "--predictor", "roofline", "--kernels", str(out)]) == 0
+    k = pd.read_csv(out)
+    assert len(k) > 100 and {"module", "pred_ms", "flops"} <= set(k.columns)

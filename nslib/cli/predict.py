@@ -51,6 +51,7 @@ def _predict(args) -> int:
         frame, summary = predict_model(gpu, args.model, step, args.predictor, parallel=par,
                                        settings=Settings(quick=args.quick), **pricing)
         mem, per_gpu = _memory(args, gpu, step, par, frame)
+    _write_kernels(args, frame)
     summary = {"gpu": args.gpu_spec or args.gpu, "gpu_name": name, "model": args.model,
                "batch": args.batch, "seq": args.seq, "mode": args.mode,
                "predictor": args.predictor, **summary, "memory_gb": mem, "fits": mem["fits"]}
@@ -95,6 +96,7 @@ def _predict_module(args) -> int:
                                        tensor_predictor=args.tensor_predictor
                                        or tensor_for(args.predictor), tf32=args.tf32)
         mem = trace_memory(gpu, frame, args.mode, args.optimizer or "adam").to_dict()
+    _write_kernels(args, frame)
     summary = {"gpu": args.gpu_spec or args.gpu, "gpu_name": name, "module": args.module,
                "inputs": args.inputs, "mode": args.mode, "predictor": args.predictor,
                **summary, "memory_gb": mem, "fits": mem["fits"]}
@@ -114,6 +116,22 @@ def _predict_module(args) -> int:
     own = [w for w in summary["warnings"] if w.startswith(("not priced", "TF32 ", "tf32 "))]
     _print_warnings(summary["warnings"], own, caught)
     return 0
+
+
+# the columns of --kernels, those of them a step's frame has
+KERNEL_COLUMNS = ("kid", "phase", "aten", "module", "layer", "stage", "cls", "op", "B", "M",
+                  "N", "K", "H", "flops", "bytes", "tf32", "pred_ms")
+
+
+def _write_kernels(args, frame) -> None:
+    """``--kernels FILE.csv``: the priced kernels of the step (:data:`KERNEL_COLUMNS`; ms,
+    FLOP, bytes), written atomically."""
+    if not getattr(args, "kernels", None):
+        return
+    from nslib.data.paths import atomic_write_text
+
+    cols = [c for c in KERNEL_COLUMNS if c in frame.columns]
+    atomic_write_text(Path(args.kernels), frame[cols].to_csv(index=False))
 
 
 def _interval_hint(args, summary: dict) -> None:
@@ -321,6 +339,9 @@ def add_predict_parser(sub) -> None:
                         "roofline, roofline_eff, xgboost, mlp; also --module --tf32's)")
     s.add_argument("--quick", action="store_true", help="use the quick-trained predictor")
     s.add_argument("--json", action="store_true")
+    s.add_argument("--kernels", metavar="FILE.csv",
+                   help="also write the priced kernels, one row each (phase, operator, module, "
+                        "class, shape, FLOP, bytes, pred_ms), to this CSV")
     s.add_argument("--launch-us", type=arg_float(minimum=0), metavar="US",
                    help="gap between back-to-back kernels in the model, microseconds "
                         "(default: 3; see nslib.model.stream)")
