@@ -325,3 +325,21 @@ def test_recurrent_cells_are_cudas_fused_kernels():
     inf = trace_module(model, [x], mode="inf")
     assert set(inf["aten"]) <= {"_thnn_fused_lstm_cell", "_thnn_fused_gru_cell",
                                 "aten.new_zeros.default", "aten.select.int", "aten.zeros.default"}
+
+
+def test_packing_inside_the_forward_is_the_packed_sequence_error(tmp_path, capsys):
+    """A module that packs its own batch fails where the lengths meet the meta device; the
+    error says what to give instead, not that the module reads data."""
+    f = tmp_path / "packed.py"
+    f.write_text("import torch\nfrom torch import nn\n"
+                 "from torch.nn.utils.rnn import pack_padded_sequence\n\n"
+                 "class Net(nn.Module):\n"
+                 "    def __init__(self):\n"
+                 "        super().__init__()\n"
+                 "        self.lstm = nn.LSTM(8, 16, batch_first=True)\n\n"
+                 "    def forward(self, x):\n"
+                 "        n = torch.full((x.shape[0],), x.shape[1], dtype=torch.long)\n"
+                 "        return self.lstm(pack_padded_sequence(x, n, batch_first=True))[0]\n")
+    assert main(["predict", "--gpu", "V100", "--module", f"{f}:Net", "--inputs", "2x5x8",
+                 "--predictor", "roofline"]) == 2
+    assert "give the recurrent layers the padded batch" in capsys.readouterr().err

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import traceback
 import warnings
 from pathlib import Path
 
@@ -239,6 +240,11 @@ def meta_trace(build, make_inputs, label: str, eval_mode: bool = True, mode: str
         except Exception as e:  # the module's own code raises anything on meta tensors
             shapes = ", ".join("x".join(str(d) for d in t.shape) if isinstance(t, torch.Tensor)
                                else type(t).__name__ for t in inputs) or "none"
+            if any(f.name == "pack_padded_sequence"
+                   for f in traceback.extract_tb(e.__traceback__)):
+                raise ProblemError(f"{label}: a packed sequence is not traced (its lengths "
+                                   "are data); give the recurrent layers the padded batch "
+                                   "(batch x steps x features)") from None
             hint = data_hint if needs_data(e) else input_hint(e)
             what = "forward" if mode == "inf" else "forward or backward"
             raise ProblemError(f"{label}: its {what} failed on the meta device with inputs "
