@@ -328,9 +328,30 @@ def test_serve_cli_says_what_its_ttft_is(data_dir, mixed_dir, tmp_path, capsys):
             "--osl", "8", "--tensor-predictor", "roofline", "--predictor", "roofline",
             "--quick"]
     assert main(args) == 0
-    assert "ttft_ms: the geometric mean of that range" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "ttft_ms: that wait plus the geometric mean of the rest of the range" in out
+    assert "latency_ms: ttft_ms + (osl - 1) tpot_ms" in out
     assert main(args + ["--framework", "sglang"]) == 0
     assert "ttft_ms: its waves, the burst end" in capsys.readouterr().out
+
+
+def test_serve_refuses_a_model_that_does_not_fit(data_dir, mixed_dir, tmp_path, capsys):
+    """Weights larger than the GPU, or no room for one request's KV cache: one line saying
+    which and what to raise, exit 2, no table (and no JSON forecast)."""
+    big = dict(LLAMA, hidden_size=8192, intermediate_size=28672, num_hidden_layers=80,
+               num_attention_heads=64, num_key_value_heads=8,
+               max_position_embeddings=8_000_000)
+    cfg = tmp_path / "big.json"
+    cfg.write_text(json.dumps(big))
+    args = ["serve", "--model", str(cfg), "--gpu", "H100", "--concurrency", "4", "--osl", "8",
+            "--tensor-predictor", "roofline", "--predictor", "roofline", "--quick"]
+    assert main(args + ["--isl", "32"]) == 2
+    err = capsys.readouterr()
+    assert "the weights take" in err.err and "raise --tp (now 1)" in err.err and not err.out
+    assert main(args + ["--isl", "32", "--json"]) == 2
+    assert not capsys.readouterr().out
+    assert main(args + ["--isl", "4000000", "--tp", "8"]) == 2
+    assert "cannot hold one request of 4,000,008 tokens" in capsys.readouterr().err
 
 
 # -- the explorer's serving view -------------------------------------------------------------

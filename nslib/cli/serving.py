@@ -34,6 +34,8 @@ def _serve(args) -> int:
                                  settings=Settings(quick=args.quick))
     notes = list(dict.fromkeys(str(w.message) for w in caught))
     mem = frame.attrs["memory"]
+    if not frame["fits"].any():
+        raise ValueError(_no_fit(mem, args))
     if args.json:
         print(json.dumps({"gpu": frame.attrs["gpu"], "model": str(args.model),
                           "kv_cache_tokens": mem["kv_tokens"],
@@ -51,8 +53,6 @@ def _serve(args) -> int:
     if len(short):
         print(f"the KV cache holds {fmt_count(short['running'].iloc[0])} requests of this "
               "length: the others queue (their wait is in TTFT)")
-    if not frame["fits"].all():
-        print("does not fit: not one request's KV cache fits beside the weights; raise --tp")
     if "interval_coverage" not in frame.attrs:
         hint = calibrate_hint(args.predictor, args.quick, args.tensor_predictor)
         if hint:
@@ -60,6 +60,21 @@ def _serve(args) -> int:
     for n in notes:
         print(f"warning: {n}", file=sys.stderr)
     return 0
+
+
+def _no_fit(mem: dict, args) -> str:
+    """Why not one request fits on the GPU, and what to change (GiB per GPU)."""
+    gib = 2 ** 30
+    weights, total = mem["weight_bytes"] / gib, mem["memory_bytes"] / gib
+    reserved = mem["reserved_bytes"] / gib
+    if weights + reserved >= total:
+        return (f"does not fit: the weights take {weights:.1f} GiB per GPU and the framework "
+                f"{reserved:.1f} GiB, on a {total:.0f} GiB GPU; raise --tp (now {args.tp}) "
+                "to split the weights over more GPUs")
+    return (f"does not fit: beside {weights:.1f} GiB of weights per GPU, the KV cache "
+            f"({fmt_count(mem['kv_tokens'])} tokens) cannot hold one request of "
+            f"{fmt_count(args.isl + args.osl)} tokens; raise --tp (now {args.tp}) or shorten "
+            "--isl / --osl")
 
 
 def _check_gpu(gpu) -> None:
@@ -76,10 +91,12 @@ def _check_gpu(gpu) -> None:
 def _ttft_note(mixed: bool) -> str:
     """One line on what the TTFT columns are, for an engine that mixes prompts into decode
     iterations or runs them first (:mod:`nslib.model.serving.schedule`)."""
-    point = ("the geometric mean of that range" if mixed else
+    point = ("that wait plus the geometric mean of the rest of the range" if mixed else
              "its waves, the burst end (prompts run first, so arrivals merge)")
     return ("TTFT lone-burst: a request arriving alone .. every request at once (how the "
-            f"requests arrive is not known); ttft_ms: {point}")
+            f"requests arrive is not known; both include any wait for a KV slot); ttft_ms: "
+            f"{point}\ntok/s: the schedule's own cycle (the GPU's work per request, which the "
+            "arrival pattern does not change); latency_ms: ttft_ms + (osl - 1) tpot_ms")
 
 
 # TPOT columns: with one output token a request has no time between tokens

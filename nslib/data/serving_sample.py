@@ -95,9 +95,10 @@ def serving_rows(sample=None, mixed=None) -> pd.DataFrame:
     prec = df["precision"].astype(object).where(df["precision"].notna(), "").astype(str) \
         .str.strip()
     sizes = df[["isl", "osl", "batch_size", "tp_size"]].apply(pd.to_numeric, errors="coerce")
+    # what a row is comes before what it lacks: a disaggregated row has no one tp_size
+    mark(df["mode"] != "agg", "disaggregated serving (separate prefill and decode workers)")
     mark(~(np.isfinite(sizes) & (sizes >= 1)).all(axis=1).to_numpy(),
          "missing or bad isl / osl / batch_size / tp_size")
-    mark(df["mode"] != "agg", "disaggregated serving (separate prefill and decode workers)")
     mark(prec != "", "precision " + prec + " (16-bit predictors only)")
     mark(df["config"] == "", "no model config in the project for " +
          df["model_path"].astype(str))

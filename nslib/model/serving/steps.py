@@ -250,8 +250,11 @@ class StepCost:
         self.info = model_sizes(setup.model, setup.data)
         check_servable(self.info)
         if self.info["heads"] % setup.tp or self.info["kv_heads"] % setup.tp:
+            ok = [t for t in range(1, self.info["kv_heads"] + 1)
+                  if self.info["heads"] % t == 0 and self.info["kv_heads"] % t == 0]
             raise ValueError(f"tp={setup.tp} must divide the model's {self.info['heads']} "
-                             f"attention heads and {self.info['kv_heads']} key/value heads")
+                             f"attention heads and {self.info['kv_heads']} key/value heads: "
+                             f"use --tp {', '.join(map(str, ok))}")
         self.rows, self.law = token_law(setup)
         self._elem = np.nan_to_num(sizes.elem_bytes(self.rows), nan=sizes.BYTES_PER_ELEM)
         self._distinct, self._count = _distinct_rows(self.rows, self.law, self._elem)
