@@ -161,6 +161,11 @@ def _eval_serving(args) -> int:
     cols = {k: v for k, v in cols.items() if k in tab}
     print(tab[["framework", "model_path", "gpu", "n", *cols]].rename(columns=cols)
           .round(2).to_string(index=False))
+    print("MAPE in %; pred/meas: the median ratio; roofline: the same schedule priced by the "
+          "rooflines"
+          + ("; TTFT lone-burst %: the share of rows whose measured TTFT lies between a "
+             "request arriving alone and every request at once" if
+             "nslib_ttft_in_arrivals" in tab else ""))
     miss = unpriced(rows)
     if len(miss):
         print("\nnot priced (rows by reason):")
