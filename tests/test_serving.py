@@ -364,6 +364,10 @@ def test_serving_explorer_view(data_dir, mixed_dir):
                          Workload(tp=1), most=8, settings=Settings(quick=True))
     assert set(res["curves"]["gpu"]) == {"NVIDIA H100 80GB HBM3"}
     assert any(n.startswith("no such GPU: not forecast") for n in res["notes"])
+    # a GPU the weights do not fit on gets a note and no curve
+    res = serving_curves(["L40S"], "Qwen/Qwen3-32B", Workload(tp=1), most=4,
+                         settings=Settings(quick=True))
+    assert res["curves"].empty and "not forecast: the weights" in res["notes"][0]
     ex = build_serving_explorer(gpus=["NVIDIA H100 80GB HBM3"],
                                 model="meta-llama/Llama-3.1-8B-Instruct",
                                 workload=Workload(tp=1), most=16,

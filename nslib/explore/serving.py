@@ -44,10 +44,11 @@ def serving_curves(gpus, model, workload: Workload = Workload(), *, most: int = 
         except (KeyError, ValueError) as e:
             notes.append(f"{name}: not forecast ({str(e).strip(chr(39))})")
             continue
-        if not f["fits"].all():
-            notes.append(f"{f.attrs['gpu']}: the weights leave no room for one request's KV "
-                         f"cache on {tp} GPU(s); raise tp")
-        elif (f["running"] < f["concurrency"]).any():
+        if not f["fits"].all():   # no curve: its figures would price requests never held
+            notes.append(f"{f.attrs['gpu']}: not forecast: the weights leave no room for one "
+                         f"request's KV cache on {tp} GPU(s); raise tp")
+            continue
+        if (f["running"] < f["concurrency"]).any():
             first = int(f.loc[f["running"] < f["concurrency"], "concurrency"].iloc[0])
             notes.append(f"{f.attrs['gpu']}: from {first} requests on, the KV cache holds only "
                          f"{int(f['running'].max())}; the rest queue (TTFT includes the wait)")
