@@ -98,6 +98,9 @@ def test_serve_errors_name_only_serve_options(data_dir, mixed_dir, tmp_path, cap
     assert main(["serve", "--model", cfg, "--gpu", "no such GPU", *ROOFLINE]) == 2
     err = capsys.readouterr().err
     assert "unknown GPU" in err and "--gpu FILE.json" in err and "--gpu-spec" not in err
+    # the names serving can use: those with a tensor-core peak, not the FP32-only ones
+    served = err.split("as these have: ")[1]
+    assert "NVIDIA_H100_80GB_HBM3" in served and "Tesla_P4" not in served
     assert main(["serve", "--model", cfg, "--gpu", _file(tmp_path, OLD_GPU, "old"),
                  *ROOFLINE]) == 2
     err = capsys.readouterr().err

@@ -80,7 +80,14 @@ def _no_fit(mem: dict, args) -> str:
 def _check_gpu(gpu) -> None:
     """ValueError (KeyError for an unknown name) naming serve's own options unless ``gpu``
     names a datasheet with the tensor-core peak a 16-bit serving forecast needs."""
-    spec = cli_gpu(gpu, GPU_FILE)
+    try:
+        spec = cli_gpu(gpu, GPU_FILE)
+    except KeyError as e:   # unknown or ambiguous: say which of the names serving can use
+        from nslib.data.registry import all_gpus
+
+        served = sorted(k for k, g in all_gpus().items() if g.bf16_gflops)
+        raise KeyError(f"{e.args[0]}; serving (16-bit) needs a datasheet with "
+                       f"'Bf16FLOPs', as these have: {', '.join(served)}") from None
     if spec.bf16_gflops is None:
         raise ValueError(f"GPU {spec.name!r} has no 'Bf16FLOPs' (dense tensor-core BF16 peak, "
                          f"GFLOP/s) in its datasheet, and serving forecasts are 16-bit: pick a "
