@@ -82,12 +82,20 @@ def step_cost(model, gpu, tp: int = 1, predictor: str = "nslib",
 
 
 def _range_warnings(gpu, data=None) -> None:
-    """Warn of the datasheet figures outside the 16-bit predictors' and the vector kernels'
-    training ranges (:mod:`nslib.predictors.gpu_range`)."""
-    from nslib.predictors.gpu_range import warn_out_of_range, warn_out_of_tensor_range
+    """Warn of the datasheet figures outside the 16-bit predictors' training range, one line
+    each, and outside the vector kernels' (FP32) one, all in one line
+    (:mod:`nslib.predictors.gpu_range`)."""
+    from nslib.predictors.gpu_range import (DatasheetRangeWarning, range_warnings,
+                                            warn_out_of_tensor_range)
     spec = resolve_gpu(gpu, data)
     warn_out_of_tensor_range(spec)
-    warn_out_of_range(spec, data)
+    # the FP32 predictors price only the vector kernels here: one line for that part
+    figs = [line.split(": ", 1)[1] for line in range_warnings(spec, data)]
+    if figs:
+        warnings.warn(f"{spec.name}: for its vector kernels (norms, activations: the FP32 "
+                      f"predictors' share of an iteration), {'; '.join(figs)}: that part "
+                      "extrapolates beyond the training GPUs", DatasheetRangeWarning,
+                      stacklevel=3)
 
 
 def part_factors(predictor, tensor_predictor, quick: bool = False, data=None):
