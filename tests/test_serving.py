@@ -52,6 +52,14 @@ def test_waves_by_hand():
     assert out["queue_ms"] == 0 and out["running"] == 4
 
 
+@pytest.mark.parametrize("mixed", [False, True])
+def test_one_request_arrives_one_way(mixed):
+    """At concurrency 1 alone and all at once are the same arrival: one TTFT, no range."""
+    out = serve(LinearCost(), [1, 4], 300, 11, Framework("t", 128, mixed, 0.9, chunked=mixed))
+    assert out["ttft_lone_ms"][0] == out["ttft_burst_ms"][0] == out["ttft_ms"][0]
+    assert out["ttft_lone_ms"][1] <= out["ttft_ms"][1] <= out["ttft_burst_ms"][1]
+
+
 def test_one_wave_when_the_budget_holds_every_prompt():
     out = serve(LinearCost(), 4, 100, 11, Framework("t", 8192, False, 0.9))
     assert out["ttft_ms"] == pytest.approx(5.0)          # one 400-token batch

@@ -158,6 +158,9 @@ def _serve(cost, fw: Framework, c, isl, osl) -> dict:
     lone = np.minimum(_lone(cost, fw, running, isl, osl) + out.get("turn_ms", 0.0),
                       out["ttft_ms"])
     burst = np.maximum(burst, out["ttft_ms"])
+    # one request at a time: arriving alone and all at once are the same arrival
+    single = running <= 1.0
+    lone, burst = (np.where(single, out["ttft_ms"], v) for v in (lone, burst))
     # a prefill-first engine merges whatever arrives into its waves, so its schedule is its
     # TTFT; a mixed engine's TTFT lies in [lone, burst] by an arrival pattern nobody
     # recorded: the log-midpoint is the point of least worst-case log error over that range
