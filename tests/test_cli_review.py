@@ -306,3 +306,17 @@ def test_predict_writes_the_priced_kernels(tmp_path, data_dir, capsys):
                  "64", "--predictor", "roofline", "--kernels", str(out)]) == 0
     k = pd.read_csv(out)
     assert len(k) > 100 and {"module", "pred_ms", "flops"} <= set(k.columns)
+    assert main(["predict", "--gpu", "V100", "--model", "gpt2_large", "--batch", "1", "--seq",
+                 "64", "--predictor", "roofline", "--kernels", str(tmp_path)]) == 2
+    assert "not the folder" in capsys.readouterr().err
+
+
+def test_a_schedule_says_its_classes_do_not_add_up(data_dir, capsys):
+    """Data parallel: the classes count the all-reduce in full, the step only its exposed
+    part; the text says what the classes' sum is. One GPU: no such line."""
+    base = ["predict", "--gpu", "V100", "--model", "gpt2_large", "--batch", "8", "--seq", "128",
+            "--mode", "train", "--predictor", "roofline"]
+    assert main(base) == 0
+    assert "add up to" not in capsys.readouterr().out
+    assert main(base + ["--dp", "4"]) == 0
+    assert "(the classes add up to" in capsys.readouterr().out

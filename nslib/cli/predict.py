@@ -130,8 +130,12 @@ def _write_kernels(args, frame) -> None:
         return
     from nslib.data.paths import atomic_write_text
 
+    path = Path(args.kernels)
+    if path.is_dir():
+        raise ValueError(f"--kernels takes a file to write (e.g. {path / 'kernels.csv'}), "
+                         f"not the folder {path}")
     cols = [c for c in KERNEL_COLUMNS if c in frame.columns]
-    atomic_write_text(Path(args.kernels), frame[cols].to_csv(index=False))
+    atomic_write_text(path, frame[cols].to_csv(index=False))
 
 
 def _interval_hint(args, summary: dict) -> None:
@@ -248,6 +252,12 @@ def _print_summary(args, summary: dict, mem: dict, per_gpu: bool) -> None:
           f"{summary['gpu_name']} ({what}): {fmt_fixed(summary['e2e_ms'])} ms{band} "
           f"(forward {fmt_fixed(summary['fw_ms'])}, backward {fmt_fixed(summary['bw_ms'])})")
     _print_classes(summary["per_class_ms"])
+    total = sum(summary["per_class_ms"].values())
+    if abs(total - summary["e2e_ms"]) > 0.005 * summary["e2e_ms"]:
+        # a schedule, not a sum: the all-reduce overlaps the backward, a pipeline repeats
+        # its stages over the micro-batches and idles in the bubble
+        print(f"  (the classes add up to {fmt_fixed(total)} ms: every kernel of the step "
+              "once, communication in full; the step's time is its schedule's, below)")
     par = summary.get("parallel")
     if par:
         link = par["link"]
@@ -259,6 +269,10 @@ def _print_summary(args, summary: dict, mem: dict, per_gpu: bool) -> None:
         if par["kind"] == "dp":
             print(f"  gradient all-reduce finishes {par['finish_ms']:.2f} ms into the "
                   f"backward; exposed {par['exposed_comm_ms']:.2f} ms")
+        elif par["kind"] == "pp" and "microbatches" in par:
+            print(f"  pipeline: {par['microbatches']} micro-batch"
+                  f"{'es' * (par['microbatches'] != 1)} through {par['degree']} stages, "
+                  "the slowest stage setting the pace, and the fill and drain bubble")
     elif summary.get("fused"):
         print(f"  fused: {fmt_count(summary['n_kernels'])} kernels "
               f"(from {fmt_count(summary['n_kernels_unfused'])})")
@@ -340,8 +354,9 @@ def add_predict_parser(sub) -> None:
     s.add_argument("--quick", action="store_true", help="use the quick-trained predictor")
     s.add_argument("--json", action="store_true")
     s.add_argument("--kernels", metavar="FILE.csv",
-                   help="also write the priced kernels, one row each (phase, operator, module, "
-                        "class, shape, FLOP, bytes, pred_ms), to this CSV")
+                   help="also write the priced kernels to this CSV, one row each: kid, phase "
+                        "(fw/bw), aten (the operator), module, layer, stage (pipeline), cls "
+                        "(kernel class), op, B M N K H (shape), flops, bytes, tf32, pred_ms")
     s.add_argument("--launch-us", type=arg_float(minimum=0), metavar="US",
                    help="gap between back-to-back kernels in the model, microseconds "
                         "(default: 3; see nslib.model.stream)")
