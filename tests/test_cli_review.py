@@ -320,3 +320,14 @@ def test_a_schedule_says_its_classes_do_not_add_up(data_dir, capsys):
     assert "add up to" not in capsys.readouterr().out
     assert main(base + ["--dp", "4"]) == 0
     assert "(the classes add up to" in capsys.readouterr().out
+
+
+def test_an_argument_error_is_one_line(capsys):
+    """argparse's own checks (a non-positive batch) end in one line naming the command's
+    help, not the whole usage block."""
+    with pytest.raises(SystemExit) as e:
+        main(["predict", "--gpu", "V100", "--model", "gpt2_large", "--batch", "0",
+              "--seq", "8"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--batch" in err and "nslib predict --help" in err

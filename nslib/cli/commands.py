@@ -184,8 +184,15 @@ def _reproduce(args) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """An argument error as one line naming the command's help, not the usage block."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="nslib", description=__doc__)
+    p = _Parser(prog="nslib", description=__doc__)
     p.add_argument("--data", help="NeuSight data root (default: $NSLIB_DATA or datasets/neusight)")
     p.add_argument("--mixed", help="16-bit measurements root (default: $NSLIB_MIXED or "
                    "datasets/mixed)")
