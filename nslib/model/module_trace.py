@@ -180,6 +180,43 @@ def load_problem(path: str | Path) -> dict:
     return ns
 
 
+DATA_HINT = ("a module that reads tensor values (data-dependent shapes, Python numbers "
+             "from tensors) needs real data, which this meta-device trace does not have")
+
+
+def _why(e: Exception) -> str:
+    """``Type: first line`` of an exception, a long line cut at a word (and said so)."""
+    first = str(e).splitlines()[0] if str(e) else ""
+    if len(first) > 300:
+        first = first[:300].rsplit(" ", 1)[0] + " ..."
+    return f"{type(e).__name__}: {first}"
+
+
+def _needs_data(e: Exception) -> bool:
+    """Whether ``e`` came from reading a meta tensor's values (a data-dependent module)."""
+    return any(w in str(e) for w in ("meta", "data-dependent", ".item()", "nonzero",
+                                     "Cannot copy out"))
+
+
+def _input_hint(e: Exception) -> str:
+    """What to check when the forward fails on the inputs: their integer type for an
+    embedding's ids, else their shapes."""
+    text = str(e)
+    if "Long" in text and ("Int" in text or "indices" in text):
+        return ("token ids and indices need an integer type: give that input as "
+                "8x512:int64 (--inputs) or a torch.long tensor")
+    return "check that the input shapes are the ones the module expects"
+
+
+def _build_hint(e: Exception) -> str:
+    """What to change when building the module fails ("" when nothing specific)."""
+    if isinstance(e, TypeError) and "required positional argument" in str(e):
+        return ("; the module is built with no arguments: name a zero-argument factory "
+                "instead (def make(): return Net(...), then FILE.py:make), or use "
+                "KernelBench's convention (Model, get_inputs(), get_init_inputs())")
+    return f"; {DATA_HINT}" if _needs_data(e) else ""
+
+
 def meta_trace(build, make_inputs, label: str, eval_mode: bool = True, mode: str = "inf"
                ) -> pd.DataFrame:
     """:func:`trace_module` (``mode``) of ``build()`` on ``make_inputs()``, both called under
@@ -189,35 +226,6 @@ def meta_trace(build, make_inputs, label: str, eval_mode: bool = True, mode: str
     data: a data-dependent shape, a CPU-only op)."""
     import torch
 
-    def why(e: Exception) -> str:
-        first = str(e).splitlines()[0] if str(e) else ""
-        if len(first) > 300:   # cut at a word, and say so
-            first = first[:300].rsplit(" ", 1)[0] + " ..."
-        return f"{type(e).__name__}: {first}"
-
-    def input_hint(e: Exception) -> str:
-        text = str(e)
-        if "Long" in text and ("Int" in text or "indices" in text):
-            # an embedding (or index) given float inputs
-            return ("token ids and indices need an integer type: give that input as "
-                    "8x512:int64 (--inputs) or a torch.long tensor")
-        return "check that the input shapes are the ones the module expects"
-
-    def build_hint(e: Exception) -> str:
-        if isinstance(e, TypeError) and "required positional argument" in str(e):
-            return ("; the module is built with no arguments: name a zero-argument factory "
-                    "instead (def make(): return Net(...), then FILE.py:make), or use "
-                    "KernelBench's convention (Model, get_inputs(), get_init_inputs())")
-        return f"; {data_hint}" if needs_data(e) else ""
-
-    def needs_data(e: Exception) -> bool:
-        # a meta tensor has no values: reading one is what a data-dependent module does
-        return any(w in str(e) for w in ("meta", "data-dependent", ".item()", "nonzero",
-                                         "Cannot copy out"))
-
-    data_hint = ("a module that reads tensor values (data-dependent shapes, Python numbers "
-                 "from tensors) needs real data, which this meta-device trace does not have")
-
     with torch.device("meta"), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
@@ -225,14 +233,14 @@ def meta_trace(build, make_inputs, label: str, eval_mode: bool = True, mode: str
         except ProblemError:
             raise
         except Exception as e:  # the user's constructor raises anything
-            raise ProblemError(f"{label}: building the module failed ({why(e)})"
-                               + build_hint(e)) from None
+            raise ProblemError(f"{label}: building the module failed ({_why(e)})"
+                               + _build_hint(e)) from None
         try:
             inputs = [t.to("meta") if isinstance(t, torch.Tensor) else t for t in make_inputs()]
         except ProblemError:
             raise
         except Exception as e:
-            raise ProblemError(f"{label}: making its inputs failed ({why(e)})") from None
+            raise ProblemError(f"{label}: making its inputs failed ({_why(e)})") from None
         try:
             return trace_module(model, inputs, mode, eval_mode=eval_mode)
         except ProblemError as e:
@@ -245,10 +253,10 @@ def meta_trace(build, make_inputs, label: str, eval_mode: bool = True, mode: str
                 raise ProblemError(f"{label}: a packed sequence is not traced (its lengths "
                                    "are data); give the recurrent layers the padded batch "
                                    "(batch x steps x features)") from None
-            hint = data_hint if needs_data(e) else input_hint(e)
+            hint = DATA_HINT if _needs_data(e) else _input_hint(e)
             what = "forward" if mode == "inf" else "forward or backward"
             raise ProblemError(f"{label}: its {what} failed on the meta device with inputs "
-                               f"[{shapes}] ({why(e)}); {hint}") from None
+                               f"[{shapes}] ({_why(e)}); {hint}") from None
 
 
 def problem_trace(path: str | Path) -> pd.DataFrame:
