@@ -111,8 +111,8 @@ def main(argv=None) -> int:
 
 
 def explorer_update(settings) -> float:
-    """Seconds of the explorer's update once its scenario is traced and priced: the same
-    three GPUs and a new hypothetical one (its peak doubled), the median of 5."""
+    """Seconds of the explorer's update once its scenario is traced: the same three GPUs and
+    a new hypothetical one each time (its peak 1.25x to 2.25x), the median of 5."""
     from nslib.explore.ui import build_explorer
     from nslib.model.step import Step
 

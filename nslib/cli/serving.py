@@ -63,18 +63,13 @@ def _serve(args) -> int:
 
 
 def _no_fit(mem: dict, args) -> str:
-    """Why not one request fits on the GPU, and what to change (GiB per GPU)."""
-    gib = 2 ** 30
-    weights, total = mem["weight_bytes"] / gib, mem["memory_bytes"] / gib
-    reserved = mem["reserved_bytes"] / gib
-    if weights + reserved >= total:
-        return (f"does not fit: the weights take {weights:.1f} GiB per GPU and the framework "
-                f"{reserved:.1f} GiB, on a {total:.0f} GiB GPU; raise --tp (now {args.tp}) "
-                "to split the weights over more GPUs")
-    return (f"does not fit: beside {weights:.1f} GiB of weights per GPU, the KV cache "
-            f"({fmt_count(mem['kv_tokens'])} tokens) cannot hold one request of "
-            f"{fmt_count(args.isl + args.osl)} tokens; raise --tp (now {args.tp}) or shorten "
-            "--isl / --osl")
+    """Why not one request fits on the GPU (:func:`nslib.model.serving.no_fit`), and which
+    option to change."""
+    from nslib.model.serving import no_fit
+
+    what, weights = no_fit(mem, args.isl + args.osl)
+    fix = "to split the weights over more GPUs" if weights else "or shorten --isl / --osl"
+    return f"does not fit: {what}; raise --tp (now {args.tp}) {fix}"
 
 
 def _check_gpu(gpu) -> None:

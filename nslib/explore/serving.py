@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from nslib.data.settings import Settings
-from nslib.model.serving import Workload, serving_forecast
+from nslib.model.serving import Workload, no_fit, serving_forecast
 
 # concurrency points of a curve: powers of two up to the chosen maximum, and the steps between
 POINTS_PER_OCTAVE = 2
@@ -45,8 +45,9 @@ def serving_curves(gpus, model, workload: Workload = Workload(), *, most: int = 
             notes.append(f"{name}: not forecast ({str(e).strip(chr(39))})")
             continue
         if not f["fits"].all():   # no curve: its figures would price requests never held
-            notes.append(f"{f.attrs['gpu']}: not forecast: the weights leave no room for one "
-                         f"request's KV cache on {tp} GPU(s); raise tp")
+            what, weights = no_fit(f.attrs["memory"], workload.isl + workload.osl)
+            notes.append(f"{f.attrs['gpu']}: not forecast: {what} ({tp} GPU(s)); raise tp"
+                         + ("" if weights else " or shorten the requests"))
             continue
         if (f["running"] < f["concurrency"]).any():
             first = int(f.loc[f["running"] < f["concurrency"], "concurrency"].iloc[0])

@@ -35,7 +35,7 @@ def rnn_rows(tracer, rnn, x) -> None:
     launches."""
     if x.dim() != 3:
         raise RnnError(f"{type(rnn).__name__}: only batched (3-D) inputs are traced")
-    T, B = (x.shape[1], x.shape[0]) if rnn.batch_first else (x.shape[0], x.shape[1])
+    T, B = _steps_batch(rnn, x)
     H, G, P = rnn.hidden_size, GATES[rnn.mode], _state_width(rnn)
     dirs = 2 if rnn.bidirectional else 1
     aten = f"cudnn_rnn.{rnn.mode}"
@@ -47,13 +47,12 @@ def rnn_rows(tracer, rnn, x) -> None:
     for layer in range(rnn.num_layers):
         width = rnn.input_size if layer == 0 else P * dirs
         for _ in range(dirs):
-            step = (_gemm(tracer, aten, int(T * B), int(width), int(G * H), last),)
-            for _ in range(int(T)):
-                g = _gemm(tracer, aten, int(B), P, G * H, step)
-                step = (tracer.add_row(aten, "elementwise", "add", (int(B), None, None, None,
-                                       int(G * H)), float(B * G * H), 12.0 * B * G * H, (g,)),)
+            step = (_gemm(tracer, aten, T * B, int(width), G * H, last),)
+            for _ in range(T):
+                g = _gemm(tracer, aten, B, P, G * H, step)
+                step = (_pointwise(tracer, aten, B, G * H, (g,)),)
                 if P != H:
-                    step = (_gemm(tracer, aten, int(B), H, P, step),)
+                    step = (_gemm(tracer, aten, B, H, P, step),)
             last = step
     tracer.call = saved
     return rnn_call
@@ -72,6 +71,24 @@ def _gemm(tracer, aten: str, m: int, k: int, n: int, inputs) -> int:
                           4.0 * (m * k + k * n + m * n), inputs)
 
 
+def _pointwise(tracer, aten: str, rows: int, gates: int, inputs) -> int:
+    """Append the one fused pointwise kernel over a ``rows x gates`` gate tensor (two streams
+    in, one out, FP32) launched by ``aten``; its kernel id."""
+    return tracer.add_row(aten, "elementwise", "add", (rows, None, None, None, gates),
+                          float(rows * gates), 12.0 * rows * gates, inputs)
+
+
+def _steps_batch(rnn, x) -> tuple[int, int]:
+    """(steps, batch) of a recurrent layer's batched input ``x``."""
+    T, B = (x.shape[1], x.shape[0]) if rnn.batch_first else (x.shape[0], x.shape[1])
+    return int(T), int(B)
+
+
+def _cell_batch(x) -> int:
+    """Rows of a cell's input: ``B x in``, or one unbatched row."""
+    return int(x.shape[0]) if x.dim() == 2 else 1
+
+
 def rnn_backward_rows(tracer, rnn, x, call: int, input_grad: bool,
                       weight_grad: bool = True) -> None:
     """The kernels of cuDNN's backward of recurrent layer ``rnn`` on input ``x`` (the forward's
@@ -85,8 +102,7 @@ def rnn_backward_rows(tracer, rnn, x, call: int, input_grad: bool,
     rows of their own). With an LSTM's ``proj_size`` P each step first takes the projection's
     data gradient (``B x P @ P x H``), the recurrent GEMM returns P wide, and the projection's
     weight gradient (``H x T*B @ T*B x P``) is a third GEMM."""
-    T, B = (x.shape[1], x.shape[0]) if rnn.batch_first else (x.shape[0], x.shape[1])
-    T, B = int(T), int(B)
+    T, B = _steps_batch(rnn, x)
     H, G, P = rnn.hidden_size, GATES[rnn.mode], _state_width(rnn)
     dirs = 2 if rnn.bidirectional else 1
     aten = f"cudnn_rnn_backward.{rnn.mode}"
@@ -99,8 +115,7 @@ def rnn_backward_rows(tracer, rnn, x, call: int, input_grad: bool,
             for _ in range(T):
                 if P != H:
                     step = (_gemm(tracer, aten, B, P, H, step),)
-                pw = tracer.add_row(aten, "elementwise", "add", (B, None, None, None, G * H),
-                                    float(B * G * H), 12.0 * B * G * H, step)
+                pw = _pointwise(tracer, aten, B, G * H, step)
                 step = (_gemm(tracer, aten, B, G * H, P, (pw,)),)
             m = T * B
             gemms = [(m, G * H, width)] if layer > 0 or input_grad else []
@@ -133,15 +148,14 @@ def cell_rows(tracer, cell, x) -> int:
     over both (``_thnn_fused_lstm_cell`` / ``_thnn_fused_gru_cell``, the biases folded in),
     not the dozen pointwise kernels of PyTorch's decomposition."""
     kind, G = _cell(cell)
-    B, H = (int(x.shape[0]) if x.dim() == 2 else 1), int(cell.hidden_size)
+    B, H = _cell_batch(x), int(cell.hidden_size)
     aten = f"_thnn_fused_{kind}_cell"
     saved, tracer.call = tracer.call, tracer.n_calls
     tracer.n_calls += 1
     call = tracer.call
     gi = _gemm(tracer, aten, B, int(cell.input_size), G * H, ())
     gh = _gemm(tracer, aten, B, H, G * H, ())
-    tracer.add_row(aten, "elementwise", "add", (B, None, None, None, G * H), float(B * G * H),
-                   12.0 * B * G * H, (gi, gh))
+    _pointwise(tracer, aten, B, G * H, (gi, gh))
     tracer.call = saved
     return call
 
@@ -155,12 +169,10 @@ def cell_backward_rows(tracer, cell, x, call: int, input_grad: bool, state_grad:
     gradients (``in x B @ B x gates*H``, ``H x B @ B x gates*H``; the bias gradient is a
     reduction folded in, as for the layers)."""
     kind, G = _cell(cell)
-    B, H = (int(x.shape[0]) if x.dim() == 2 else 1), int(cell.hidden_size)
-    n_in = int(cell.input_size)
+    B, H, n_in = _cell_batch(x), int(cell.hidden_size), int(cell.input_size)
     aten = f"_thnn_fused_{kind}_cell_backward"
     saved, tracer.call = tracer.call, call
-    pw = (tracer.add_row(aten, "elementwise", "add", (B, None, None, None, G * H),
-                         float(B * G * H), 12.0 * B * G * H, ()),)
+    pw = (_pointwise(tracer, aten, B, G * H, ()),)
     gemms = ([(B, G * H, n_in)] if input_grad else []) + ([(B, G * H, H)] if state_grad else [])
     if weight_grad:
         gemms += [(n_in, B, G * H), (H, B, G * H)]
@@ -234,7 +246,7 @@ class _ShapesOnly:
 
             if not (isinstance(x, torch.Tensor) and x.is_meta and x.dim() == 3):
                 return real(x, hx)
-            T, B = (x.shape[1], x.shape[0]) if mod.batch_first else (x.shape[0], x.shape[1])
+            T, B = _steps_batch(mod, x)
             dirs, P = (2 if mod.bidirectional else 1), _state_width(mod)
             out = x.new_empty((B, T, dirs * P) if mod.batch_first else (T, B, dirs * P))
             h = x.new_empty((dirs * mod.num_layers, B, P))

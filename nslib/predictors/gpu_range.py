@@ -78,15 +78,19 @@ class OutOfRange:
         return self.value / self.hi if self.above else self.lo / self.value
 
     def message(self) -> str:
-        """E.g. ``"Mem_Bw 34,300 GB/s is 22x the largest training GPU's (1,555 GB/s)"``."""
+        """E.g. ``"X: Mem_Bw 34,300 GB/s is 22x the largest training GPU's (1,555 GB/s)"``."""
+        return f"{self.gpu}: {self.detail()}"
+
+    def detail(self) -> str:
+        """:meth:`message` without the GPU's name."""
         unit = f" {self.unit}" if self.unit else ""
         f = self.factor
         times = f"{f:.0f}x" if f >= 10 else f"{f:.2g}x"
         if self.above:
-            return (f"{self.gpu}: {self.figure} {_num(self.value)}{unit} is {times} the largest "
+            return (f"{self.figure} {_num(self.value)}{unit} is {times} the largest "
                     f"{self.who}'s ({_num(self.hi)}{unit})")
-        return (f"{self.gpu}: {self.figure} {_num(self.value)}{unit} is {times} below the "
-                f"smallest {self.who}'s ({_num(self.lo)}{unit})")
+        return (f"{self.figure} {_num(self.value)}{unit} is {times} below the smallest "
+                f"{self.who}'s ({_num(self.lo)}{unit})")
 
 
 def _num(v: float) -> str:

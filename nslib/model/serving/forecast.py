@@ -85,12 +85,12 @@ def _range_warnings(gpu, data=None) -> None:
     """Warn of the datasheet figures outside the 16-bit predictors' training range, one line
     each, and outside the vector kernels' (FP32) one, all in one line
     (:mod:`nslib.predictors.gpu_range`)."""
-    from nslib.predictors.gpu_range import (DatasheetRangeWarning, range_warnings,
+    from nslib.predictors.gpu_range import (DatasheetRangeWarning, out_of_range,
                                             warn_out_of_tensor_range)
     spec = resolve_gpu(gpu, data)
     warn_out_of_tensor_range(spec)
     # the FP32 predictors price only the vector kernels here: one line for that part
-    figs = [line.split(": ", 1)[1] for line in range_warnings(spec, data)]
+    figs = [o.detail() for o in out_of_range(spec, data)]
     if figs:
         warnings.warn(f"{spec.name}: for its vector kernels (norms, activations: the FP32 "
                       f"predictors' share of an iteration), {'; '.join(figs)}: that part "

@@ -115,6 +115,22 @@ def kv_capacity(cost: StepCost, fw: Framework) -> dict:
             "weight_bytes": weights, "reserved_bytes": reserved, "memory_bytes": memory}
 
 
+def no_fit(memory: dict, tokens: int) -> tuple[str, bool]:
+    """(what does not fit, whether the weights alone are the problem) on one GPU whose
+    :func:`kv_capacity` is ``memory``, for requests of ``tokens`` tokens (prompt and output):
+    the weights and the framework's reserve fill the GPU, or the KV cache left beside them
+    cannot hold one request. Sizes in GiB per GPU."""
+    gib = 2 ** 30
+    weights, total = memory["weight_bytes"] / gib, memory["memory_bytes"] / gib
+    reserved = memory["reserved_bytes"] / gib
+    if weights + reserved >= total:
+        return (f"the weights take {weights:.1f} GiB per GPU and the framework "
+                f"{reserved:.1f} GiB, on a {total:.0f} GiB GPU"), True
+    return (f"beside {weights:.1f} GiB of weights per GPU, the KV cache "
+            f"({int(round(memory['kv_tokens'])):,} tokens) cannot hold one request of "
+            f"{int(tokens):,} tokens"), False
+
+
 def serve(cost: StepCost, concurrency, isl, osl, fw="vllm") -> dict:
     """Forecast aggregated serving at each (``concurrency``, ``isl``, ``osl``) (arrays
     broadcast together): a dict of arrays ``ttft_ms``, ``tpot_ms``, ``latency_ms`` (a request
