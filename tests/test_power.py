@@ -85,3 +85,33 @@ def test_nslib_learns_eta_from_its_training_gpus_and_keeps_it(data_dir):
     assert pred.predict(f)[0] == pytest.approx(max(floor, pred.predict(
         f.assign(tdp_w=np.nan))[0]))
     assert pred.predict(f)[0] >= floor > 0
+
+
+class _Bounded:
+    """A predictor stand-in: only what ``power_bound`` reads."""
+    power_eta = 50.0
+
+    def priced_frame(self, frame):
+        return frame
+
+
+def test_a_step_says_how_much_of_it_the_power_sets(capsys):
+    from nslib.cli.predict import _power_hint
+    from nslib.model.stream import power_bound
+    f = _frame([("linear", 2, 1000, 1000, 1000, np.nan, 100, np.nan),     # floor 0.8 ms
+                ("linear", 2, 1000, 1000, 1000, np.nan, 100, np.nan),
+                ("softmax", 4, np.nan, np.nan, np.nan, 1000, 100, np.nan)])
+    # the first at its floor (a dispatch below it), the second 1.5x it, the softmax unbounded
+    f = f.assign(pred_ms=[0.78, 1.2, 0.02], peak_gflops=20000.0)
+    got = power_bound(_Bounded(), f)["power_bound"]
+    assert got["share"] == pytest.approx(0.78 / 2.0)
+    assert got["tflops"] == pytest.approx(5.0)          # 50 GFLOP/s per W x 100 W
+    assert got["of_peak"] == pytest.approx(0.25)
+    assert got["gflops_per_w"] == 50.0
+    _power_hint({"power_bound": got})
+    err = capsys.readouterr().err
+    assert "sets 39% of this step" in err and "5.0 TFLOP/s (25% of the FP32 peak" in err
+    # no bound binding, no TDP, or a predictor without the bound: nothing to say
+    assert power_bound(_Bounded(), f.assign(pred_ms=[2.0, 2.0, 0.02])) == {}
+    assert power_bound(_Bounded(), f.assign(tdp_w=np.nan)) == {}
+    assert power_bound(object(), f) == {}

@@ -29,7 +29,8 @@ from nslib.data.settings import Settings, settings_of
 from nslib.model.inputs import get_predictor, kernel_frame, resolve_gpu
 from nslib.model.module_trace import (ProblemError, load_problem, meta_trace, run_file,
                                       unpriced_calls)
-from nslib.model.stream import LAUNCH_US, faster_of, step_ms, step_summary, stream_terms
+from nslib.model.stream import (LAUNCH_US, faster_of, power_bound, step_ms, step_summary,
+                                 stream_terms)
 from nslib.model.tf32 import tensor_for, tf32_gpu_ms, tf32_peak
 
 __all__ = ["is_module_spec", "module_trace_of", "predict_module", "priced_frame",
@@ -281,4 +282,4 @@ def predict_module(gpu, model, inputs=None, predictor="nslib", *,
                                f"not priced, left out of the time ({share:.0%} of the operator "
                                f"calls): {listed}"]
     return frame, {**summary, "launch_us": launch_us, "unpriced": unknown,
-                   "unpriced_share": share}
+                   "unpriced_share": share, **power_bound(pred, frame)}

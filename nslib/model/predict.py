@@ -22,8 +22,8 @@ from nslib.model.inputs import get_predictor, kernel_frame, resolve_gpu, traced
 from nslib.model.module_predict import is_module_spec, predict_module
 from nslib.model.parallel import predict_parallel
 from nslib.model.step import Parallel, Step, parallel_of, step_of
-from nslib.model.stream import (LAUNCH_US, datasheet_columns, step_ms, step_summary, stream_ms,
-                                 tensor_masks, tensor_predictors)
+from nslib.model.stream import (LAUNCH_US, datasheet_columns, power_bound, step_ms, step_summary,
+                                 stream_ms, tensor_masks, tensor_predictors)
 from nslib.model.trace import model_notes
 from nslib.predictors.gpu_range import warn_out_of_range, warn_out_of_tensor_range
 from nslib.predictors.intervals import calibration, tensor_calibration
@@ -212,7 +212,8 @@ def _predict_one(ask: _Ask) -> tuple[pd.DataFrame, dict]:
         launch_us = None
     frame["pred_ms"] = step_ms(pred, frame, launch_us, s.data)
     extra = {"fused": True, "n_kernels_unfused": int(len(tr))} if st.fused else {}
-    return frame, {**step_summary(frame), **extra, "launch_us": launch_us}
+    return frame, {**step_summary(frame), **extra, "launch_us": launch_us,
+                   **power_bound(pred, frame)}
 
 
 def with_interval16(summary: dict, frame: pd.DataFrame, predictor, tensor_predictor,

@@ -38,7 +38,7 @@ import pandas as pd
 
 from nslib.data.cache import cached
 from nslib.data.paths import data_root, hash_files
-from nslib.kernels import measured, row_latency, sizes
+from nslib.kernels import measured, power, row_latency, sizes
 # the 16-bit rows' pricing, kept importable from here too
 from nslib.model.stream16 import (TENSOR_KINDS, attention_inputs, datasheet_columns,  # noqa: F401
                                   fp32_equivalent, gemm_inputs, tensor_masks, tensor_ms,
@@ -315,3 +315,32 @@ def step_summary(frame: pd.DataFrame) -> dict:
     bw = float(frame.loc[frame["phase"] == "bw", "pred_ms"].sum())
     return {"e2e_ms": fw + bw, "fw_ms": fw, "bw_ms": bw, "per_class_ms": per_class_ms(frame),
             "n_kernels": int(len(frame))}
+
+
+POWER_TOL = 0.95   # a kernel within 5% of its power floor counts as set by it
+
+
+def power_bound(pred, frame: pd.DataFrame) -> dict:
+    """``{"power_bound": {share, gflops_per_w, tflops, of_peak}}`` where the board's power
+    (:mod:`nslib.kernels.power`, a predictor with a ``power_eta``) sets at least 1% of the
+    step's time (``frame``: one GPU's priced kernels with ``pred_ms``): the share of the
+    summed kernel times at the bound (within :data:`POWER_TOL` of it), the bound's GFLOP/s
+    per W, the rate it allows on this board (TFLOP/s) and that rate over the FP32 peak. Empty
+    otherwise. The bound is the best node the training GPUs showed, so a board on a newer
+    process at a low TDP may sustain more (docs/decisions.md section 18): a forecast says
+    how much of it the bound sets."""
+    eta = getattr(pred, "power_eta", None)
+    if eta is None or "tdp_w" not in frame or not len(frame):
+        return {}
+    priced = pred.priced_frame(frame) if hasattr(pred, "priced_frame") else frame
+    p = frame["pred_ms"].to_numpy(float)
+    floor = power.floor_ms(priced, eta)
+    # a kernel's time in a step can sit a dispatch below the latency the bound acted on
+    at = (floor > 0) & (floor >= POWER_TOL * p)
+    share = float(p[at].sum() / p.sum()) if p.sum() > 0 else 0.0
+    if share < 0.01:
+        return {}
+    gflops = eta * float(frame["tdp_w"].iloc[0])
+    return {"power_bound": {"share": share, "gflops_per_w": float(eta),
+                            "tflops": gflops / 1e3,
+                            "of_peak": gflops / float(frame["peak_gflops"].iloc[0])}}
