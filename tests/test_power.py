@@ -96,7 +96,7 @@ class _Bounded:
 
 
 def test_a_step_says_how_much_of_it_the_power_sets(capsys):
-    from nslib.cli.predict import _power_hint
+    from nslib.cli.common import power_hint
     from nslib.model.stream import power_bound
     f = _frame([("linear", 2, 1000, 1000, 1000, np.nan, 100, np.nan),     # floor 0.8 ms
                 ("linear", 2, 1000, 1000, 1000, np.nan, 100, np.nan),
@@ -108,7 +108,7 @@ def test_a_step_says_how_much_of_it_the_power_sets(capsys):
     assert got["tflops"] == pytest.approx(5.0)          # 50 GFLOP/s per W x 100 W
     assert got["of_peak"] == pytest.approx(0.25)
     assert got["gflops_per_w"] == 50.0
-    _power_hint({"power_bound": got})
+    power_hint({"power_bound": got})
     err = capsys.readouterr().err
     assert "sets 39% of this step" in err and "5.0 TFLOP/s (25% of the FP32 peak" in err
     # no bound binding, no TDP, or a predictor without the bound: nothing to say

@@ -26,7 +26,20 @@ def _gpus(args) -> int:
         if not any(r["variant_of"] for r in rows):   # no empty column
             rows = [{k: v for k, v in r.items() if k != "variant_of"} for r in rows]
         print(listing_table(rows))  # optional TDP (W) etc.: "-" where a datasheet lacks it
+    for line in _sm_mismatches():
+        print(f"warning: {line}", file=sys.stderr)
     return 0
+
+
+def _sm_mismatches() -> list[str]:
+    """The NeuSight datasheets whose SM count their measured kernels contradict
+    (:func:`nslib.kernels.profiled.sm_mismatches`); none without the NeuSight data."""
+    from nslib.data.paths import DataNotFoundError
+    from nslib.kernels.profiled import sm_mismatches
+    try:
+        return sm_mismatches()
+    except DataNotFoundError:
+        return []
 
 
 def _fetch(args) -> int:

@@ -6,7 +6,7 @@ import sys
 import warnings
 from pathlib import Path
 
-from nslib.cli.common import DefaultsFormatter, cli_gpu, fmt_count, fmt_fixed
+from nslib.cli.common import DefaultsFormatter, cli_gpu, fmt_count, fmt_fixed, power_hint
 from nslib.cli.intervals import calibrate_hint
 from nslib.data.checks import arg_float, arg_int
 from nslib.data.settings import Settings
@@ -60,7 +60,7 @@ def _predict(args) -> int:
     else:
         _print_summary(args, summary, mem, per_gpu)
         _interval_hint(args, summary)
-        _power_hint(summary)
+        power_hint(summary)
     _print_warnings(summary["warnings"], model_notes(args.model, args.seq), caught)
     return 0
 
@@ -113,7 +113,7 @@ def _predict_module(args) -> int:
         _print_classes(summary["per_class_ms"])
         print(_memory_line(mem, False))
         _interval_hint(args, summary)
-        _power_hint(summary)
+        power_hint(summary)
     # the unpriced calls are the module's own note, not a datasheet range
     own = [w for w in summary["warnings"] if w.startswith(("not priced", "TF32 ", "tf32 "))]
     _print_warnings(summary["warnings"], own, caught)
@@ -157,19 +157,6 @@ def _interval_hint(args, summary: dict) -> None:
     hint = calibrate_hint(args.predictor, args.quick, tensor)
     if hint:
         print(hint, file=sys.stderr)
-
-
-def _power_hint(summary: dict) -> None:
-    """On stderr, how much of the step the board's power bound sets, where it sets some
-    (:func:`nslib.model.stream.power_bound`): the bound is the training GPUs' best FLOP per
-    joule, so a board on a newer process may run those GEMMs faster."""
-    b = summary.get("power_bound")
-    if b:
-        print(f"note: the board's power sets {b['share']:.0%} of this step: its long FP32 "
-              f"GEMMs at most {b['tflops']:.1f} TFLOP/s ({b['of_peak']:.0%} of the FP32 peak, "
-              f"{b['gflops_per_w']:.1f} GFLOP/s per W of TDP, the best a training GPU "
-              "reached); a board on a newer process than theirs may sustain more",
-              file=sys.stderr)
 
 
 def _tf32_note(summary: dict) -> str:
