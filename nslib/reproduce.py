@@ -142,6 +142,11 @@ HEADLINE = {"11_reported_vs_reproduced.csv": "The paper side by side: mean end-t
                                           "campaigns, five of GPUs never trained on, the "
                                           "T4 measured again): MAPE (%) per class, mean "
                                           "over the GPUs",
+            "04_kernelbench_level3.csv": "KernelBench level 3 (whole small models, any "
+                                         "PyTorch module traced): median APE (%) per "
+                                         "campaign over the priced problems",
+            "04_kernelbench_level2.csv": "KernelBench level 2 (short fused chains): median "
+                                         "APE (%) per campaign",
             "04_inf_summary.csv": "Inference: mean end-to-end error (%) per GPU",
             "05_train_summary.csv": "Training: mean end-to-end error (%) per GPU",
             "04_inf_logo.csv": "Inference, training GPUs' labels: mean end-to-end error (%) "
