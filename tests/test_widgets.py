@@ -360,3 +360,13 @@ def test_explorer_dtype_control(mixed_dir):
     ex.dtype.value = "bf16"  # the callback recomputes
     assert ex.error is None and ex.result["params"]["dtype"] == "bf16"
     assert "attention" in ex.result["per_class"]
+
+
+def test_a_gpu_whose_power_sets_its_step_is_named(base):
+    # the same A100 on a 5 W board: its GEMMs take what 5 W allows (nslib.kernels.power)
+    starved = hypothetical_gpu(base, name="Starved", tdp_w=5.0)
+    res = scenario([starved, base], TINY, Step(4, 512, "inf"), settings=QUICK)
+    hit = [w for w in res["warnings"] if "the board's power sets" in w]
+    assert len(hit) == 1 and hit[0].startswith("Starved: the board's power sets")
+    # the training GPUs' best, 72.5 GFLOP/s per W, times 5 W; 2% of the A100's FP32 peak
+    assert "at most 0.4 TFLOP/s (2% of the FP32 peak, 72.5 GFLOP/s per W" in hit[0]

@@ -52,13 +52,9 @@ def power_hint(summary: dict) -> None:
     """On stderr, how much of the step the board's power bound sets, where it sets some
     (:func:`nslib.model.stream.power_bound`): the bound is the training GPUs' best FLOP per
     joule, so a board on a newer process may run those GEMMs faster."""
-    b = summary.get("power_bound")
-    if b:
-        print(f"note: the board's power sets {b['share']:.0%} of this step: its long FP32 "
-              f"GEMMs at most {b['tflops']:.1f} TFLOP/s ({b['of_peak']:.0%} of the FP32 peak, "
-              f"{b['gflops_per_w']:.1f} GFLOP/s per W of TDP, the best a training GPU "
-              "reached); a board on a newer process than theirs may sustain more",
-              file=sys.stderr)
+    from nslib.model.stream import power_note
+    if summary.get("power_bound"):
+        print(f"note: {power_note(summary['power_bound'])}", file=sys.stderr)
 
 
 __all__ = ["DefaultsFormatter", "cli_gpu", "fmt_count", "fmt_fixed", "power_hint"]

@@ -32,6 +32,7 @@ from nslib.model.config import load_model_config
 from nslib.model.inputs import get_predictor, resolve_gpu
 from nslib.model.predict import predict_model, with_interval
 from nslib.model.step import Step, step_of
+from nslib.model.stream import power_note
 from nslib.predictors.gpu_range import DatasheetRangeWarning, out_of_range, tensor_ranges
 
 # how many of the largest kernels a scenario lists per GPU
@@ -202,6 +203,7 @@ def _on_gpu(step: _OnGpu, label: str, ranges: dict, top: int) -> dict:
     warning = None
     if has_waves is not True and has_waves is not None:
         warning = f"{label}: could not compute tiles and waves of the kernels ({has_waves})."
+    power = f"{label}: {power_note(summ['power_bound'])}" if "power_bound" in summ else None
     issues = out_of_range(spec, ranges=ranges["datasheet"] if step.dtype == "fp32"
                           else tensor_ranges())
     row = {"gpu": label, "e2e_ms": summ["e2e_ms"], "fw_ms": summ["fw_ms"],
@@ -211,7 +213,8 @@ def _on_gpu(step: _OnGpu, label: str, ranges: dict, top: int) -> dict:
            "in_training_range": not issues}
     return {"row": row, "per_class": {"gpu": label, **summ["per_class_ms"]},
             "top": largest_kernels(frame, label, spec, summ["e2e_ms"], top), "frame": frame,
-            "featured": has_waves is True, "issues": issues, "warning": warning}
+            "featured": has_waves is True, "issues": issues, "warning": warning,
+            "power": power}
 
 
 # --------------------------------------------------------------------------------------------
@@ -254,7 +257,8 @@ def scenario(gpus, model, step: Step, predictor="nslib", *, top: int = TOP_KERNE
     datasheet numbers, ``in_training_range``, ``memory_gb`` (GiB), ``fits``), ``per_class`` (ms per
     kernel class, one row per GPU), ``top_kernels`` (:func:`largest_kernels` of each GPU),
     ``warnings`` (one line for the GPUs outside the training range, then kernels outside it,
-    :func:`dominance_warnings` and GPUs the step does not fit on), ``range_details`` (one line
+    :func:`dominance_warnings`, GPUs the step does not fit on, and GPUs whose step the board's
+    power bound sets in part: :func:`nslib.model.stream.power_note`), ``range_details`` (one line
     per datasheet figure out of range, folded under that line in the explorer), ``frames``
     (``{gpu: predicted kernel frame}``), ``gpus`` (the :class:`GPU` objects), ``memory``
     (:func:`nslib.explore.memory.memory_table`), ``params`` and ``seconds``. Raises ValueError,
@@ -281,6 +285,7 @@ def scenario(gpus, model, step: Step, predictor="nslib", *, top: int = TOP_KERNE
     warns += dominance_warnings(specs, labels, [p["row"]["e2e_ms"] for p in parts])
     mem = memory_table(specs, labels, model, step, settings=st)
     warns += memory_warnings(mem)
+    warns += [p["power"] for p in parts if p["power"]]
     summary, per_class = _summary(parts, mem)
     return {"summary": summary, "per_class": per_class,
             "top_kernels": pd.concat([p["top"] for p in parts], ignore_index=True),

@@ -344,3 +344,11 @@ def power_bound(pred, frame: pd.DataFrame) -> dict:
     return {"power_bound": {"share": share, "gflops_per_w": float(eta),
                             "tflops": gflops / 1e3,
                             "of_peak": gflops / float(frame["peak_gflops"].iloc[0])}}
+
+
+def power_note(bound: dict) -> str:
+    """The sentence saying how much of a step :func:`power_bound`'s ``power_bound`` sets."""
+    return (f"the board's power sets {bound['share']:.0%} of this step: its long FP32 GEMMs at "
+            f"most {bound['tflops']:.1f} TFLOP/s ({bound['of_peak']:.0%} of the FP32 peak, "
+            f"{bound['gflops_per_w']:.1f} GFLOP/s per W of TDP, the best a training GPU "
+            "reached); a board on a newer process than theirs may sustain more")
