@@ -115,3 +115,12 @@ def test_a_step_says_how_much_of_it_the_power_sets(capsys):
     assert power_bound(_Bounded(), f.assign(pred_ms=[2.0, 2.0, 0.02])) == {}
     assert power_bound(_Bounded(), f.assign(tdp_w=np.nan)) == {}
     assert power_bound(object(), f) == {}
+
+
+def test_a_tf32_convolution_is_not_set_by_the_fp32_power_floor():
+    from nslib.model.stream import power_bound
+    f = _frame([("linear", 2, 1000, 1000, 1000, np.nan, 100, np.nan),
+                ("linear", 2, 1000, 1000, 1000, np.nan, 100, np.nan)])
+    # both faster than the 0.8 ms floor (a tensor-core price), one marked TF32
+    f = f.assign(pred_ms=[0.5, 0.78], peak_gflops=20000.0, tf32=[True, False])
+    assert power_bound(_Bounded(), f)["power_bound"]["share"] == pytest.approx(0.78 / 1.28)

@@ -333,10 +333,13 @@ def power_bound(pred, frame: pd.DataFrame) -> dict:
     if eta is None or "tdp_w" not in frame or not len(frame):
         return {}
     priced = pred.priced_frame(frame) if hasattr(pred, "priced_frame") else frame
-    p = frame["pred_ms"].to_numpy(float)
+    p = np.nan_to_num(frame["pred_ms"].to_numpy(float))
     floor = power.floor_ms(priced, eta)
-    # a kernel's time in a step can sit a dispatch below the latency the bound acted on
+    # a kernel's time in a step can sit a dispatch below the latency the bound acted on; a
+    # convolution priced in TF32 is not an FP32 GEMM, whatever its floor
     at = (floor > 0) & (floor >= POWER_TOL * p)
+    if "tf32" in frame:
+        at &= ~frame["tf32"].fillna(False).to_numpy(bool)
     share = float(p[at].sum() / p.sum()) if p.sum() > 0 else 0.0
     if share < 0.01:
         return {}
