@@ -75,12 +75,15 @@ def _clock_mhz(sheet: dict) -> float:
 
 
 def _more(field: str, factor: float) -> dict:
-    """A datasheet with more of one resource; more SMs are SMs of the same kind (peak too);
-    more lanes per SM raise the peak at the base clock."""
+    """A datasheet with more of one resource; more SMs are SMs of the same kind (peak too)
+    with their share of the L2 (more SMs sharing one L2 hold more rows in flight in it, and a
+    long softmax row may then be read again from DRAM: :mod:`nslib.kernels.row_cache`); more
+    lanes per SM raise the peak at the base clock."""
     if field == "lanes":
         return {"peak_gflops": BASE["peak_gflops"] * factor, "clock_mhz": _clock_mhz(BASE)}
     if field == "num_sm":
-        return {"num_sm": BASE["num_sm"] * factor, "peak_gflops": BASE["peak_gflops"] * factor}
+        return {"num_sm": BASE["num_sm"] * factor, "peak_gflops": BASE["peak_gflops"] * factor,
+                "l2_mb": BASE["l2_mb"] * factor}
     return {field: BASE[field] * factor}
 
 

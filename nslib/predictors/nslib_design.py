@@ -15,7 +15,9 @@ error over the training GPUs (docs/decisions.md):
   (:mod:`nslib.kernels.power`, FLOP per joule learned from the training GPUs);
 - long training GEMMs of a campaign that throttled left out of training
   (:mod:`nslib.predictors.throttle`);
-- softmax rows packed into blocks as PyTorch launches them; ensembles and epochs of
+- softmax rows packed into blocks as PyTorch launches them, the row length an input (PyTorch
+  picks the kernel by it) and a long row's repeated reads from DRAM where the rows in flight
+  overflow the L2 (:mod:`nslib.kernels.row_cache`); ensembles and epochs of
   :data:`nslib.predictors.training.DEFAULTS`;
 - at model level, each kernel's microbenchmark dispatch floor off and a phase no faster than
   its host dispatches (:mod:`nslib.model.stream`).
@@ -25,14 +27,17 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from nslib.kernels import issue_rate, power, sizes
+from nslib.kernels import issue_rate, power, row_cache, sizes
 from nslib.predictors import throttle
 from nslib.predictors.neusight import NeuSight
 
 GEMM_DEFAULTS = {"features": ("tile_m", "tile_k", "reduction", "num_sm"), "form": "series",
                  "clip": True}
 VECTOR_DEFAULTS = {"features": ("tile_kb", "blocks", "num_sm"), "form": "stream"}
-CLASS_DEFAULTS = {"elementwise": dict(VECTOR_DEFAULTS), "softmax": dict(VECTOR_DEFAULTS),
+# softmax: the row length tells PyTorch's warp kernel (a row in registers) from its block kernel
+# (three sweeps of a row), which move the same bytes per block at different rates
+CLASS_DEFAULTS = {"elementwise": dict(VECTOR_DEFAULTS),
+                  "softmax": {**VECTOR_DEFAULTS, "features": VECTOR_DEFAULTS["features"] + ("row",)},
                   "layernorm": dict(VECTOR_DEFAULTS), "bmm": dict(GEMM_DEFAULTS),
                   "linear": dict(GEMM_DEFAULTS)}
 
@@ -65,6 +70,12 @@ class NslibDesign(NeuSight):
         (:func:`issue_rate.bounded`), after the tile lookup: the tile a library picks does not
         change with the issue rate."""
         return issue_rate.bounded(super()._filled(frame, lookup))
+
+    def _pack(self, frame: pd.DataFrame) -> pd.DataFrame:
+        """NeuSight's packed frame with a long softmax row's repeated reads in its bytes where
+        the rows in flight overflow the L2 (:func:`row_cache.with_rereads`), in training and
+        in prediction alike."""
+        return row_cache.with_rereads(super()._pack(frame))
 
     def priced_frame(self, frame: pd.DataFrame) -> pd.DataFrame:
         """``frame`` as this predictor prices it: matrix-vector GEMMs as the stream they are
