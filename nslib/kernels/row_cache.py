@@ -7,14 +7,15 @@ a warp's registers (one read, one write); longer rows go to ``cunn_SoftMaxForwar
 per row, which sweeps the row three times (its maximum, the sum of exponentials, then the
 output: three reads and one write). The repeated reads cost no DRAM traffic while the rows the
 GPU has in flight stay in its L2 between sweeps. Rows in flight are the blocks resident at
-once, at most :data:`MAX_THREADS_PER_SM` threads per SM, each block of the threads PyTorch
-gives a row (:func:`block_threads`), and never more rows than the kernel has.
+once (at most :data:`nslib.kernels.row_latency.MAX_THREADS_PER_SM` threads per SM, each block
+of the threads PyTorch gives a row, :func:`block_threads`), never more rows than the kernel
+has.
 
 The law: the share of the repeated reads that miss is the share of the in-flight rows' bytes
 beyond the L2's capacity, ``miss = max(0, 1 - L2 / in_flight)``, and the kernel moves
 ``bytes x (1 + miss)`` (two repeated reads over one read and one write). No constant is
 fitted; the evidence (the training GPUs' long rows, leave-one-GPU-out, KernelBench) is in
-docs/decisions.md ("Long softmax rows").
+docs/decisions.md section 19.
 """
 from __future__ import annotations
 
@@ -22,13 +23,13 @@ import numpy as np
 import pandas as pd
 
 from nslib.data.units import MIB
+from nslib.kernels.row_latency import MAX_THREADS_PER_SM
+from nslib.kernels.sizes import BYTES_PER_ELEM
 
 WARP_MAX_H = 1024          # longest row of PyTorch's warp softmax; longer rows, a block each
 ILP = 4                    # floats a thread loads at once (one 16-byte vector)
 MAX_BLOCK = 1024           # PyTorch's cap on a softmax block, before halving it
 MIN_BLOCK = 32             # at least one warp
-MAX_THREADS_PER_SM = 2048  # no NVIDIA SM holds more resident threads
-BYTES_PER_ELEM = 4         # FP32
 REPEATED_READS = 2         # the maximum's and the sum's sweeps, read again by the output's
 MINIMUM_PASSES = 2         # one read and one write when every repeated read hits the L2
 OPS = ("softmax",)         # the forward; the backward kernels are other loops

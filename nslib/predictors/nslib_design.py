@@ -37,7 +37,8 @@ VECTOR_DEFAULTS = {"features": ("tile_kb", "blocks", "num_sm"), "form": "stream"
 # softmax: the row length tells PyTorch's warp kernel (a row in registers) from its block kernel
 # (three sweeps of a row), which move the same bytes per block at different rates
 CLASS_DEFAULTS = {"elementwise": dict(VECTOR_DEFAULTS),
-                  "softmax": {**VECTOR_DEFAULTS, "features": VECTOR_DEFAULTS["features"] + ("row",)},
+                  "softmax": {**VECTOR_DEFAULTS,
+                              "features": VECTOR_DEFAULTS["features"] + ("row",)},
                   "layernorm": dict(VECTOR_DEFAULTS), "bmm": dict(GEMM_DEFAULTS),
                   "linear": dict(GEMM_DEFAULTS)}
 
