@@ -157,6 +157,15 @@ def test_training_other_ops(gpt2_train):
     smb = bw[bw["cls"] == "softmax"]
     assert len(smb) == 2 and (smb["op"] == "softmax_bw").all()  # one per layer
     assert (smb["bytes"] == 3 * smb["B"] * smb["H"] * 4).all()
+    # ... after PyTorch's CUDA softmax backward has multiplied the gradient by the output in
+    # an elementwise kernel of its own (same call, same B x H; the row kernel reads its result)
+    sm_call = bw[bw["aten"] == "aten._softmax_backward_data.default"]
+    assert list(sm_call["op"]) == ["mul", "softmax_bw"] * 2
+    mul = sm_call[sm_call["op"] == "mul"]
+    assert (mul["cls"] == "elementwise").all()
+    assert (mul["bytes"] == 3 * mul["B"] * mul["H"] * 4).all()
+    assert (mul[["B", "H"]].to_numpy() == smb[["B", "H"]].to_numpy()).all()
+    assert all(inp == (k,) for inp, k in zip(smb["inputs"], mul["kid"]))
     smf = fw[fw["cls"] == "softmax"]
     assert (smf["op"] == "softmax").all() and (smf["bytes"] == 2 * smf["B"] * smf["H"] * 4).all()
     # gradient accumulation: one add_ per parameter tensor, 12 per layer + wte, wpe, ln_f w, b

@@ -18,7 +18,10 @@ Mapping choices (what a CUDA build of PyTorch 2.1 launches for these ops):
   ``(B, H) = (numel / last_dim, last_dim)`` of the output, the flattening the original opgraph
   records (``VECadd (4096, 1280)`` for a ``(4, 1024, 1280)`` tensor); the measured kernels are
   flat, so only ``B * H`` matters to them.
-- Softmax and its backward: ``softmax`` ``(B = rows, H = softmax dim)``.
+- Softmax and its backward: ``softmax`` ``(B = rows, H = softmax dim)``. The softmax
+  backward is two kernels on CUDA, as the original opgraph also records it (``VECmul``,
+  ``VECsoftmax``): ``grad * output`` (``mul``), then the row kernel (``softmax_bw``); the
+  log-softmax backward is the row kernel alone.
 - LayerNorm: forward -> ``ln`` ``(rows, normalized size)``. Backward: the original opgraph
   records it as a ``VECmul`` of the same shape; CUDA launches a row-wise kernel for the input
   gradient (structurally the ``ln`` kernel: one row per block, a reduction over H) plus a

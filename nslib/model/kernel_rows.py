@@ -110,7 +110,14 @@ class KernelRows:
             shape = outs[0].shape
             H = int(shape[dim]) if len(shape) else 1
             B = outs[0].numel() // max(H, 1)
-            # the backward reads the output and its gradient: 1.5x the forward's bytes
+            if base == "_softmax_backward_data":
+                # PyTorch's CUDA softmax backward (softmax_backward_cuda_out) first multiplies
+                # the gradient by the output (tmp = grad * output, an elementwise kernel), then
+                # runs the row kernel on tmp and the output: 6 passes over B x H, not 3
+                self._chain(aten, [("elementwise", "mul", B, H), ("softmax", "softmax_bw", B, H)],
+                            ins, outs)
+                return
+            # the log-softmax backward reads the gradient and the output: 1.5x the forward's
             op = "softmax_bw" if base.endswith("_backward_data") else "softmax"
             self._vector(aten, "softmax", op, B, H, ins, outs)
             return
