@@ -85,14 +85,14 @@ class KernelRows:
         if not any(t.is_meta for t in outs) and not any(t.is_meta for t in ins):
             return  # host-side work (e.g. on Python scalars wrapped as CPU tensors): no kernel
 
-        if kind == "gemm":
-            self._gemm(base, aten, args, ins, outs)
-            return
-        if kind == "conv":
-            self._conv(base, aten, args, ins, outs)
+        if kind in ("gemm", "conv"):
+            (self._gemm if kind == "gemm" else self._conv)(base, aten, args, ins, outs)
             return
         if outs and all(t.numel() == 0 for t in outs):
             return  # a kernel over no elements is not launched
+        if kind in ("ln", "norm"):
+            (self._layernorm if kind == "ln" else self._norm)(base, aten, args, ins, outs)
+            return
         if kind == "ew":
             if base in EW_FIXED:
                 op = EW_FIXED[base]
@@ -111,21 +111,14 @@ class KernelRows:
             H = int(shape[dim]) if len(shape) else 1
             B = outs[0].numel() // max(H, 1)
             if base == "_softmax_backward_data":
-                # PyTorch's CUDA softmax backward (softmax_backward_cuda_out) first multiplies
-                # the gradient by the output (tmp = grad * output, an elementwise kernel), then
-                # runs the row kernel on tmp and the output: 6 passes over B x H, not 3
+                # CUDA's softmax_backward_cuda_out forms grad * output in a kernel of its own,
+                # then runs the row kernel on it: 6 passes, not 3 (docs/decisions.md section 6)
                 self._chain(aten, [("elementwise", "mul", B, H), ("softmax", "softmax_bw", B, H)],
                             ins, outs)
                 return
-            # the log-softmax backward reads the gradient and the output: 1.5x the forward's
+            # the log-softmax backward reads the gradient and the output: 1.5x the forward's bytes
             op = "softmax_bw" if base.endswith("_backward_data") else "softmax"
             self._vector(aten, "softmax", op, B, H, ins, outs)
-            return
-        if kind == "ln":
-            self._layernorm(base, aten, args, ins, outs)
-            return
-        if kind == "norm":
-            self._norm(base, aten, args, ins, outs)
             return
         if kind == "mem":
             if base == "logsumexp":
