@@ -100,7 +100,8 @@ tables["summary"]
 # class of each operator, they give the measured time per class. Both sides are classed by
 # operator, as notebook 04 explains: each backward kernel counts with the forward call whose
 # gradient it computes (a linear layer's two GEMMs, bias-gradient sum and weight-gradient
-# accumulation; dropout's backward multiply with dropout). Operators that launch no kernel
+# accumulation; dropout's backward multiply with dropout; the softmax backward's two kernels,
+# `grad * output` and the row kernel, with softmax). Operators that launch no kernel
 # form their own `host` class and are not compared. OPT's attention operands are copied by
 # explicit `contiguous()` calls in the measured code, so the trace's copies inside today's
 # `matmul` count as memory operators there (notebook 04). One difference between the measured
