@@ -112,9 +112,9 @@ class KernelRows:
             B = outs[0].numel() // max(H, 1)
             if base == "_softmax_backward_data":
                 # CUDA's softmax_backward_cuda_out forms grad * output in a kernel of its own,
-                # then runs the row kernel on it: 6 passes, not 3 (docs/decisions.md section 6)
-                self._chain(aten, [("elementwise", "mul", B, H), ("softmax", "softmax_bw", B, H)],
-                            ins, outs)
+                # then the row kernel reads it and the output again (docs/decisions.md section 6)
+                self._vector(aten, "elementwise", "mul", B, H, ins, outs)
+                self._vector(aten, "softmax", "softmax_bw", B, H, [*outs, *ins[1:]], outs)
                 return
             # the log-softmax backward reads the gradient and the output: 1.5x the forward's bytes
             op = "softmax_bw" if base.endswith("_backward_data") else "softmax"
