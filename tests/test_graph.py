@@ -172,6 +172,10 @@ def test_training_other_ops(gpt2_train):
     assert all(len(inp) == 2 and k in inp and (set(inp) - {k}) <= fw_kids
                for inp, k in zip(smb["inputs"], mul["kid"]))
     assert all(any(i in fw_kids for i in inp) for inp in mul["inputs"])
+    # the product is a buffer of its own: allocated at the multiply, freed after the row kernel
+    for (_, m), k in zip(mul.iterrows(), smb["kid"]):
+        size = m["B"] * m["H"] * 4
+        assert size in m["allocs"] and m["frees"][m["allocs"].index(size)] == k
     # gradient accumulation: one add_ per parameter tensor, 12 per layer + wte, wpe, ln_f w, b
     acc = bw[bw["aten"] == "aten.add_.Tensor"]
     assert len(acc) == 2 * 12 + 4 and (acc["op"] == "add").all()

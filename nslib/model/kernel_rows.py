@@ -107,14 +107,14 @@ class KernelRows:
             # _softmax(x, dim, half_to_float), _softmax_backward_data(grad, out, dim, dtype)
             dim = next((a for a in args[1:] if isinstance(a, int) and not isinstance(a, bool)),
                        -1)
-            shape = outs[0].shape
-            H = int(shape[dim]) if len(shape) else 1
+            H = int(outs[0].shape[dim]) if outs[0].dim() else 1
             B = outs[0].numel() // max(H, 1)
             if base == "_softmax_backward_data":
-                # CUDA's softmax_backward_cuda_out forms grad * output in a kernel of its own,
-                # then the row kernel reads it and the output again (docs/decisions.md section 6)
+                # CUDA's softmax_backward_cuda_out forms grad * output in a buffer and kernel of
+                # its own, then the row kernel reads it and the output (decisions section 6)
                 self._vector(aten, "elementwise", "mul", B, H, ins, outs)
                 self._vector(aten, "softmax", "softmax_bw", B, H, [*outs, *ins[1:]], outs)
+                self.temporary(self.n - 2, self.n - 1, outs[0].numel() * outs[0].element_size())
                 return
             # the log-softmax backward reads the gradient and the output: 1.5x the forward's bytes
             op = "softmax_bw" if base.endswith("_backward_data") else "softmax"

@@ -93,6 +93,11 @@ class StorageTracker:
                 if st._cdata not in self._refs:
                     self._watch(st)
 
+    def temporary(self, first: int, last: int, nbytes: int):
+        """A buffer a library allocates inside one call (no tensor the trace sees): alive from
+        kernel ``first`` to kernel ``last``, ``nbytes`` bytes."""
+        self.dead.append([first, last, int(nbytes)])
+
     # Storages die when PyTorch frees them (the last tensor, view or autograd saved variable
     # using them is gone): the meta device follows the same reference counting as a GPU, so
     # the lifetimes are those of the real step, Python locals and saved tensors included.
