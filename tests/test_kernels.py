@@ -95,11 +95,14 @@ def test_backward_vector_ops_move_one_more_tensor():
     assert bytes_ratio_to_forward("softmax_bw") == 1.5 and bytes_ratio_to_forward("ln") == 1.0
     for bw, fw in FORWARD_OP.items():
         assert OPS[bw][0] == OPS[fw][0]  # same class: the forward's predictor prices it
-    f = pd.DataFrame({"cls": ["softmax", "softmax"], "op": ["softmax", "softmax_bw"],
-                      "B": [8.0, 8.0], "M": float("nan"), "N": float("nan"),
-                      "K": float("nan"), "H": [1024.0, 1024.0]})
-    _, nbytes = flops_bytes(f)
-    assert list(nbytes) == [2 * 8 * 1024 * 4, 3 * 8 * 1024 * 4]
+    f = pd.DataFrame({"cls": "softmax", "op": ["softmax", "softmax_bw", "logsoftmax_bw"],
+                      "B": 8.0, "M": float("nan"), "N": float("nan"), "K": float("nan"),
+                      "H": 1024.0})
+    flops, nbytes = flops_bytes(f)
+    assert list(nbytes) == [2 * 8 * 1024 * 4, 3 * 8 * 1024 * 4, 3 * 8 * 1024 * 4]
+    # per element: max, exp, sum, divide, (subtract); the row kernel after CUDA's product
+    # kernel: sum, times the output, subtract; the log-softmax's: exp of the output too
+    assert list(flops / (8 * 1024)) == [5, 3, 4]
 
 
 def test_split_k_fills_the_waves_by_hand():

@@ -20,6 +20,18 @@ def _meta(build, *shape):
         return build(), torch.randn(*shape)
 
 
+def test_softmax_backwards_by_hand():
+    """Softmax's backward: CUDA's product kernel, then the row kernel; log-softmax's: the row
+    kernel alone (it takes the output's exp, one more FLOP per element)."""
+    for fn, ops, flops in ((nn.Softmax(-1), ["mul", "softmax_bw"], [1, 3]),
+                           (nn.LogSoftmax(-1), ["logsoftmax_bw"], [4])):
+        model, x = _meta(lambda: nn.Sequential(nn.Linear(16, 32), fn), 6, 16)
+        bw = trace_module(model, [x], mode="train").query("phase == 'bw'")
+        rows = bw[bw["aten"].str.contains("softmax_backward")]
+        assert rows["op"].tolist() == ops and (rows[["B", "H"]].to_numpy() == [6, 32]).all()
+        assert (rows["flops"] / (6 * 32)).tolist() == flops
+
+
 def test_mlp_backward_by_hand():
     model, x = _meta(lambda: nn.Sequential(nn.Linear(8, 4), nn.ReLU(), nn.Linear(4, 2)), 3, 8)
     tr = trace_module(model, [x], mode="train")

@@ -38,12 +38,16 @@ OPS = {
     "ln": ("layernorm", 1, 6),
     # backward kernels of the traced models (never measured alone): the gradient is one more
     # input, so they move 1.5x the forward's bytes
-    "softmax_bw": ("softmax", 2, 4),
+    # softmax: the row kernel after CUDA's grad * output kernel (row sum, times the output,
+    # subtract); log-softmax: grad - exp(output) * row sum of grad, one kernel
+    "softmax_bw": ("softmax", 2, 3),
+    "logsoftmax_bw": ("softmax", 2, 4),
     "ln_bw": ("layernorm", 2, 8),
     "ln_wgrad": ("layernorm", 1, 2),  # weight/bias grads: reads two B x H tensors
 }
 # backward op -> its measured forward
-FORWARD_OP = {"softmax_bw": "softmax", "ln_bw": "ln", "ln_wgrad": "ln"}
+FORWARD_OP = {"softmax_bw": "softmax", "logsoftmax_bw": "softmax", "ln_bw": "ln",
+              "ln_wgrad": "ln"}
 
 
 def bytes_ratio_to_forward(op: str) -> float:

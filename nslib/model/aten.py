@@ -21,7 +21,8 @@ Mapping choices (what a CUDA build of PyTorch 2.1 launches for these ops):
 - Softmax and its backward: ``softmax`` ``(B = rows, H = softmax dim)``. The softmax
   backward is two kernels on CUDA, as the original opgraph also records it (``VECmul``,
   ``VECsoftmax``): ``grad * output`` (``mul``), then the row kernel (``softmax_bw``); the
-  log-softmax backward is the row kernel alone.
+  log-softmax backward is the row kernel alone (``logsoftmax_bw``, which also takes the
+  output's ``exp``).
 - LayerNorm: forward -> ``ln`` ``(rows, normalized size)``. Backward: the original opgraph
   records it as a ``VECmul`` of the same shape; CUDA launches a row-wise kernel for the input
   gradient (structurally the ``ln`` kernel: one row per block, a reduction over H) plus a

@@ -117,7 +117,7 @@ class KernelRows:
                 self.temporary(self.n - 2, self.n - 1, outs[0].numel() * outs[0].element_size())
                 return
             # the log-softmax backward reads the gradient and the output: 1.5x the forward's bytes
-            op = "softmax_bw" if base.endswith("_backward_data") else "softmax"
+            op = "logsoftmax_bw" if base.endswith("_backward_data") else "softmax"
             self._vector(aten, "softmax", op, B, H, ins, outs)
             return
         if kind == "mem":

@@ -53,7 +53,7 @@ __all__ = ["trace", "summarize", "logits_loss", "model_notes", "warn_model_notes
            "ATTENTION_COLUMNS"]
 
 # Bump when the rows trace() produces change, so caches of traces can key on it.
-TRACE_VERSION = 13
+TRACE_VERSION = 14
 
 
 def mark_storages(tracer: Tracer, model, inputs) -> None:
