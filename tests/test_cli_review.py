@@ -319,7 +319,10 @@ def test_a_schedule_says_its_classes_do_not_add_up(data_dir, capsys):
     assert main(base) == 0
     assert "add up to" not in capsys.readouterr().out
     assert main(base + ["--dp", "4"]) == 0
-    assert "(the classes add up to" in capsys.readouterr().out
+    assert "every kernel of the step once, communication in full" in capsys.readouterr().out
+    # a pipeline's classes are one micro-batch through its stages, and say so
+    assert main(base + ["--pp", "2", "--microbatches", "4"]) == 0
+    assert "one micro-batch through every stage (the step runs 4)" in capsys.readouterr().out
 
 
 def test_an_argument_error_is_one_line(capsys):

@@ -388,6 +388,9 @@ def test_predict_module_errors_say_the_fix(tmp_path, data_dir):
     with pytest.raises(ValueError, match="data-dependent shapes"):
         predict_model("V100", lambda: _Dynamic(), predictor="roofline", inputs=[(8, 8)],
                       settings=s)
+    with pytest.raises(ValueError, match="launches no kernel"):
+        predict_model("V100", lambda: nn.Identity(), predictor="roofline", inputs=[(8, 8)],
+                      settings=s)
     with pytest.raises(ValueError, match="give the step"):
         predict_model("V100", "gpt2_large")
     assert parse_shapes("8x3x224x224, 8x10") == [(8, 3, 224, 224), (8, 10)]

@@ -278,6 +278,10 @@ def predict_module(gpu, model, inputs=None, predictor="nslib", *,
     spec = resolve_gpu(gpu, s.data)
     trace = module_trace_of(model, inputs, eval_mode, mode)
     unknown, share = unpriced_calls(trace)
+    if not len(trace) and not unknown:
+        raise ValueError("cannot price this module: its step launches no kernel (no tensor "
+                         "work a GPU runs, e.g. a forward that returns its input): nothing to "
+                         "forecast")
     if share > MAX_UNPRICED_SHARE or not len(trace):
         listed = ", ".join(f"{k} x{v}" for k, v in sorted(unknown.items())) or "none"
         raise ValueError(f"cannot price this module: {share:.0%} of its operator calls have no "
