@@ -319,7 +319,10 @@ def test_a_schedule_says_its_classes_do_not_add_up(data_dir, capsys):
     assert main(base) == 0
     assert "add up to" not in capsys.readouterr().out
     assert main(base + ["--dp", "4"]) == 0
-    assert "(the classes add up to" in capsys.readouterr().out
+    assert "every kernel of the step once, communication in full" in capsys.readouterr().out
+    # a pipeline's classes are one micro-batch through its stages, and say so
+    assert main(base + ["--pp", "2", "--microbatches", "4"]) == 0
+    assert "one micro-batch through every stage (the step runs 4)" in capsys.readouterr().out
 
 
 def test_an_argument_error_is_one_line(capsys):
@@ -331,3 +334,42 @@ def test_an_argument_error_is_one_line(capsys):
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--batch" in err and "nslib predict --help" in err
+
+
+@pytest.mark.parametrize("argv,says", [
+    (["predict", "--gpu", "V100", "--model", "gpt2_large", "--batch", str(10**20)],
+     "argument --batch: must be at most 9,007,199,254,740,992"),
+    (["serve", "--model", "gpt2_large", "--gpu", "H100", "--concurrency", str(10**20)],
+     "argument --concurrency: must be at most"),
+    # checked before any fold trains
+    (["calibrate", "--coverage", "1"], "strictly between 0 and 1"),
+    (["calibrate", "--coverage", "1.5"], "strictly between 0 and 1"),
+])
+def test_out_of_range_arguments_are_refused_as_read(argv, says, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2 and says in capsys.readouterr().err
+
+
+def test_a_bare_lookup_failure_says_where(monkeypatch, capsys):
+    """An internal KeyError (a bare key, not a message) names the key and where it was
+    looked up, not only the key."""
+    import nslib.cli.commands as commands
+
+    def broken(args):
+        return {}["latency_ms"]
+
+    parser = commands.build_parser
+    monkeypatch.setattr(commands, "build_parser", lambda: _with_func(parser(), broken))
+    assert main(["gpus"]) == 2
+    err = capsys.readouterr().err
+    assert "no field 'latency_ms' where nslib looked for it (test_cli_review.py, line" in err
+
+
+def _with_func(parser, func):
+    parser.set_defaults(func=func)
+    for action in parser._actions:
+        for sub in (getattr(action, "choices", None) or {}).values():
+            if hasattr(sub, "set_defaults"):
+                sub.set_defaults(func=func)
+    return parser

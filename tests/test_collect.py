@@ -147,6 +147,17 @@ def test_a_folder_of_another_gpu_is_refused(collected, tmp_path, capsys):
     assert "holds measurements of 'Some Other GPU'" in capsys.readouterr().err
 
 
+def test_a_collection_without_kernel_tables_says_so(collected, tmp_path):
+    from nslib.evaluation.measured_gpu import fp32_kernels
+    bare = tmp_path / "bare"
+    shutil.copytree(collected, bare)
+    for f in bare.rglob("*.csv"):
+        if "test" in f.relative_to(bare).parts:
+            f.unlink()
+    with pytest.raises(FileNotFoundError, match="no FP32 kernel table of any class"):
+        fp32_kernels(bare, predictors=["roofline"])
+
+
 def test_cli_errors_are_clear(tmp_path, capsys):
     assert main(["collect", "--device", "cpu", "--out", str(tmp_path), "--parts", "x"]) == 2
     assert "unknown part" in capsys.readouterr().err

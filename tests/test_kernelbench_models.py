@@ -388,6 +388,9 @@ def test_predict_module_errors_say_the_fix(tmp_path, data_dir):
     with pytest.raises(ValueError, match="data-dependent shapes"):
         predict_model("V100", lambda: _Dynamic(), predictor="roofline", inputs=[(8, 8)],
                       settings=s)
+    with pytest.raises(ValueError, match="launches no kernel"):
+        predict_model("V100", lambda: nn.Identity(), predictor="roofline", inputs=[(8, 8)],
+                      settings=s)
     with pytest.raises(ValueError, match="give the step"):
         predict_model("V100", "gpt2_large")
     assert parse_shapes("8x3x224x224, 8x10") == [(8, 3, 224, 224), (8, 10)]
@@ -412,6 +415,46 @@ class _Bessel(nn.Module):
 class _Dynamic(nn.Module):
     def forward(self, x):
         return x[: int(x.sum().item())]
+
+
+class _Branch(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.lin(x) if x.sum() > 0 else x
+
+
+def test_what_a_meta_trace_cannot_know_is_said(tmp_path, data_dir):
+    from nslib.model.predict import predict_model
+    s = Settings(progress=False)
+    # a branch on data is taken as True, and said; a 16-bit module is priced as FP32, and said
+    _, out = predict_model("V100", lambda: _Branch(), predictor="roofline", inputs=[(4, 8)],
+                           settings=s)
+    assert out["n_kernels"] >= 1 and any("branched on 1 tensor value" in w
+                                         for w in out["warnings"])
+    _, out = predict_model("V100", lambda: nn.Linear(8, 8).half(), predictor="roofline",
+                           inputs=[torch.randn(4, 8, dtype=torch.float16)], settings=s)
+    assert any("holds float16 tensors" in w for w in out["warnings"])
+    _, out = predict_model("V100", lambda: nn.Linear(8, 8), predictor="roofline",
+                           inputs=[(4, 8)], settings=s)
+    assert not [w for w in out["warnings"] if w.startswith("the module")]
+    # a file that exits while it runs is an error naming it, not the end of nslib
+    exits = tmp_path / "exits.py"
+    exits.write_text("import sys\nsys.exit(3)\n")
+    with pytest.raises(ValueError, match=r"exits\.py: the file called sys\.exit\(3\)"):
+        predict_model("V100", str(exits), predictor="roofline", settings=s)
+
+
+def test_a_campaign_without_level1_timings_is_named(tmp_path, data_dir):
+    root, camp = fake_root(tmp_path)
+    (camp / "level3").mkdir(parents=True)
+    (camp / "level3" / "1_TinyCNN.py").write_text(LEVEL3["1_TinyCNN.py"])
+    (camp / kb.TIMING_FILE).write_text(json.dumps(
+        {"level3": {"1_TinyCNN.py": {"mean": 0.2, "hardware": "Fake GPU 9"}}}))
+    with pytest.raises(ValueError, match=f"campaign.*{camp.name}: no priced level-1 problem"):
+        km.evaluate(["roofline"], root=root, level=3, settings=Settings(progress=False))
 
 
 def test_cli_predict_module(tmp_path, data_dir, capsys):

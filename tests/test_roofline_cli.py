@@ -68,8 +68,16 @@ def test_eval_models_json_and_logo_with_the_roofline(data_dir, capsys):
 def test_eval_models_errors(data_dir, capsys):
     assert main(["eval-models", "--predictor", "nope"]) == 2
     assert "unknown predictor" in capsys.readouterr().err
+    # a name no label has is an error naming it, not a smaller table
     assert main(["eval-models", "--predictor", "roofline", "--gpus", "Nowhere GPU"]) == 2
-    assert "no inf labels" in capsys.readouterr().err
+    assert "no labels for GPU 'Nowhere GPU'; GPUs with labels: " in capsys.readouterr().err
+    assert main(["eval-models", "--predictor", "roofline", "--gpus", "Tesla_T4", "--models",
+                 "gpt2_large", "gpt2_larg"]) == 2
+    assert "no labels for model(s) 'gpt2_larg'" in capsys.readouterr().err
+    # labelled GPUs and models without labels of the mode asked for
+    assert main(["eval-models", "--predictor", "roofline", "--gpus", "Tesla_P4", "--mode",
+                 "train"]) == 2
+    assert "no train labels" in capsys.readouterr().err
     assert main(["eval-models", "--predictor", "roofline", "--gpus", "NVIDIA_H100_80GB_HBM3",
                  "--logo"]) == 2
     assert "none of them" in capsys.readouterr().err

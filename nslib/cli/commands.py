@@ -5,6 +5,7 @@ import argparse
 import json
 import os
 import sys
+from pathlib import Path
 
 import pandas as pd
 
@@ -337,5 +338,10 @@ def main(argv=None) -> int:
                               ConnectionError)):
             raise
         msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
+        if isinstance(e, KeyError) and " " not in str(msg):   # a bare lookup, not a message
+            import traceback
+            where = traceback.extract_tb(e.__traceback__)[-1]
+            msg = (f"no field {msg!r} where nslib looked for it ({Path(where.filename).name}, "
+                   f"line {where.lineno}): an input lacks it, or this is a bug to report")
         print(f"nslib: error: {msg}", file=sys.stderr)
         return 2

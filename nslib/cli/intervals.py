@@ -5,6 +5,7 @@ A thin layer over :mod:`nslib.predictors.intervals` (the calibration) and
 """
 from __future__ import annotations
 
+import argparse
 import json
 
 import numpy as np
@@ -90,7 +91,7 @@ def add_calibrate_parser(sub) -> None:
     s = sub.add_parser("calibrate", help="calibrate (and check) the intervals of a "
                        "predictor's forecasts")
     s.add_argument("--predictor", default="nslib")
-    s.add_argument("--coverage", type=arg_float(positive=True), default=0.8,
+    s.add_argument("--coverage", type=_coverage, default=0.8,
                    help="central coverage of the intervals (default 0.8)")
     s.add_argument("--e2e", nargs="*", choices=("inf", "train"),
                    help="also check end to end on these modes' labels of the new GPUs")
@@ -100,3 +101,13 @@ def add_calibrate_parser(sub) -> None:
 
 
 __all__ = ["add_calibrate_parser", "calibrate_hint"]
+
+
+def _coverage(text: str) -> float:
+    """argparse type of ``--coverage``: a fraction strictly between 0 and 1, checked before
+    any fold trains."""
+    value = arg_float(positive=True)(text)
+    if not value < 1:
+        raise argparse.ArgumentTypeError(f"must lie strictly between 0 and 1 (0.8 is an 80% "
+                                         f"interval), got {text}")
+    return value

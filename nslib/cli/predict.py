@@ -115,7 +115,8 @@ def _predict_module(args) -> int:
         _interval_hint(args, summary)
         power_hint(summary)
     # the unpriced calls are the module's own note, not a datasheet range
-    own = [w for w in summary["warnings"] if w.startswith(("not priced", "TF32 ", "tf32 "))]
+    own = [w for w in summary["warnings"]
+           if w.startswith(("not priced", "TF32 ", "tf32 ", "the module "))]
     _print_warnings(summary["warnings"], own, caught)
     return 0
 
@@ -258,8 +259,11 @@ def _print_summary(args, summary: dict, mem: dict, per_gpu: bool) -> None:
     if abs(total - summary["e2e_ms"]) > 0.005 * summary["e2e_ms"]:
         # a schedule, not a sum: the all-reduce overlaps the backward, a pipeline repeats
         # its stages over the micro-batches and idles in the bubble
-        print(f"  (the classes add up to {fmt_fixed(total)} ms: every kernel of the step "
-              "once, communication in full; the step's time is its schedule's, below)")
+        par = summary.get("parallel") or {}
+        what = (f"one micro-batch through every stage (the step runs {par['microbatches']})"
+                if par.get("kind") == "pp" else "every kernel of the step once")
+        print(f"  (the classes add up to {fmt_fixed(total)} ms: {what}, communication in full; "
+              "the step's time is its schedule's, below)")
     par = summary.get("parallel")
     if par:
         link = par["link"]

@@ -10,8 +10,13 @@ import math
 import numbers
 
 
-def check_int(name: str, value, minimum: int | None = 1) -> int:
-    """``value`` as an int, or ValueError naming ``name``.
+# The largest count a command line takes (a batch, sequence, concurrency, degree): the
+# largest integer a float64 holds exactly, as the traces keep their sizes
+MAX_INT = 2**53
+
+
+def check_int(name: str, value, minimum: int | None = 1, maximum: int | None = None) -> int:
+    """``value`` as an int (at most ``maximum`` when given), or ValueError naming ``name``.
 
     Booleans and non-whole numbers (2.5, NaN) are rejected: silently rounding a batch of 2.5
     to 2 gives an answer to a question nobody asked. Whole floats (``132.0``, as JSON writers
@@ -26,6 +31,8 @@ def check_int(name: str, value, minimum: int | None = 1) -> int:
         raise ValueError(f"{name} must be positive (an integer >= 1), got {value}")
     if minimum is not None and value < minimum:
         raise ValueError(f"{name} must be an integer >= {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise ValueError(f"{name} must be at most {maximum:,}, got {value:,}")
     return value
 
 
@@ -61,8 +68,8 @@ def _arg(convert, check, what: str, **kw):
 
 
 def arg_int(minimum: int = 1):
-    """argparse type: an integer >= ``minimum``."""
-    return _arg(int, check_int, "an integer", minimum=minimum)
+    """argparse type: an integer >= ``minimum`` and at most :data:`MAX_INT`."""
+    return _arg(int, check_int, "an integer", minimum=minimum, maximum=MAX_INT)
 
 
 def arg_float(minimum: float | None = None, positive: bool = False):

@@ -80,6 +80,8 @@ def serving_rows(sample=None, mixed=None) -> pd.DataFrame:
     if lacking:
         raise ValueError(f"{path}: missing column(s) {lacking}; is this aiconfigurator's "
                          "silicon_sample.csv?")
+    if df.empty:
+        raise ValueError(f"{path}: the serving sample has a header but no rows")
     df = df.reset_index(drop=True)
     gpus = system_gpus(pd.unique(df["system"].astype(str)), mixed)
     configs = model_configs()
@@ -107,9 +109,11 @@ def serving_rows(sample=None, mixed=None) -> pd.DataFrame:
     mark(df.get("attention_dp_size", pd.Series(1, index=df.index)).fillna(1) != 1,
          "attention data parallelism")
     mark(~df["framework"].isin(["vllm", "sglang", "trtllm"]), "unknown engine")
-    bad = ~(np.isfinite(df["silicon_ttft_ms"]) & np.isfinite(df["silicon_tpot_ms"]) &
-            (df["silicon_ttft_ms"] > 0) & (df["silicon_tpot_ms"] > 0))
-    mark(bad, "no positive measured TTFT/TPOT")
+    # a value that is not a number is the row's problem, listed with the others
+    meas = df[["silicon_ttft_ms", "silicon_tpot_ms"]].apply(pd.to_numeric, errors="coerce")
+    df[["silicon_ttft_ms", "silicon_tpot_ms"]] = meas
+    mark(~(np.isfinite(meas) & (meas > 0)).all(axis=1).to_numpy(),
+         "no positive measured TTFT/TPOT")
     df["reason"] = reason
     return df
 

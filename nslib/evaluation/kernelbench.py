@@ -119,6 +119,8 @@ def problem_rows(root=None, level: int = 1, progress: bool = True) -> tuple[pd.D
 def harness_ms(frame: pd.DataFrame) -> pd.Series:
     """Per campaign, the fixed per-call cost (ms): ``min(measured - roofline)`` over its
     priced problems, within ``[0, MAX_HARNESS_MS]`` (module docstring)."""
+    if not len(frame):
+        return pd.Series(dtype=float)
     slack = frame["latency_ms"].to_numpy(float) - sizes.roofline_ms(frame)
     return (pd.Series(slack, index=frame.index).groupby(frame["campaign"]).min()
             .clip(0.0, MAX_HARNESS_MS))

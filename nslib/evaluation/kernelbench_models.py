@@ -147,6 +147,12 @@ def evaluate(predictors=("nslib", "roofline"), root=None, level: int = 3,
     steps = problem_steps(root, level, progress)
     # each campaign's per-call cost, bounded on its level-1 problems (once for every predictor)
     harness = level1.harness_ms(level1.problem_rows(root, 1, progress=False)[0])
+    lacking = sorted(set(steps["campaign"]) - set(harness.index)) if len(steps) else []
+    if lacking:
+        raise ValueError(f"campaign(s) {', '.join(lacking)}: no priced level-1 problem, which "
+                         "bounds a campaign's per-call cost (the harness); add the campaign's "
+                         "level-1 timings (level1 in its baseline_time_torch.json, with the "
+                         "problem files) or leave the campaign out")
     for name in [predictors] if isinstance(predictors, str) else predictors:
         pred = trained(name, s, **overrides)
         steps[f"pred_{name}"] = price(pred, steps, harness, root, data,

@@ -73,6 +73,10 @@ def fp32_kernels(folder, predictors=FP32_PREDICTORS, data=None, quick: bool = Fa
             parts.append(measured.build_table(cls, "test", root))
         except DataNotFoundError:
             continue  # a collection without this class
+    if not parts:
+        raise DataNotFoundError(f"{root}: no FP32 kernel table of any class "
+                                f"({', '.join(sizes.CLASSES)}) in the collection's test split; "
+                                "`nslib collect` writes them")
     # the datasheet clock, which nslib's GEMM issue bound needs (nslib.kernels.issue_rate)
     frame = with_clock(pd.concat(parts, ignore_index=True), load_gpus(root))
     unseen = np.ones(len(frame), bool)  # never profiled: tiles are looked up

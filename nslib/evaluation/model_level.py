@@ -32,9 +32,10 @@ from nslib.predictors.gpu_range import range_warnings_once
 def label_configs(mode: str, data=None, gpus=None, models=None, variant: str = "") -> pd.DataFrame:
     """The labels of ``mode`` (and ``variant``) whose GPU has a spec, filtered by name lists."""
     lab = load_labels(data)
-    lab = lab[(lab["mode"] == mode) & (lab["variant"] == variant)]
     specs = load_gpus(data)
     lab = lab[lab["gpu_key"].isin(list(specs))]
+    gpus = _labelled_names(lab, specs, gpus, models, data)
+    lab = lab[(lab["mode"] == mode) & (lab["variant"] == variant)]
     if gpus:
         lab = lab[lab["gpu_key"].isin(list(gpus)) | lab["gpu_key"].map(
             lambda k: specs[k].name).isin(list(gpus))]
@@ -42,6 +43,31 @@ def label_configs(mode: str, data=None, gpus=None, models=None, variant: str = "
         lab = lab[lab["model"].isin(list(models))]
     lab = lab.assign(gpu=lab["gpu_key"].map(lambda k: specs[k].name))
     return lab.sort_values(["gpu_key", "model", "batch"]).reset_index(drop=True)
+
+
+def _labelled_names(lab, specs, gpus, models, data) -> list | None:
+    """``gpus`` as names the labels ``lab`` hold (file stems or Device names; an alias of a
+    datasheet, ``T4``, becomes its stem); a GPU or model no label has is a KeyError listing
+    the labelled ones, not a silently smaller table."""
+    from nslib.model.inputs import resolve_gpu
+    keys = sorted(set(lab["gpu_key"]))
+    out = []
+    for g in gpus or []:
+        if g in keys or g in {specs[k].name for k in keys}:
+            out.append(g)
+            continue
+        try:
+            key = resolve_gpu(str(g), data).key
+        except (KeyError, ValueError):
+            key = None
+        if key not in keys:
+            raise KeyError(f"no labels for GPU {g!r}; GPUs with labels: {', '.join(keys)}")
+        out.append(key)
+    unknown = sorted(set(models or []) - set(lab["model"]))
+    if unknown:
+        raise KeyError(f"no labels for model(s) {', '.join(map(repr, unknown))}; labelled models: "
+                       f"{', '.join(sorted(set(lab['model'])))}")
+    return out or None
 
 
 @range_warnings_once()

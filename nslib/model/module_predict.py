@@ -209,6 +209,23 @@ def module_trace_of(model, inputs=None, eval_mode: bool = True, mode: str = "inf
     return meta_trace(build, make_inputs, label, eval_mode, mode)
 
 
+def trace_notes(trace: pd.DataFrame) -> list[str]:
+    """Warnings a module's trace carries: branches on tensor values taken as True, and
+    tensors in a floating format other than FP32 (priced as FP32 kernels)."""
+    notes = []
+    reads = int(trace.attrs.get("bool_reads", 0))
+    if reads:
+        notes.append(f"the module branched on {reads} tensor value(s) (e.g. `if x.sum() > 0`); "
+                     "a meta-device trace has no values, so each was taken as True and the "
+                     "forecast follows that branch")
+    other = trace.attrs.get("other_floats") or []
+    if other:
+        notes.append(f"the module holds {', '.join(other)} tensors: --module prices FP32 "
+                     "kernels, so this is the FP32 step's forecast (a 16-bit model: --model "
+                     "CONFIG --dtype bf16)")
+    return notes
+
+
 def priced_frame(trace: pd.DataFrame, spec, pred, launch_us: float | None = LAUNCH_US,
                  settings: Settings | None = None, tf32: bool = False, tensor="nslib",
                  host_floor_ms: float | None = None) -> tuple[pd.DataFrame, list[str]]:
@@ -261,6 +278,10 @@ def predict_module(gpu, model, inputs=None, predictor="nslib", *,
     spec = resolve_gpu(gpu, s.data)
     trace = module_trace_of(model, inputs, eval_mode, mode)
     unknown, share = unpriced_calls(trace)
+    if not len(trace) and not unknown:
+        raise ValueError("cannot price this module: its step launches no kernel (no tensor "
+                         "work a GPU runs, e.g. a forward that returns its input): nothing to "
+                         "forecast")
     if share > MAX_UNPRICED_SHARE or not len(trace):
         listed = ", ".join(f"{k} x{v}" for k, v in sorted(unknown.items())) or "none"
         raise ValueError(f"cannot price this module: {share:.0%} of its operator calls have no "
@@ -281,5 +302,6 @@ def predict_module(gpu, model, inputs=None, predictor="nslib", *,
         summary["warnings"] = [*summary.get("warnings", []),
                                f"not priced, left out of the time ({share:.0%} of the operator "
                                f"calls): {listed}"]
+    summary["warnings"] = [*summary.get("warnings", []), *trace_notes(trace)]
     return frame, {**summary, "launch_us": launch_us, "unpriced": unknown,
                    "unpriced_share": share, **power_bound(pred, frame)}

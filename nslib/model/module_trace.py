@@ -43,7 +43,10 @@ def trace_module(model, inputs, mode: str = "inf", eval_mode: bool = True,
     ``zero_grad(set_to_none=True)``, the default here, has none). The optimizer step is not
     traced. The module's train/eval flags and gradients are restored afterwards.
     Unknown aten ops give no row; they are listed in ``frame.attrs["unknown_ops"]`` (op ->
-    calls)."""
+    calls). ``frame.attrs["bool_reads"]``: the boolean tensor values the module read (a branch
+    on data, ``if x.sum() > 0``), each taken as True: a meta tensor has no values;
+    ``frame.attrs["other_floats"]``: floating dtypes other than FP32 among the parameters,
+    buffers and inputs (the rows are FP32 kernels all the same)."""
     import torch
 
     if mode not in ("inf", "train"):
@@ -74,6 +77,11 @@ def trace_module(model, inputs, mode: str = "inf", eval_mode: bool = True,
                 h.remove()
     frame = tracer.frame()
     frame.attrs["unknown_ops"] = dict(tracer.unknown)
+    frame.attrs["bool_reads"] = tracer.bool_reads
+    tensors = [*model.parameters(), *model.buffers(),
+               *(t for t in inputs if isinstance(t, torch.Tensor))]
+    frame.attrs["other_floats"] = sorted({str(t.dtype).removeprefix("torch.") for t in tensors
+                                          if t.is_floating_point() and t.dtype != torch.float32})
     return frame
 
 
@@ -155,6 +163,11 @@ def run_file(path: str | Path) -> dict:
                 "__file__": str(path)}
     try:
         exec(compile(source, str(path), "exec"), ns)  # noqa: S102 - the user's own file
+    except SystemExit as e:   # a script's own sys.exit() would end nslib without a word
+        raise ProblemError(f"{path}: the file called sys.exit({e.code!r}) while it ran; a module "
+                           "file defines the module and its inputs, and runs nothing at import "
+                           "(put a script's own code under `if __name__ == \"__main__\":`)"
+                           ) from None
     except Exception as e:  # a user's file can raise anything at import
         raise ProblemError(f"{path}: running the file failed ({type(e).__name__}: "
                            f"{str(e)[:200]})") from None
@@ -232,20 +245,20 @@ def meta_trace(build, make_inputs, label: str, eval_mode: bool = True, mode: str
             model = build()
         except ProblemError:
             raise
-        except Exception as e:  # the user's constructor raises anything
+        except (Exception, SystemExit) as e:  # the user's constructor raises anything
             raise ProblemError(f"{label}: building the module failed ({_why(e)})"
                                + _build_hint(e)) from None
         try:
             inputs = [t.to("meta") if isinstance(t, torch.Tensor) else t for t in make_inputs()]
         except ProblemError:
             raise
-        except Exception as e:
+        except (Exception, SystemExit) as e:
             raise ProblemError(f"{label}: making its inputs failed ({_why(e)})") from None
         try:
             return trace_module(model, inputs, mode, eval_mode=eval_mode)
         except ProblemError as e:
             raise ProblemError(f"{label}: {e}") from None
-        except Exception as e:  # the module's own code raises anything on meta tensors
+        except (Exception, SystemExit) as e:  # the module's code raises anything on meta
             shapes = ", ".join("x".join(str(d) for d in t.shape) if isinstance(t, torch.Tensor)
                                else type(t).__name__ for t in inputs) or "none"
             if any(f.name == "pack_padded_sequence"

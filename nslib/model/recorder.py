@@ -45,6 +45,7 @@ class Tracer(KernelRows, StorageTracker):
         self.call = -1
         self.n_calls = 0
         self.node_call: dict = {}
+        self.bool_reads = 0   # boolean tensor values read (each answered True: _meta_scalar)
 
     # --- module context --------------------------------------------------------------------
     def current_module(self) -> str:
@@ -211,13 +212,15 @@ def _fast_meta_ops():
     return fast
 
 
-def _meta_scalar(t):
+def _meta_scalar(t, tracer):
     """``.item()`` of a meta tensor: the only data-dependent checks the models make on their
     inputs ask whether the mask is all ones / the positions are not packed (``.all()``); our
-    inputs have no padding, so a boolean answers True. Anything else cannot be traced."""
+    inputs have no padding, so a boolean answers True (counted in ``tracer.bool_reads``: a
+    module's own branch on data is taken the same way). Anything else cannot be traced."""
     import torch
 
     if t.dtype == torch.bool:
+        tracer.bool_reads += 1
         return True
     raise ValueError("the model reads a data-dependent value (.item() on a non-boolean tensor), "
                      "which a meta-device trace cannot provide: patch that module for tracing")
@@ -237,7 +240,7 @@ def make_modes(tracer: Tracer | None, redirect_dropout: bool):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
             if func is local_scalar and args and args[0].is_meta:
-                return _meta_scalar(args[0])
+                return _meta_scalar(args[0], tracer)
             shortcut = fast.get(func)
             out = shortcut(args, kwargs) if shortcut is not None else None
             if out is None:

@@ -315,6 +315,9 @@ def _trace_error(e: Exception, arch: str, model_type: str, model, tracer) -> Val
     mod = dict(model.named_modules()).get(where) if where else None
     place = f" in {where} ({type(mod).__name__})" if mod is not None else ""
     cause = str(e).splitlines()[0] if str(e) else ""
+    if "overflow" in cause:   # sizes a tensor cannot count (batch x tokens x width > 2**63)
+        return ValueError(f"tracing {arch}: a tensor of this step would be too large to exist "
+                          f"({cause}); use a smaller batch or sequence length")
     return ValueError(f"tracing {arch} (model_type {model_type!r}) failed{place}: "
                       f"{type(e).__name__}: {cause}. nslib traces the families in the README's "
                       f"'Supported models' table; a module that needs data-dependent shapes or "

@@ -241,7 +241,8 @@ def predict_parallel(gpu, model, step: Step, parallel: Parallel, predictor="nsli
     :func:`nslib.model.predict.predict_model` (which calls this when a degree is set).
 
     ``step.batch`` is the global batch. The frame is what one GPU runs (for PP: one micro-batch
-    on every stage, with a ``stage`` column), comm rows included; the summary's ``e2e_ms`` is the
+    on every stage, with a ``stage`` column), comm rows included, and the summary's
+    ``per_class_ms`` is the frame's (PP: one micro-batch); the summary's ``e2e_ms`` is the
     step time of the strategy's schedule, ``fw_ms``/``bw_ms`` its forward and backward
     parts, ``comm_ms`` the communication time, ``parallel`` the strategy, link and schedule.
     ``launch_us`` as in :func:`nslib.model.predict.predict_model`. ``step.dtype``

@@ -251,10 +251,11 @@ def _mixed(cost: StepCost, fw: Framework, running, isl, osl) -> dict:
              cost.attention_ms("decode", np.ceil(others), 1, ctx) +
              _prompts_attention(cost, group, isl) / k)
     mean = (1.0 - carrying) * plain + carrying * carry
-    # a group returns while another's iteration runs (none when it is the only one), then
-    # waits for its prompts' turn when prefill-bound
+    # a group's requests return at the end of the iteration that gave their last tokens, and
+    # the closed loop sends the next ones at once: they join the next iteration, or wait for
+    # their prompts' turn when prefill-bound (the cycle is then the GPU's work)
     turn = (cycle - d - k) * mean
-    wait = np.where(groups > 1.0, 0.5 * mean, 0.0) + turn
+    wait = turn
     return {"ttft_ms": wait + k * carry, "tpot_ms": (1.0 - seen) * plain + seen * carry,
             "turn_ms": turn}
 
