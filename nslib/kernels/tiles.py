@@ -126,6 +126,28 @@ class TileLookup:
                 out.loc[mask, c] = tiles[:, j]
         return out
 
+    def gpus(self, cls: str) -> np.ndarray:
+        """The distinct GPUs whose kernels fill class ``cls``'s table: one row of
+        :data:`LOOKUP_GPU_COLS` (datasheet units) each."""
+        keys = self.tables[cls]["keys"]
+        return 2.0 ** np.unique(keys[:, -len(LOOKUP_GPU_COLS):], axis=0)
+
+    def known(self, frame: pd.DataFrame, cls: str) -> np.ndarray:
+        """Whether each row's GPU is one whose kernels fill class ``cls``'s table (its own
+        library's choices are there)."""
+        own = lookup_keys(frame, cls)[:, -len(LOOKUP_GPU_COLS):]
+        table = np.log2(self.gpus(cls))
+        return (np.abs(own[:, None, :] - table[None, :, :]) < 1e-9).all(axis=2).any(axis=1)
+
+    def choices(self, frame: pd.DataFrame, cls: str) -> list[np.ndarray]:
+        """For each GPU of class ``cls``'s table, the tiles its library would run for the
+        rows' dims (the nearest of its own kernels): one ``(n, tile columns)`` array each."""
+        out = []
+        for gpu in self.gpus(cls):
+            as_gpu = frame.assign(**dict(zip(LOOKUP_GPU_COLS, gpu)))
+            out.append(self.lookup(as_gpu)[self.tables[cls]["cols"]].to_numpy(float))
+        return out
+
     def fill(self, frame: pd.DataFrame, lookup_all: bool = False,
              library: bool = True) -> pd.DataFrame:
         """``frame`` with every GEMM / elementwise tile present and the derived columns of

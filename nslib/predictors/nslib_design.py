@@ -29,7 +29,10 @@ import pandas as pd
 
 from nslib.kernels import issue_rate, power, row_cache, sizes
 from nslib.predictors import throttle
+from nslib.kernels.tiles import TILE_COLS
 from nslib.predictors.neusight import NeuSight
+
+TILE_NAMES = tuple(dict.fromkeys(c for cols in TILE_COLS.values() for c in cols))
 
 GEMM_DEFAULTS = {"features": ("tile_m", "tile_k", "reduction", "num_sm"), "form": "series",
                  "clip": True}
@@ -94,9 +97,50 @@ class NslibDesign(NeuSight):
 
     def predict(self, frame: pd.DataFrame, lookup: bool = False) -> np.ndarray:
         """NeuSight's latency (ms per row), each GEMM no faster than its board's power allows
-        (:func:`power.bounded`, on the frame as priced: a matrix-vector product is a stream)."""
-        out = super().predict(frame, lookup)
-        return power.bounded(out, self.priced_frame(frame), self.power_eta)
+        (:func:`power.bounded`, on the frame as priced: a matrix-vector product is a stream).
+        A GEMM on a GPU whose library was never profiled runs the fastest, as priced on its
+        datasheet, of the tiles the training GPUs' libraries chose for its dims
+        (:meth:`_fastest_tiles`)."""
+        out = self._bounded(frame, lookup)
+        for cls in sizes.GEMM_CLASSES:
+            rows = self._unprofiled(frame, cls, lookup)
+            if rows.any():
+                out[rows] = self._fastest_tiles(frame[rows], cls)
+        return out
+
+    def _bounded(self, frame: pd.DataFrame, lookup: bool = False) -> np.ndarray:
+        return power.bounded(super().predict(frame, lookup), self.priced_frame(frame),
+                             self.power_eta)
+
+    def _unprofiled(self, frame: pd.DataFrame, cls: str, lookup: bool) -> np.ndarray:
+        """Rows of GEMM class ``cls`` whose tile is looked up (none parsed, or ``lookup``) on a
+        GPU none of whose kernels are in the tile table."""
+        rows = (frame["cls"] == cls).to_numpy().copy()
+        if not rows.any() or cls not in self.tiles.tables:
+            return np.zeros(len(frame), bool)
+        cols = self.tiles.tables[cls]["cols"]
+        if not lookup and all(c in frame for c in cols):
+            rows &= ~np.isfinite(frame[cols].to_numpy(float)).all(axis=1)
+        rows[rows] = ~self.tiles.known(frame[rows], cls)
+        return rows
+
+    def _fastest_tiles(self, frame: pd.DataFrame, cls: str) -> np.ndarray:
+        """Latency (ms) of each GEMM row at the fastest of the training GPUs' tile choices
+        for its dims (:meth:`TileLookup.choices`), each priced on the row's own datasheet.
+
+        Why: a library runs the kernel its heuristics or autotuning find fastest on the GPU
+        at hand; which one that is on a new GPU is unknown, but it is one of the tiles some
+        GPU's library runs for those dims. The nearest GPU's choice suits its own SM count
+        and memory, not the new GPU's, and switches as a datasheet figure crosses another
+        GPU's, which made a GEMM slower on a GPU with more bandwidth. The fastest of a fixed
+        set of choices, each no slower with more of any resource, is no slower either."""
+        cols = self.tiles.tables[cls]["cols"]
+        # every tile column present (NaN where none): the lookup keeps the given tiles
+        base = frame.assign(**{c: np.nan for c in TILE_NAMES if c not in frame})
+        best = np.full(len(frame), np.inf)
+        for tiles in self.tiles.choices(frame, cls):
+            best = np.minimum(best, self._bounded(base.assign(**dict(zip(cols, tiles.T)))))
+        return best
 
     def get_state(self) -> dict:
         return {**super().get_state(), "power_eta": self.power_eta}
