@@ -71,3 +71,45 @@ def test_long_reduction_splits_over_the_sms(data_dir, gpu):
     pred = trained("nslib", Settings(progress=False))
     t, roof, _ = _gemm(pred, 256, 524288, 256, **gpu)
     assert roof <= t <= GEMM_FACTOR * roof + 0.06, (t, roof)
+
+
+def _gemms(gpu):
+    """GEMM rows without tiles (as a model's trace gives them) on datasheet ``gpu``."""
+    import pandas as pd
+
+    from nslib.kernels.clock import frame_columns
+    shapes = [("linear", 1, 512, 512, 512), ("linear", 1, 4096, 4096, 4096),
+              ("linear", 1, 128, 1024, 4096), ("bmm", 16, 512, 64, 512),
+              ("bmm", 64, 1024, 1024, 128)]
+    return pd.DataFrame([{"cls": c, "op": c, "B": b, "M": m, "N": n, "K": k,
+                          "H": float("nan"), **frame_columns(gpu)} for c, b, m, n, k in shapes])
+
+
+def test_fastest_tiles_never_make_more_of_a_resource_slower(data_dir):
+    """``tiles="fastest"`` (GEMMs): a GPU never profiled takes the fastest of the training
+    GPUs' tile choices, so more bandwidth, peak or power on a datasheet near a training GPU's
+    never prices its GEMMs slower (the nearest GPU's tile, the default, changes as a figure
+    crosses another GPU's, and does); its own datasheet keeps its own choices."""
+    import dataclasses
+
+    import numpy as np
+
+    from nslib.data.gpus import load_gpus
+    s = Settings(quick=True, progress=False)
+    fastest = {c: {"tiles": "fastest"} for c in ("bmm", "linear")}
+    pred = trained("nslib", s, configs=fastest)
+    nearest = trained("nslib", s)
+    t4 = next(g for g in load_gpus().values() if g.name == "Tesla T4")
+    own = _gemms(t4)
+    assert np.allclose(pred.predict(own), nearest.predict(own))
+    for field, values in (("mem_bw", (320, 400, 640, 900, 1280)),
+                          ("peak_gflops", (8141, 9000, 12000, 16000)),
+                          ("tdp_w", (70, 100, 150, 300))):
+        sheets = [_gemms(dataclasses.replace(t4, name="What-if T4", **{field: v}))
+                  for v in values]
+        times = np.array([pred.predict(f) for f in sheets])
+        assert (np.diff(times, axis=0) <= 1e-9 * times[1:]).all(), (field, times)
+        # never slower than the nearest GPU's choice (for these dims one of the candidates)
+        assert all((pred.predict(f) <= nearest.predict(f) * (1 + 1e-9)).all() for f in sheets)
+    with pytest.raises(ValueError, match="tiles must be one of"):
+        trained("nslib", s, configs={"softmax": {"tiles": "fastest"}})

@@ -69,7 +69,8 @@ class TrainConfig:
     range (a GPU with more SMs than any trained on is treated as the largest one seen).
     ``tiles``: ``parsed`` (each training kernel's own tile; looked up on a new GPU) or
     ``nominal`` (trained and predicted with the tile most training GPUs ran for the dims,
-    :class:`nslib.kernels.tiles.TileLookup` with ``gpu_free``).
+    :class:`nslib.kernels.tiles.TileLookup` with ``gpu_free``); nslib's design's GEMMs also
+    take ``fastest`` (parsed, and on a new GPU the fastest of the training GPUs' choices).
     """
 
     layers: int = 4
@@ -102,12 +103,13 @@ def paper_config(cls: str, data=None) -> dict:
                          f"({type(e).__name__}: {e}): restore the file (`nslib fetch`)") from None
 
 
-def _check_config(cls: str, cfg: dict, bounded: bool) -> None:
-    """Clear errors for a class config the predictor cannot train."""
+def _check_config(cls: str, cfg: dict, bounded: bool, tiles=("parsed", "nominal")) -> None:
+    """Clear errors for a class config the predictor cannot train (``tiles``: the tile modes
+    the predictor has)."""
     if cfg["form"] not in FORMS:
         raise ValueError(f"{cls}: unknown NeuSight form {cfg['form']!r}; known: {FORMS}")
-    if cfg["tiles"] not in ("parsed", "nominal"):
-        raise ValueError(f"{cls}: tiles must be 'parsed' or 'nominal', got {cfg['tiles']!r}")
+    if cfg["tiles"] not in tiles:
+        raise ValueError(f"{cls}: tiles must be one of {tiles}, got {cfg['tiles']!r}")
     if not bounded and cfg["form"] in KERNEL_LAWS:
         raise ValueError(f"{cls}: the unbounded MLP predicts whole-kernel latency; the kernel "
                          f"laws {KERNEL_LAWS} are for the bounded NeuSight")
@@ -140,7 +142,7 @@ class NeuSight(Predictor):
                                                   **(configs or {}).get(c, {})}))
                         for c in sizes.CLASSES}
         for c, cfg in self.configs.items():
-            _check_config(c, cfg, self.bounded)
+            _check_config(c, cfg, self.bounded, self.tile_modes(c))
         # per class, each ensemble member's [W0, b0, W1, b1, ...] (float32 numpy): the
         # forward pass is numpy, so a cached prediction never imports torch
         self.models: dict[str, list[list[np.ndarray]]] = {}
@@ -149,6 +151,11 @@ class NeuSight(Predictor):
         self.nominal = TileLookup(gpu_free=True)
         self.packing = RowPacking()
         self.history: dict[str, list] = {}
+
+    @classmethod
+    def tile_modes(cls, kernel_class: str) -> tuple[str, ...]:
+        """The ``tiles`` settings a class of this predictor takes (TrainConfig)."""
+        return ("parsed", "nominal")
 
     @classmethod
     def class_defaults(cls) -> dict:

@@ -15,6 +15,9 @@ error over the training GPUs (docs/decisions.md):
   (:mod:`nslib.kernels.power`, FLOP per joule learned from the training GPUs);
 - long training GEMMs of a campaign that throttled left out of training
   (:mod:`nslib.predictors.throttle`);
+- optionally (a GEMM class's ``tiles="fastest"``; not yet the default, docs/decisions.md
+  section 3), on a GPU never profiled, each GEMM at the fastest of the tiles the training
+  GPUs' libraries chose for its dims, priced on its datasheet (else the nearest GPU's tile);
 - softmax rows packed into blocks as PyTorch launches them, the row length an input (PyTorch
   picks the kernel by it) and a long row's repeated reads from DRAM where the rows in flight
   overflow the L2 (:mod:`nslib.kernels.row_cache`); ensembles and epochs of
@@ -28,8 +31,8 @@ import numpy as np
 import pandas as pd
 
 from nslib.kernels import issue_rate, power, row_cache, sizes
-from nslib.predictors import throttle
 from nslib.kernels.tiles import TILE_COLS
+from nslib.predictors import throttle
 from nslib.predictors.neusight import NeuSight
 
 TILE_NAMES = tuple(dict.fromkeys(c for cols in TILE_COLS.values() for c in cols))
@@ -69,6 +72,12 @@ class NslibDesign(NeuSight):
         """Nothing comes from the data's published configs."""
         return {}
 
+    @classmethod
+    def tile_modes(cls, kernel_class: str) -> tuple[str, ...]:
+        """NeuSight's tile settings, and ``fastest`` for GEMMs (:meth:`_fastest_tiles`)."""
+        fastest = ("fastest",) if kernel_class in sizes.GEMM_CLASSES else ()
+        return super().tile_modes(kernel_class) + fastest
+
     def _filled(self, frame: pd.DataFrame, lookup: bool = False) -> pd.DataFrame:
         """NeuSight's filled frame with each FP32 GEMM's peak at most what its SMs issue
         (:func:`issue_rate.bounded`), after the tile lookup: the tile a library picks does not
@@ -98,17 +107,21 @@ class NslibDesign(NeuSight):
     def predict(self, frame: pd.DataFrame, lookup: bool = False) -> np.ndarray:
         """NeuSight's latency (ms per row), each GEMM no faster than its board's power allows
         (:func:`power.bounded`, on the frame as priced: a matrix-vector product is a stream).
-        A GEMM on a GPU whose library was never profiled runs the fastest, as priced on its
-        datasheet, of the tiles the training GPUs' libraries chose for its dims
-        (:meth:`_fastest_tiles`)."""
+        With ``tiles="fastest"``, a GEMM on a GPU whose library was never profiled runs the
+        fastest, as priced on its datasheet, of the tiles the training GPUs' libraries chose
+        for its dims (:meth:`_fastest_tiles`)."""
         out = self._bounded(frame, lookup)
         for cls in sizes.GEMM_CLASSES:
+            if self.configs[cls].get("tiles") != "fastest":
+                continue
             rows = self._unprofiled(frame, cls, lookup)
             if rows.any():
                 out[rows] = self._fastest_tiles(frame[rows], cls)
         return out
 
     def _bounded(self, frame: pd.DataFrame, lookup: bool = False) -> np.ndarray:
+        """NeuSight's latency with its tiles as given or looked up (the nearest GPU's), each
+        GEMM no slower than its board's power allows."""
         return power.bounded(super().predict(frame, lookup), self.priced_frame(frame),
                              self.power_eta)
 
