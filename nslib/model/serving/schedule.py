@@ -19,9 +19,9 @@ Two ways to schedule prompts beside decodes cover the three engines of the silic
   iterations and ``osl - 1`` decode iterations, or ``n k`` iterations when the groups'
   prompts fill every iteration (prefill-bound: a group then waits for its turn). TPOT is a
   request's decode iterations: plain ones, and the share ``(n - 1) k / (osl - 1)`` that
-  carries another group's prompts. The groups' TTFT is half an iteration (a group returns while
-  another's runs; none when it is the only group), the wait for its turn, and its ``k``
-  prompt iterations.
+  carries another group's prompts. A group's TTFT is the wait for its turn (its requests
+  return at the end of an iteration and the next ones join the next, so nothing more), and
+  its ``k`` prompt iterations.
 - **prefill-first** (SGLang's default: no mixed chunks, prompts before decodes): requests
   that finish together come back together, so the running set moves in waves: its prompts run
   as budget-sized prefill batches back to back (``budget / isl`` prompts a batch when the
