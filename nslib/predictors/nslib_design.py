@@ -15,7 +15,7 @@ error over the training GPUs (docs/decisions.md):
   (:mod:`nslib.kernels.power`, FLOP per joule learned from the training GPUs);
 - long training GEMMs of a campaign that throttled left out of training
   (:mod:`nslib.predictors.throttle`);
-- optionally (a GEMM class's ``tiles="fastest"``; not yet the default, docs/decisions.md
+- optionally (a GEMM class's ``tiles="fastest"``; not the default, docs/decisions.md
   section 3), on a GPU never profiled, each GEMM at the fastest of the tiles the training
   GPUs' libraries chose for its dims, priced on its datasheet (else the nearest GPU's tile);
 - softmax rows packed into blocks as PyTorch launches them, the row length an input (PyTorch
