@@ -373,3 +373,17 @@ def _with_func(parser, func):
             if hasattr(sub, "set_defaults"):
                 sub.set_defaults(func=func)
     return parser
+
+
+def test_options_that_cannot_apply_are_refused(data_dir, mixed_dir, tmp_path, capsys):
+    """--kv-cache on an encoder (nothing generates token by token) and serve's --link-bw on
+    one GPU (no link to cross) are refused, not ignored."""
+    bert, llama = _file(tmp_path, BERT, "bert"), _file(tmp_path, LLAMA, "llama")
+    fp32 = ["--batch", "1", "--seq", "8", "--kv-cache", "--predictor", "roofline", "--quick"]
+    assert main(["predict", "--gpu", "V100", "--model", bert, *fp32]) == 2
+    assert "--kv-cache keeps the keys and values" in capsys.readouterr().err
+    assert main(["predict", "--gpu", "V100", "--model", llama, *fp32]) == 0
+    capsys.readouterr()
+    assert main(["serve", "--model", llama, "--gpu", "H100", "--link-bw", "300",
+                 *ROOFLINE]) == 2
+    assert "applies with --tp 2 or more" in capsys.readouterr().err

@@ -57,4 +57,15 @@ def power_hint(summary: dict) -> None:
         print(f"note: {power_note(summary['power_bound'])}", file=sys.stderr)
 
 
-__all__ = ["DefaultsFormatter", "cli_gpu", "fmt_count", "fmt_fixed", "power_hint"]
+__all__ = ["DefaultsFormatter", "check_generates", "cli_gpu", "fmt_count", "fmt_fixed",
+           "power_hint"]
+
+
+def check_generates(model) -> None:
+    """ValueError unless ``model`` is a causal LM: only generation keeps a KV cache."""
+    from nslib.model.serving.steps import model_sizes
+    info = model_sizes(model)
+    if not info["causal_lm"]:
+        raise ValueError(f"--kv-cache keeps the keys and values of token-by-token generation; "
+                         f"this config builds {info['architecture']}, which does not generate "
+                         f"so: drop --kv-cache")

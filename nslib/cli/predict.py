@@ -6,7 +6,8 @@ import sys
 import warnings
 from pathlib import Path
 
-from nslib.cli.common import DefaultsFormatter, cli_gpu, fmt_count, fmt_fixed, power_hint
+from nslib.cli.common import (DefaultsFormatter, check_generates, cli_gpu, fmt_count, fmt_fixed,
+                              power_hint)
 from nslib.cli.intervals import calibrate_hint
 from nslib.data.checks import arg_float, arg_int
 from nslib.data.settings import Settings
@@ -39,6 +40,8 @@ def _predict(args) -> int:
                          "config's GEMMs run in FP32, PyTorch's default for matmuls")
     if args.batch is None or args.seq is None:
         raise ValueError("--model needs --batch N and --seq N")
+    if args.kv_cache:
+        check_generates(args.model)
     # a spec is always a file, whatever its suffix
     gpu = Path(args.gpu_spec) if args.gpu_spec else args.gpu
     name = cli_gpu(gpu, GPU_FILE).name   # the datasheet the name resolved to, for the report

@@ -26,6 +26,9 @@ def _serve(args) -> int:
         raise ValueError(f"unknown --framework {args.framework!r}; use one of "
                          f"{', '.join(FRAMEWORKS)}")
     _check_gpu(args.gpu)
+    if args.link_bw is not None and args.tp == 1:
+        raise ValueError("--link-bw prices the tensor-parallel all-reduce between GPUs: it "
+                         "applies with --tp 2 or more (one GPU crosses no link)")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         work = Workload(args.isl, args.osl, args.framework, args.tp, args.link_bw)
