@@ -259,15 +259,14 @@ def _print_summary(args, summary: dict, mem: dict, per_gpu: bool) -> None:
           f"(forward {fmt_fixed(summary['fw_ms'])}, backward {fmt_fixed(summary['bw_ms'])})")
     _print_classes(summary["per_class_ms"])
     total = sum(summary["per_class_ms"].values())
+    par = summary.get("parallel")
     if abs(total - summary["e2e_ms"]) > 0.005 * summary["e2e_ms"]:
         # a schedule, not a sum: the all-reduce overlaps the backward, a pipeline repeats
         # its stages over the micro-batches and idles in the bubble
-        par = summary.get("parallel") or {}
         what = (f"one micro-batch through every stage (the step runs {par['microbatches']})"
-                if par.get("kind") == "pp" else "every kernel of the step once")
+                if par and par["kind"] == "pp" else "every kernel of the step once")
         print(f"  (the classes add up to {fmt_fixed(total)} ms: {what}, communication in full; "
               "the step's time is its schedule's, below)")
-    par = summary.get("parallel")
     if par:
         link = par["link"]
         print(f"  {par['kind']}{par['degree']} on {par['degree']} GPUs, global batch "

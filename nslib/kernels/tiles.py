@@ -16,6 +16,8 @@ from nslib.kernels import sizes
 
 LOOKUP_GPU_COLS = ("num_sm", "peak_gflops", "mem_bw", "mem_gb", "l2_mb")
 TILE_COLS = {"bmm": ("tile_m", "tile_k"), "linear": ("tile_m", "tile_k"), "elementwise": ("tile",)}
+# every tile column, once
+TILE_NAMES = tuple(dict.fromkeys(c for cols in TILE_COLS.values() for c in cols))
 
 
 def lookup_keys(frame: pd.DataFrame, cls: str, gpu: bool = True) -> np.ndarray:
@@ -157,8 +159,7 @@ class TileLookup:
         ``lookup_all=True`` looks every tile up, as for a GPU that was never profiled.
         A frame with all its tiles and derived columns is returned as it is.
         """
-        need = [c for cols in TILE_COLS.values() for c in cols]
-        if lookup_all or not all(c in frame for c in need):
+        if lookup_all or not all(c in frame for c in TILE_NAMES):
             return sizes.add_features(self.lookup(frame), library=library)
         cls = frame["cls"].to_numpy()
         miss = np.zeros(len(frame), bool)
@@ -169,7 +170,7 @@ class TileLookup:
             return frame if "waves" in frame else sizes.add_features(frame, library=library)
         looked = self.lookup(frame)
         filled = frame.copy()
-        for c in need:
+        for c in TILE_NAMES:
             filled[c] = np.where(miss, looked[c].to_numpy(float), frame[c].to_numpy(float))
         return sizes.add_features(filled, library=library)
 

@@ -31,11 +31,9 @@ import numpy as np
 import pandas as pd
 
 from nslib.kernels import issue_rate, power, row_cache, sizes
-from nslib.kernels.tiles import TILE_COLS
+from nslib.kernels.tiles import TILE_NAMES
 from nslib.predictors import throttle
 from nslib.predictors.neusight import NeuSight
-
-TILE_NAMES = tuple(dict.fromkeys(c for cols in TILE_COLS.values() for c in cols))
 
 GEMM_DEFAULTS = {"features": ("tile_m", "tile_k", "reduction", "num_sm"), "form": "series",
                  "clip": True}

@@ -255,8 +255,7 @@ def _mixed(cost: StepCost, fw: Framework, running, isl, osl) -> dict:
     # the closed loop sends the next ones at once: they join the next iteration, or wait for
     # their prompts' turn when prefill-bound (the cycle is then the GPU's work)
     turn = (cycle - d - k) * mean
-    wait = turn
-    return {"ttft_ms": wait + k * carry, "tpot_ms": (1.0 - seen) * plain + seen * carry,
+    return {"ttft_ms": turn + k * carry, "tpot_ms": (1.0 - seen) * plain + seen * carry,
             "turn_ms": turn}
 
 
