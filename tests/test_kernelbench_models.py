@@ -388,6 +388,9 @@ def test_predict_module_errors_say_the_fix(tmp_path, data_dir):
     with pytest.raises(ValueError, match="data-dependent shapes"):
         predict_model("V100", lambda: _Dynamic(), predictor="roofline", inputs=[(8, 8)],
                       settings=s)
+    with pytest.raises(ValueError, match="different dtypes.*refuses it on a GPU"):
+        predict_model("V100", lambda: nn.Linear(8, 4), predictor="roofline",
+                      inputs=parse_shapes("2x8:int64"), settings=s)
     with pytest.raises(ValueError, match="launches no kernel"):
         predict_model("V100", lambda: nn.Identity(), predictor="roofline", inputs=[(8, 8)],
                       settings=s)

@@ -118,9 +118,7 @@ def _predict_module(args) -> int:
         _interval_hint(args, summary)
         power_hint(summary)
     # the unpriced calls are the module's own note, not a datasheet range
-    own = [w for w in summary["warnings"]
-           if w.startswith(("not priced", "TF32 ", "tf32 ", "the module "))]
-    _print_warnings(summary["warnings"], own, caught)
+    _print_warnings(summary["warnings"], summary.get("module_notes", []), caught)
     return 0
 
 

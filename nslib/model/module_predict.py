@@ -295,13 +295,14 @@ def predict_module(gpu, model, inputs=None, predictor="nslib", *,
                                 else tensor_predictor)
     summary = step_summary(frame)
     summary["tf32_kernels"] = int(frame["tf32"].sum())
-    if notes:
-        summary["warnings"] = [*summary.get("warnings", []), *notes]
+    own = list(notes)
     if unknown:
         listed = ", ".join(f"{k} x{v}" for k, v in sorted(unknown.items()))
-        summary["warnings"] = [*summary.get("warnings", []),
-                               f"not priced, left out of the time ({share:.0%} of the operator "
-                               f"calls): {listed}"]
-    summary["warnings"] = [*summary.get("warnings", []), *trace_notes(trace)]
+        own.append(f"not priced, left out of the time ({share:.0%} of the operator calls): "
+                   f"{listed}")
+    own += trace_notes(trace)
+    # the module's own notes, apart from the datasheet ranges' (a front end words them apart)
+    summary["module_notes"] = own
+    summary["warnings"] = [*summary.get("warnings", []), *own]
     return frame, {**summary, "launch_us": launch_us, "unpriced": unknown,
                    "unpriced_share": share, **power_bound(pred, frame)}

@@ -259,8 +259,7 @@ def meta_trace(build, make_inputs, label: str, eval_mode: bool = True, mode: str
         except ProblemError as e:
             raise ProblemError(f"{label}: {e}") from None
         except (Exception, SystemExit) as e:  # the module's code raises anything on meta
-            shapes = ", ".join("x".join(str(d) for d in t.shape) if isinstance(t, torch.Tensor)
-                               else type(t).__name__ for t in inputs) or "none"
+            shapes = ", ".join(_described(t) for t in inputs) or "none"
             if any(f.name == "pack_padded_sequence"
                    for f in traceback.extract_tb(e.__traceback__)):
                 raise ProblemError(f"{label}: a packed sequence is not traced (its lengths "
@@ -270,6 +269,16 @@ def meta_trace(build, make_inputs, label: str, eval_mode: bool = True, mode: str
             what = "forward" if mode == "inf" else "forward or backward"
             raise ProblemError(f"{label}: its {what} failed on the meta device with inputs "
                                f"[{shapes}] ({_why(e)}); {hint}") from None
+
+
+def _described(t) -> str:
+    """An input as an error message shows it: ``8x64`` (FP32), ``8x64:int64``, or its type."""
+    import torch
+
+    if not isinstance(t, torch.Tensor):
+        return type(t).__name__
+    dtype = str(t.dtype).removeprefix("torch.")
+    return "x".join(str(d) for d in t.shape) + ("" if dtype == "float32" else f":{dtype}")
 
 
 def problem_trace(path: str | Path) -> pd.DataFrame:

@@ -226,6 +226,21 @@ def _meta_scalar(t, tracer):
                      "which a meta-device trace cannot provide: patch that module for tracing")
 
 
+def _check_one_dtype(func, args) -> None:
+    """A matrix product or convolution of tensors of different dtypes (an integer input into
+    ``nn.Linear``) fails on a GPU, but torch's meta kernels return a float result: refuse it
+    here, as CUDA would, instead of pricing a step that cannot run."""
+    import torch
+
+    dtypes = [a.dtype for a in args if isinstance(a, torch.Tensor)]
+    if len(set(dtypes)) > 1:
+        names = ", ".join(str(d).removeprefix("torch.") for d in dtypes)
+        raise ValueError(f"{func.__name__.split('.')[0]} of tensors of different dtypes "
+                         f"({names}): PyTorch refuses it on a GPU. Pass inputs of the "
+                         "parameters' dtype (e.g. float32 for nn.Linear, int64 token ids "
+                         "only into nn.Embedding)")
+
+
 def make_modes(tracer: Tracer | None, redirect_dropout: bool):
     """(the recording ``TorchDispatchMode`` of ``tracer``, the ``TorchFunctionMode`` that
     files each kernel under the operator call that launched it and, if ``redirect_dropout``,
@@ -241,6 +256,8 @@ def make_modes(tracer: Tracer | None, redirect_dropout: bool):
             kwargs = kwargs or {}
             if func is local_scalar and args and args[0].is_meta:
                 return _meta_scalar(args[0], tracer)
+            if func in products:
+                _check_one_dtype(func, args)
             shortcut = fast.get(func)
             out = shortcut(args, kwargs) if shortcut is not None else None
             if out is None:
@@ -249,6 +266,9 @@ def make_modes(tracer: Tracer | None, redirect_dropout: bool):
             return out
 
     dropouts = {F.dropout, torch.dropout}
+    aten = torch.ops.aten
+    products = {aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default,
+                aten.mv.default, aten.addmv.default, aten.convolution.default}
     local_scalar = torch.ops.aten._local_scalar_dense.default
     fast = _fast_meta_ops()
 
