@@ -305,7 +305,7 @@ table
 # Read the table by role. On the GPUs they were fitted on, the two networks are in the same
 # range (the unbounded one is just as flexible). On the faster GPUs the bounded network stays
 # at that level, while the unbounded one's error grows: with the full profile (20 epochs) it
-# is off by several hundred percent on the kept-back A100 and the new GPUs, predicting them
+# is off by hundreds of percent or more on the kept-back A100 and the new GPUs, predicting them
 # several times too slow (median ratio well above 1); the barely-trained quick profile shows
 # the same tendency, weaker. Part of a device's speed does reach the unbounded network, through
 # the per-SM normalised features, so how badly it fails depends on the GPU and the training.

@@ -24,8 +24,7 @@
 # elementwise predictor as its last op. As in the original tool's fused graphs, a group whose
 # only consumer is a softmax or layernorm (scale + mask before a softmax, residual add before
 # a layernorm) is merged into it and timed by that class's predictor
-# (`fuse(trace, prologues=True)`, what `predict_model(..., fused=True)` uses; without
-# prologues the fused error is 18.7% instead of 13.5% on this data). Here: measured and
+# (`fuse(trace, prologues=True)`, what `predict_model(..., fused=True)` uses). Here: measured and
 # predicted latency of the non-fused and the fused model on every GPU with fused labels, and
 # the percent error of the fused prediction, as in the paper's table. GPUs, models and batch
 # sizes come from the labels.
