@@ -111,6 +111,7 @@ def run(quick: bool = False, force: bool = False, only=None, data=None, out=None
     write_index(figs, res, dhash)
     if readme is not None:
         write_headline(figs, readme, "quick" if quick else "full", dhash)
+        write_measured(figs, readme)
     return records
 
 
@@ -191,6 +192,63 @@ def write_headline(figs: Path, readme: Path, profile: str = "full", dhash: str =
     head, rest = text.split(_START, 1)
     atomic_write_text(readme, head + _START + "\n" + "\n".join(parts) + _END +
                       rest.split(_END, 1)[1])
+
+
+# the column names of notebook 14's tables as the README shows them
+_SHOWN = {"nslib": "nslib", "neusight": "NeuSight as published", "roofline": "roofline",
+          "habitat": "Habitat", "li": "Li et al.", "roofline_eff": "roofline x fitted efficiency",
+          "xgboost": "XGBoost"}
+_M_START, _M_END = "<!-- measured:start -->", "<!-- measured:end -->"
+
+
+def measured_tables(figs: Path) -> str:
+    """Markdown of each GPU measured with ``nslib collect`` whose notebook-14 tables are in
+    ``figs`` (``14_fp32_<gpu>.csv``, ``14_tensor_<gpu>.csv``, ``14_steps_<gpu>.csv``): MAPE (%)
+    per FP32 kernel class, per 16-bit kernel kind and, for the model steps, the mean error per
+    dtype, each row labelled with its count. Empty when no such table is there."""
+    import pandas as pd
+
+    parts = []
+    for fp32 in sorted(figs.glob("14_fp32_*.csv")):
+        tag = fp32.stem.removeprefix("14_fp32_")
+        parts.append(f"`{tag}` (`figures/14_*_{tag}.md`), MAPE %:\n")
+        parts.append(_shown(pd.read_csv(fp32, index_col=0), "FP32 kernels"))
+        tensor = figs / f"14_tensor_{tag}.csv"
+        if tensor.exists():
+            tab = pd.read_csv(tensor)
+            name = tab["kind"].where(tab["kind"] == tab["phase"],
+                                     tab["kind"] + ", " + tab["phase"])
+            parts.append(_shown(tab.drop(columns=["kind", "phase"]).set_index(
+                name.str.replace("gemm", "GEMM")), "16-bit kernels"))
+        steps = figs / f"14_steps_{tag}.csv"
+        if steps.exists():
+            rows = pd.read_csv(steps)
+            errs = [c for c in rows.columns if c.startswith("err_")]
+            by = rows.groupby(rows["dtype"].str.upper(), sort=True)
+            tab = by[errs].mean().rename(columns=lambda c: c.removeprefix("err_"))
+            parts.append(_shown(tab.assign(n=by.size()), "model steps"))
+    return "\n".join(parts)
+
+
+def _shown(tab, what: str) -> str:
+    """``tab`` (rows: a class; MAPE columns named by predictor, ``n``) as a Markdown table
+    whose first column is ``<what> (n)``, one decimal."""
+    cols = [c for c in tab.columns if c in _SHOWN]
+    out = tab[cols].round(1).rename(columns=_SHOWN)
+    out.index = [f"{i} ({int(n):,})" for i, n in zip(tab.index, tab["n"])]
+    out.index.name = f"{what} (n)"
+    return out.to_markdown(floatfmt=".1f").replace("nan", "-") + "\n"
+
+
+def write_measured(figs: Path, readme: Path) -> None:
+    """Put :func:`measured_tables` into the README between its markers (left as it is when
+    the README has no markers or ``figs`` no notebook-14 table)."""
+    text = readme.read_text()
+    block = measured_tables(figs)
+    if not block or _M_START not in text or _M_END not in text:
+        return
+    head, rest = text.split(_M_START, 1)
+    atomic_write_text(readme, head + _M_START + "\n" + block + _M_END + rest.split(_M_END, 1)[1])
 
 
 def draw_layout(figs) -> None:

@@ -176,7 +176,8 @@ def module_trace_of(model, inputs=None, eval_mode: bool = True, mode: str = "inf
     :func:`nslib.model.module_trace.trace_module`) on
     ``inputs``: a list of tensors or shapes (tuples of ints, made FP32 tensors; or written as
     on the command line, ``"8x128:int64"``) and other arguments, or one tensor, shape tuple
-    or shape string (``"8x3x224x224,8x10"``: several) alone; ``None`` takes the file's ``get_inputs()``. Everything is built on the meta device (no weights, no memory);
+    or shape string (``"8x3x224x224,8x10"``: several) alone; ``None`` takes the file's
+    ``get_inputs()``. Everything is built on the meta device (no weights, no memory);
     a caller's own module is copied first (its weights, device and train/eval flag stay as
     they are). :class:`nslib.model.module_trace.ProblemError` (a ValueError) naming what
     failed."""
