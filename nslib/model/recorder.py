@@ -9,6 +9,8 @@ stacks) and so the transformer block; it maps ops to kernel rows with
 """
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 import pandas as pd
 
@@ -226,12 +228,25 @@ def _meta_scalar(t, tracer):
                      "which a meta-device trace cannot provide: patch that module for tracing")
 
 
-def _check_one_dtype(func, args) -> None:
-    """A matrix product or convolution of tensors of different dtypes (an integer input into
-    ``nn.Linear``) fails on a GPU, but torch's meta kernels return a float result: refuse it
-    here, as CUDA would, instead of pricing a step that cannot run."""
+@lru_cache(maxsize=1)
+def _products() -> frozenset:
+    """The aten matrix products and convolutions (:func:`_check_one_dtype`)."""
     import torch
 
+    aten = torch.ops.aten
+    return frozenset({aten.mm.default, aten.addmm.default, aten.bmm.default,
+                      aten.baddbmm.default, aten.mv.default, aten.addmv.default,
+                      aten.convolution.default})
+
+
+def _check_one_dtype(func, args) -> None:
+    """A matrix product or convolution (:func:`_products`) of tensors of different dtypes (an
+    integer input into ``nn.Linear``) fails on a GPU, but torch's meta kernels return a float
+    result: refuse it here, as CUDA would, instead of pricing a step that cannot run."""
+    import torch
+
+    if func not in _products():
+        return
     dtypes = [a.dtype for a in args if isinstance(a, torch.Tensor)]
     if len(set(dtypes)) > 1:
         names = ", ".join(str(d).removeprefix("torch.") for d in dtypes)
@@ -242,10 +257,10 @@ def _check_one_dtype(func, args) -> None:
 
 
 def make_modes(tracer: Tracer | None, redirect_dropout: bool):
-    """(the recording ``TorchDispatchMode`` of ``tracer``, the ``TorchFunctionMode`` that
-    files each kernel under the operator call that launched it and, if ``redirect_dropout``,
-    runs ``F.dropout`` as CUDA does). Enter the second one last, so it sees the model's own
-    calls before any other function mode. With ``tracer`` None it only redirects dropout."""
+    """(the recording ``TorchDispatchMode`` of ``tracer``, the ``TorchFunctionMode`` filing
+    each kernel under the operator call that launched it and, if ``redirect_dropout``, running
+    ``F.dropout`` as CUDA does; enter it last, so it sees the model's own calls before any
+    other function mode). With ``tracer`` None it only redirects dropout."""
     import torch
     import torch.nn.functional as F
     from torch.overrides import TorchFunctionMode
@@ -256,8 +271,7 @@ def make_modes(tracer: Tracer | None, redirect_dropout: bool):
             kwargs = kwargs or {}
             if func is local_scalar and args and args[0].is_meta:
                 return _meta_scalar(args[0], tracer)
-            if func in products:
-                _check_one_dtype(func, args)
+            _check_one_dtype(func, args)
             shortcut = fast.get(func)
             out = shortcut(args, kwargs) if shortcut is not None else None
             if out is None:
@@ -266,9 +280,6 @@ def make_modes(tracer: Tracer | None, redirect_dropout: bool):
             return out
 
     dropouts = {F.dropout, torch.dropout}
-    aten = torch.ops.aten
-    products = {aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default,
-                aten.mv.default, aten.addmv.default, aten.convolution.default}
     local_scalar = torch.ops.aten._local_scalar_dense.default
     fast = _fast_meta_ops()
 
@@ -276,8 +287,7 @@ def make_modes(tracer: Tracer | None, redirect_dropout: bool):
         """F.dropout as CUDA runs it: the fused native_dropout kernel when 0 < p < 1."""
         names = ("input", "p", "training", "inplace") if func is F.dropout else \
                 ("input", "p", "train")
-        bound = dict(zip(names, args))
-        bound.update(kwargs)
+        bound = {**dict(zip(names, args)), **kwargs}
         x = bound["input"]
         p = float(bound.get("p", 0.5))
         train = bool(bound.get("training", bound.get("train", True)))
