@@ -387,3 +387,14 @@ def test_options_that_cannot_apply_are_refused(data_dir, mixed_dir, tmp_path, ca
     assert main(["serve", "--model", llama, "--gpu", "H100", "--link-bw", "300",
                  *ROOFLINE]) == 2
     assert "applies with --tp 2 or more" in capsys.readouterr().err
+
+
+def test_16bit_step_on_a_sheet_without_the_tensor_peak_names_the_one_with_it(data_dir, mixed_dir,
+                                                                             capsys):
+    # "A100 80GB" is the NeuSight data's PCIe board (no Bf16FLOPs); the 16-bit data's SXM4
+    # board answers to the same words and has the figure: the error says so
+    assert main(["predict", "--model", "gpt2_large", "--gpu", "A100 80GB", "--dtype", "bf16",
+                 "--batch", "1", "--seq", "8"]) == 2
+    err = capsys.readouterr().err
+    assert "has no 'Bf16FLOPs'" in err and "NVIDIA_A100-SXM4-80GB has it" in err
+    assert "--gpu-spec FILE" in err

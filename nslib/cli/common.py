@@ -6,6 +6,7 @@ import argparse
 import math
 import re
 import sys
+from pathlib import Path
 
 
 class DefaultsFormatter(argparse.HelpFormatter):
@@ -32,6 +33,26 @@ def cli_gpu(value, file_option: str):
         return resolve_gpu(value)
     except UnknownGPUError as e:
         raise e.hinted(f"pass a datasheet JSON file with {file_option}") from None
+
+
+def check_tensor_peak(spec, query, file_option: str, why: str) -> None:
+    """ValueError unless datasheet ``spec`` (what ``query`` resolved to) has ``Bf16FLOPs``,
+    which a 16-bit forecast needs (``why`` says which). The message names the datasheets that
+    have it and answer to the same name words (``A100 80GB``: the NeuSight data's PCIe board
+    has none, the 16-bit data's SXM4 board has one), else every one that has it."""
+    from nslib.data.gpus import gpu_matches
+    from nslib.data.registry import all_gpus
+
+    if spec.bf16_gflops is not None:
+        return
+    tensor = {k: g for k, g in all_gpus().items() if g.bf16_gflops}
+    words = str(query) if not isinstance(query, Path) else ""
+    near = sorted(g.key for g in gpu_matches(words, tensor)) if words else []
+    named = (f"{' or '.join(near)} {'has' if len(near) == 1 else 'have'} it" if near else
+             f"these have it: {', '.join(sorted(tensor))}")
+    raise ValueError(f"GPU {spec.name!r} has no 'Bf16FLOPs' (dense tensor-core BF16 peak, "
+                     f"GFLOP/s) in its datasheet, and {why}: {named} (--gpu NAME), or add it to "
+                     f"a copy of the datasheet and pass that with {file_option}")
 
 
 def fmt_fixed(v, decimals: int = 2) -> str:

@@ -6,8 +6,8 @@ import sys
 import warnings
 from pathlib import Path
 
-from nslib.cli.common import (DefaultsFormatter, check_generates, cli_gpu, fmt_count, fmt_fixed,
-                              power_hint)
+from nslib.cli.common import (DefaultsFormatter, check_generates, check_tensor_peak, cli_gpu,
+                              fmt_count, fmt_fixed, power_hint)
 from nslib.cli.intervals import calibrate_hint
 from nslib.data.checks import arg_float, arg_int
 from nslib.data.settings import Settings
@@ -44,7 +44,10 @@ def _predict(args) -> int:
         check_generates(args.model)
     # a spec is always a file, whatever its suffix
     gpu = Path(args.gpu_spec) if args.gpu_spec else args.gpu
-    name = cli_gpu(gpu, GPU_FILE).name   # the datasheet the name resolved to, for the report
+    spec = cli_gpu(gpu, GPU_FILE)
+    name = spec.name   # the datasheet the name resolved to, for the report
+    if (args.dtype or "fp32") != "fp32":
+        check_tensor_peak(spec, gpu, GPU_FILE, f"a {args.dtype} step runs on the tensor cores")
     extra = _options(args)
     # how the step is priced; the rest describes the step and its GPUs
     pricing = {k: extra.pop(k) for k in ("tensor_predictor", "launch_us") if k in extra}

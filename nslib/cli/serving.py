@@ -11,7 +11,8 @@ import warnings
 
 import pandas as pd
 
-from nslib.cli.common import DefaultsFormatter, cli_gpu, fmt_count, fmt_fixed
+from nslib.cli.common import (DefaultsFormatter, check_tensor_peak, cli_gpu, fmt_count,
+                              fmt_fixed)
 from nslib.cli.intervals import calibrate_hint
 from nslib.data.checks import arg_float, arg_int
 
@@ -86,11 +87,7 @@ def _check_gpu(gpu) -> None:
         served = sorted(k for k, g in all_gpus().items() if g.bf16_gflops)
         raise KeyError(f"{e.args[0]}; serving (16-bit) needs a datasheet with "
                        f"'Bf16FLOPs', as these have: {', '.join(served)}") from None
-    if spec.bf16_gflops is None:
-        raise ValueError(f"GPU {spec.name!r} has no 'Bf16FLOPs' (dense tensor-core BF16 peak, "
-                         f"GFLOP/s) in its datasheet, and serving forecasts are 16-bit: pick a "
-                         f"GPU that has it (`nslib gpus`), or add it to a copy of the datasheet "
-                         f"and pass that with {GPU_FILE}")
+    check_tensor_peak(spec, gpu, GPU_FILE, "serving forecasts are 16-bit")
 
 
 def _ttft_note(mixed: bool) -> str:
