@@ -398,3 +398,13 @@ def test_16bit_step_on_a_sheet_without_the_tensor_peak_names_the_one_with_it(dat
     err = capsys.readouterr().err
     assert "has no 'Bf16FLOPs'" in err and "NVIDIA_A100-SXM4-80GB has it" in err
     assert "--gpu-spec FILE" in err
+
+
+def test_eval_models_prints_each_warning_once_as_a_line(data_dir, capsys):
+    # a datasheet-range note repeats for every label of a GPU: printed once, without the
+    # library's file and line
+    assert main(["eval-models", "--gpus", "H100", "--predictor", "roofline", "--json"]) == 0
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert lines and all(ln.startswith("warning: ") for ln in lines)
+    assert len(lines) == len(set(lines)) and "Num_Sm" in err and ".py:" not in err

@@ -116,6 +116,7 @@ def test_flows_through_the_measured_gpu_check(collected):
     assert rep["steps"]["rows"]["pred_roofline"].gt(0).all()
     js = mg.report_json(rep)
     assert js["gpu"] == rep["gpu"] and "fp32" in js
+    assert js["fp32"]["elementwise"]["median_ratio"]["roofline"] > 0
 
 
 def test_harness_parts_against_hand_values():

@@ -67,8 +67,11 @@ def _eval_measured(args) -> int:
                             ("steps", "model steps, MAPE % by format")):
             if check in rep:
                 tab = rep[check]["errors"]
-                keep = [c for c in tab.columns if not c.startswith("ratio_")]
-                print(f"\n{what}\n{tab[keep].round(1).to_string()}")
+                ratio = [c for c in tab.columns if c.startswith("ratio_")]
+                print(f"\n{what}\n{tab.drop(columns=ratio).round(1).to_string()}")
+                if ratio:
+                    print("median predicted / measured\n" + tab[ratio].rename(
+                        columns=lambda c: c.removeprefix("ratio_")).round(2).to_string())
         rows = rep.get("steps", {}).get("rows")
         if rows is not None:
             cols = ["tag", "latency_ms"] + [c for c in rows.columns if c.startswith("pred_")]
@@ -80,7 +83,7 @@ def add_collect_parser(sub) -> None:
     s = sub.add_parser("collect", help="measure this machine's GPU (FP32 kernels, 16-bit GEMMs "
                        "and attention, model steps) into the layouts nslib reads")
     s.add_argument("--out", required=True, help="output folder (a rerun into it resumes)")
-    s.add_argument("--device", default="cuda", help="cuda, cuda:N, or cpu (to try the harness)")
+    s.add_argument("--device", default="cuda", help="cuda, cuda:N, or cpu (to try the harness; default cuda)")
     s.add_argument("--minutes", type=arg_float(positive=True), default=10.0,
                    help="time budget for the whole collection (default 10)")
     s.add_argument("--parts", default="fp32,tensor,models",

@@ -101,12 +101,18 @@ def _train(args) -> int:
             raise ValueError("--all trains every predictor with its own defaults: drop "
                              "--epochs and --predictor, or train one with --predictor NAME")
         names = train_all(settings, retrain=args.retrain, out=args.out)
-        print(f"trained {', '.join(names)}; cached for every command and notebook")
+        print(f"trained {', '.join(names)}; {_where(args.out)}")
         return 0
     args.predictor = args.predictor or "nslib"
     trained(args.predictor, settings, out=args.out, retrain=args.retrain, **overrides)
-    print(f"trained {args.predictor}; cached for every command and notebook")
+    print(f"trained {args.predictor}; {_where(args.out)}")
     return 0
+
+
+def _where(out) -> str:
+    """Where ``nslib train`` left the weights: the cache, or only the ``--out`` folder."""
+    return (f"weights written to {out} (not to the cache)" if out else
+            "cached for every command and notebook")
 
 
 def _eval_kernels_16bit(args) -> int:
@@ -231,7 +237,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_data_commands(sub) -> None:
     """``gpus``, ``fetch`` and ``predictors``."""
-    s = sub.add_parser("gpus", help="table of known GPUs (NeuSight data, then the 16-bit data)")
+    s = sub.add_parser("gpus", help="table of known GPUs (NeuSight data, then the 16-bit "
+                       "and KernelBench data)")
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=_gpus)
 
@@ -289,8 +296,8 @@ def _add_kernel_commands(sub) -> None:
                         "(Device names or file stems)")
     s.add_argument("--kernelbench", nargs="?", const="", metavar="DIR",
                    help="KernelBench's level-1 problems on its GPUs as the test set (DIR, "
-                        "default: $NSLIB_KERNELBENCH or datasets/kernelbench; JSON: {class: "
-                        "{GPU: mape}}), the roofline beside the predictor")
+                        "default: $NSLIB_KERNELBENCH or datasets/kernelbench; JSON: {class or "
+                        "family: {GPU: mape}}), the roofline beside the predictor")
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=_eval_kernels)
 

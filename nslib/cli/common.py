@@ -3,9 +3,11 @@ command line names (its errors naming the command's own options) and numbers for
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import re
 import sys
+import warnings
 from pathlib import Path
 
 
@@ -53,6 +55,18 @@ def check_tensor_peak(spec, query, file_option: str, why: str) -> None:
     raise ValueError(f"GPU {spec.name!r} has no 'Bf16FLOPs' (dense tensor-core BF16 peak, "
                      f"GFLOP/s) in its datasheet, and {why}: {named} (--gpu NAME), or add it to "
                      f"a copy of the datasheet and pass that with {file_option}")
+
+
+@contextlib.contextmanager
+def warnings_as_lines():
+    """Record every warning raised inside; at the end print each distinct one once on
+    stderr as ``warning: ...``, without the library file and line (which tell a command-line
+    user nothing): an evaluation over many GPUs repeats each datasheet-range note."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        yield
+    for message in dict.fromkeys(str(w.message) for w in caught):
+        print(f"warning: {message}", file=sys.stderr)
 
 
 def fmt_fixed(v, decimals: int = 2) -> str:

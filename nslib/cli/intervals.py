@@ -90,7 +90,8 @@ def calibrate_hint(predictor: str, quick: bool, tensor_predictor: str | None = N
 def add_calibrate_parser(sub) -> None:
     s = sub.add_parser("calibrate", help="calibrate (and check) the intervals of a "
                        "predictor's forecasts")
-    s.add_argument("--predictor", default="nslib")
+    s.add_argument("--predictor", default="nslib",
+                   help="the FP32 predictor whose forecasts the intervals bound (default nslib)")
     s.add_argument("--coverage", type=_coverage, default=0.8,
                    help="central coverage of the intervals (default 0.8)")
     s.add_argument("--e2e", nargs="*", choices=("inf", "train"),

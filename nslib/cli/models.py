@@ -10,6 +10,7 @@ import json
 
 import pandas as pd
 
+from nslib.cli.common import warnings_as_lines
 from nslib.data.checks import arg_int
 from nslib.data.settings import Settings
 
@@ -40,6 +41,11 @@ def _eval_kernelbench_models(args) -> int:
 
 
 def _eval_models(args) -> int:
+    with warnings_as_lines():
+        return _eval_models_quietly(args)
+
+
+def _eval_models_quietly(args) -> int:
     if args.kernelbench is not None:
         return _eval_kernelbench_models(args)
     from nslib.evaluation.model_level import evaluate_models, logo_table, training_gpu_keys

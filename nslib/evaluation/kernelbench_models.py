@@ -62,6 +62,14 @@ def family(problem: str, level: int) -> str:
     return "other"
 
 
+def _short(text: str, limit: int = 160) -> str:
+    """``text`` cut at a word boundary to at most ``limit`` characters (an ellipsis marks a
+    cut): a reason a table shows in one line."""
+    if len(text) <= limit:
+        return text
+    return text[:limit].rsplit(" ", 1)[0].rstrip(",;:") + " ..."
+
+
 def problem_steps(root=None, level: int = 3, progress: bool = True) -> pd.DataFrame:
     """One row per (campaign, problem): ``campaign, problem, hardware, family, latency_ms``,
     ``n_kernels``, ``unpriced`` (aten ops without a mapping, ``op xN``; "" when none),
@@ -82,7 +90,7 @@ def problem_steps(root=None, level: int = 3, progress: bool = True) -> pd.DataFr
         else:
             trace = level1.trace_of(t.path)
             if isinstance(trace, ProblemError):
-                row["reason"] = f"cannot trace: {str(trace).split(': ', 1)[-1][:120]}"
+                row["reason"] = f"cannot trace: {_short(str(trace).split(': ', 1)[-1])}"
             else:
                 unknown, share = unpriced_calls(trace)
                 row.update(n_kernels=len(trace), unpriced=", ".join(

@@ -205,17 +205,25 @@ def _label(key) -> str:
     return "/".join(dict.fromkeys(map(str, key))) if isinstance(key, tuple) else str(key)
 
 
+def _num(v, digits: int):
+    """``v`` rounded for JSON, None where it is missing."""
+    return round(float(v), digits) if pd.notna(v) else None
+
+
 def report_json(rep: dict) -> dict:
     """A :func:`report` as JSON-ready numbers: per check, ``{group: {predictor: MAPE}}`` plus
-    ``n`` (groups joined by ``/``), and each step's measured and predicted ms."""
+    ``n`` and ``median_ratio`` (``{predictor: median predicted / measured}``; groups joined by
+    ``/``), and each step's measured and predicted ms."""
     out = {"gpu": rep["gpu"]}
     for check in ("fp32", "tensor", "steps"):
         if check not in rep:
             continue
         tab = rep[check]["errors"]
         names = [c for c in tab.columns if not c.startswith("ratio_") and c != "n"]
-        out[check] = {_label(k): {**{n: (round(float(r[n]), 2) if pd.notna(r[n]) else None)
-                                     for n in names}, "n": int(r["n"])}
+        ratios = [c for c in tab.columns if c.startswith("ratio_")]
+        out[check] = {_label(k): {**{n: _num(r[n], 2) for n in names}, "n": int(r["n"]),
+                                  "median_ratio": {c.removeprefix("ratio_"): _num(r[c], 3)
+                                                   for c in ratios}}
                       for k, r in tab.iterrows()}
     if "steps" in rep:
         rows = rep["steps"]["rows"]
