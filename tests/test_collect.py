@@ -164,3 +164,18 @@ def test_cli_errors_are_clear(tmp_path, capsys):
     assert "unknown part" in capsys.readouterr().err
     assert main(["eval-measured", str(tmp_path)]) == 2
     assert "no `nslib collect` output" in capsys.readouterr().err
+
+
+def test_a_step_that_would_outlast_the_budget_is_skipped_not_run(data_dir, tmp_path):
+    # the first run says how long one takes: a step whose warm-up and two timed runs would end
+    # past the part's deadline is skipped with the reason, after that one run
+    import time
+
+    from nslib.evaluation.collect.steps import measure_steps
+    from nslib.evaluation.collect.timing import Clock
+    step = parse_step("bert:train:32:1")
+    t0 = time.monotonic()
+    got = measure_steps([step], Clock(device="cpu", warmup=1000), tmp_path, "cpu",
+                        deadline=time.monotonic() + 5.0, progress=False)
+    assert got["rows"] == 0 and "would outlast the time budget" in got["skipped"][step.tag]
+    assert time.monotonic() - t0 < 60.0   # one run, not the 1,002 asked for

@@ -101,10 +101,15 @@ def _stamp(clock):
     return time.perf_counter, lambda a, b: (b - a) * 1e3
 
 
+class OverBudget(Exception):
+    """A step whose first run says its runs would outlast the time left to the part."""
+
+
 def measure_step(step: Step, clock, deadline: float, data=None, runs: int = 10,
                  keep: int = 5) -> dict:
     """The label dict of one step (``e2e_latency``, ``fw_latency``, ``bwall_latency`` in ms,
-    ``num_layer``, and the runs timed)."""
+    ``num_layer``, and the runs timed). :class:`OverBudget` when the first run shows that the
+    warm-up and two timed runs, the least a label needs, would end past ``deadline``."""
     import torch
 
     model, inputs, layers = _build(step, clock.device, data)
@@ -115,9 +120,14 @@ def measure_step(step: Step, clock, deadline: float, data=None, runs: int = 10,
             p.grad = torch.zeros_like(p)
     mark, ms = _stamp(clock)
     fw, bw = [], []
+    start = time.monotonic()
     for i in range(clock.warmup + runs):
         if i >= clock.warmup + 2 and time.monotonic() > deadline:
             break
+        if i == 1 and time.monotonic() + (time.monotonic() - start) * (clock.warmup + 1) \
+                > deadline:
+            raise OverBudget(f"one run took {time.monotonic() - start:.1f} s: its "
+                             f"{clock.warmup + 2} runs would outlast the time budget")
         a = mark()
         if train:
             loss = logits_loss(model(**inputs))
@@ -160,6 +170,9 @@ def measure_steps(steps: list[Step], clock, out, device_name: str, deadline: flo
             continue
         try:
             label = measure_step(step, clock, deadline, data)
+        except OverBudget as e:
+            skipped[step.tag] = str(e)
+            continue
         except Exception as e:  # noqa: BLE001 - one model's failure must not stop the others
             import torch
             if clock.cuda:
