@@ -238,7 +238,8 @@ def build_parser() -> argparse.ArgumentParser:
 def _add_data_commands(sub) -> None:
     """``gpus``, ``fetch`` and ``predictors``."""
     s = sub.add_parser("gpus", help="table of known GPUs (NeuSight data, then the 16-bit "
-                       "and KernelBench data)")
+                       "and KernelBench data; variant_of: the GPU a variant datasheet "
+                       "describes again)")
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=_gpus)
 
