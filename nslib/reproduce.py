@@ -186,12 +186,18 @@ def write_headline(figs: Path, readme: Path, profile: str = "full", dhash: str =
             if isinstance(df.columns, pd.MultiIndex):
                 df.columns = [" ".join(c) for c in df.columns]
             parts.append(f"**{title}** ({name})\n\n{df.round(1).to_markdown()}\n")
+    if len(parts) > 1:
+        _between_markers(readme, _START, _END, "\n".join(parts))
+
+
+def _between_markers(readme: Path, start: str, end: str, block: str) -> None:
+    """Put ``block`` into ``readme`` between the lines ``start`` and ``end`` (atomically),
+    replacing what was there; a README without both markers is left as it is."""
     text = readme.read_text()
-    if len(parts) == 1 or _START not in text or _END not in text:
+    if start not in text or end not in text:
         return
-    head, rest = text.split(_START, 1)
-    atomic_write_text(readme, head + _START + "\n" + "\n".join(parts) + _END +
-                      rest.split(_END, 1)[1])
+    head, rest = text.split(start, 1)
+    atomic_write_text(readme, head + start + "\n" + block + end + rest.split(end, 1)[1])
 
 
 # the column names of notebook 14's tables as the README shows them
@@ -243,12 +249,9 @@ def _shown(tab, what: str) -> str:
 def write_measured(figs: Path, readme: Path) -> None:
     """Put :func:`measured_tables` into the README between its markers (left as it is when
     the README has no markers or ``figs`` no notebook-14 table)."""
-    text = readme.read_text()
     block = measured_tables(figs)
-    if not block or _M_START not in text or _M_END not in text:
-        return
-    head, rest = text.split(_M_START, 1)
-    atomic_write_text(readme, head + _M_START + "\n" + block + _M_END + rest.split(_M_END, 1)[1])
+    if block:
+        _between_markers(readme, _M_START, _M_END, block)
 
 
 def draw_layout(figs) -> None:

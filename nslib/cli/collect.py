@@ -83,7 +83,8 @@ def add_collect_parser(sub) -> None:
     s = sub.add_parser("collect", help="measure this machine's GPU (FP32 kernels, 16-bit GEMMs "
                        "and attention, model steps) into the layouts nslib reads")
     s.add_argument("--out", required=True, help="output folder (a rerun into it resumes)")
-    s.add_argument("--device", default="cuda", help="cuda, cuda:N, or cpu (to try the harness; default cuda)")
+    s.add_argument("--device", default="cuda",
+                   help="cuda, cuda:N, or cpu (to try the harness; default cuda)")
     s.add_argument("--minutes", type=arg_float(positive=True), default=10.0,
                    help="time budget for the whole collection (default 10)")
     s.add_argument("--parts", default="fp32,tensor,models",

@@ -37,17 +37,30 @@ def cli_gpu(value, file_option: str):
         raise e.hinted(f"pass a datasheet JSON file with {file_option}") from None
 
 
+def tensor_sheets() -> dict:
+    """``{file stem: GPU}`` of every datasheet in the data that gives ``Bf16FLOPs``, the
+    tensor-core peak a 16-bit forecast needs."""
+    from nslib.data.registry import all_gpus
+
+    return {k: g for k, g in all_gpus().items() if g.bf16_gflops}
+
+
+def print_warnings(lines) -> None:
+    """Each distinct line once, in order, on stderr as ``warning: ...``."""
+    for line in dict.fromkeys(lines):
+        print(f"warning: {line}", file=sys.stderr)
+
+
 def check_tensor_peak(spec, query, file_option: str, why: str) -> None:
     """ValueError unless datasheet ``spec`` (what ``query`` resolved to) has ``Bf16FLOPs``,
     which a 16-bit forecast needs (``why`` says which). The message names the datasheets that
     have it and answer to the same name words (``A100 80GB``: the NeuSight data's PCIe board
     has none, the 16-bit data's SXM4 board has one), else every one that has it."""
     from nslib.data.gpus import gpu_matches
-    from nslib.data.registry import all_gpus
 
     if spec.bf16_gflops is not None:
         return
-    tensor = {k: g for k, g in all_gpus().items() if g.bf16_gflops}
+    tensor = tensor_sheets()
     words = str(query) if not isinstance(query, Path) else ""
     near = sorted(g.key for g in gpu_matches(words, tensor)) if words else []
     named = (f"{' or '.join(near)} {'has' if len(near) == 1 else 'have'} it" if near else
@@ -65,8 +78,7 @@ def warnings_as_lines():
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         yield
-    for message in dict.fromkeys(str(w.message) for w in caught):
-        print(f"warning: {message}", file=sys.stderr)
+    print_warnings(str(w.message) for w in caught)
 
 
 def fmt_fixed(v, decimals: int = 2) -> str:
@@ -92,8 +104,8 @@ def power_hint(summary: dict) -> None:
         print(f"note: {power_note(summary['power_bound'])}", file=sys.stderr)
 
 
-__all__ = ["DefaultsFormatter", "check_generates", "cli_gpu", "fmt_count", "fmt_fixed",
-           "power_hint"]
+__all__ = ["DefaultsFormatter", "check_generates", "check_tensor_peak", "cli_gpu", "fmt_count",
+           "fmt_fixed", "power_hint", "print_warnings", "tensor_sheets", "warnings_as_lines"]
 
 
 def check_generates(model) -> None:

@@ -7,7 +7,7 @@ import warnings
 from pathlib import Path
 
 from nslib.cli.common import (DefaultsFormatter, check_generates, check_tensor_peak, cli_gpu,
-                              fmt_count, fmt_fixed, power_hint)
+                              fmt_count, fmt_fixed, power_hint, print_warnings)
 from nslib.cli.intervals import calibrate_hint
 from nslib.data.checks import arg_float, arg_int
 from nslib.data.settings import Settings
@@ -174,15 +174,11 @@ def _print_warnings(notes: list[str], model: list[str], caught) -> None:
     """Every warning once, on stderr, as ``warning: ...`` (no library file and line): the
     summary's notes (the model's, then the datasheet ranges', which say that the forecast
     extrapolates), then any other warning the run issued."""
-    seen = set()
     others = [str(w.message) for w in caught
               if not issubclass(w.category, (DatasheetRangeWarning, ModelNoteWarning))]
     lines = [n if n in model else f"{n} (outside the training GPUs: the forecast extrapolates)"
              for n in notes]
-    for line in [*lines, *others]:
-        if line not in seen:
-            seen.add(line)
-            print(f"warning: {line}", file=sys.stderr)
+    print_warnings([*lines, *others])
 
 
 def _options(args) -> dict:

@@ -12,7 +12,7 @@ import warnings
 import pandas as pd
 
 from nslib.cli.common import (DefaultsFormatter, check_tensor_peak, cli_gpu, fmt_count,
-                              fmt_fixed)
+                              fmt_fixed, tensor_sheets)
 from nslib.cli.intervals import calibrate_hint
 from nslib.data.checks import arg_float, arg_int
 
@@ -82,9 +82,7 @@ def _check_gpu(gpu) -> None:
     try:
         spec = cli_gpu(gpu, GPU_FILE)
     except KeyError as e:   # unknown or ambiguous: say which of the names serving can use
-        from nslib.data.registry import all_gpus
-
-        served = sorted(k for k, g in all_gpus().items() if g.bf16_gflops)
+        served = sorted(tensor_sheets())
         raise KeyError(f"{e.args[0]}; serving (16-bit) needs a datasheet with "
                        f"'Bf16FLOPs', as these have: {', '.join(served)}") from None
     check_tensor_peak(spec, gpu, GPU_FILE, "serving forecasts are 16-bit")

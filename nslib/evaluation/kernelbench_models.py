@@ -38,7 +38,7 @@ from nslib.data.settings import Settings, settings_of
 from nslib.evaluation import kernelbench as level1
 from nslib.evaluation.metrics import ape
 from nslib.model.module_predict import priced_frame
-from nslib.model.module_trace import ProblemError, unpriced_calls
+from nslib.model.module_trace import ProblemError, shortened, unpriced_calls
 from nslib.model.stream import LAUNCH_US
 from nslib.model.tf32 import tensor_for, tensor_gemm
 
@@ -62,14 +62,6 @@ def family(problem: str, level: int) -> str:
     return "other"
 
 
-def _short(text: str, limit: int = 160) -> str:
-    """``text`` cut at a word boundary to at most ``limit`` characters (an ellipsis marks a
-    cut): a reason a table shows in one line."""
-    if len(text) <= limit:
-        return text
-    return text[:limit].rsplit(" ", 1)[0].rstrip(",;:") + " ..."
-
-
 def problem_steps(root=None, level: int = 3, progress: bool = True) -> pd.DataFrame:
     """One row per (campaign, problem): ``campaign, problem, hardware, family, latency_ms``,
     ``n_kernels``, ``unpriced`` (aten ops without a mapping, ``op xN``; "" when none),
@@ -90,7 +82,7 @@ def problem_steps(root=None, level: int = 3, progress: bool = True) -> pd.DataFr
         else:
             trace = level1.trace_of(t.path)
             if isinstance(trace, ProblemError):
-                row["reason"] = f"cannot trace: {_short(str(trace).split(': ', 1)[-1])}"
+                row["reason"] = f"cannot trace: {shortened(str(trace).split(': ', 1)[-1], 160)}"
             else:
                 unknown, share = unpriced_calls(trace)
                 row.update(n_kernels=len(trace), unpriced=", ".join(

@@ -197,12 +197,18 @@ DATA_HINT = ("a module that reads tensor values (data-dependent shapes, Python n
              "from tensors) needs real data, which this meta-device trace does not have")
 
 
+def shortened(text: str, limit: int) -> str:
+    """``text`` cut at a word boundary to at most ``limit`` characters, an ellipsis marking
+    the cut: a message or a table cell kept to one readable line."""
+    if len(text) <= limit:
+        return text
+    return text[:limit].rsplit(" ", 1)[0].rstrip(",;:") + " ..."
+
+
 def _why(e: Exception) -> str:
     """``Type: first line`` of an exception, a long line cut at a word (and said so)."""
     first = str(e).splitlines()[0] if str(e) else ""
-    if len(first) > 300:
-        first = first[:300].rsplit(" ", 1)[0] + " ..."
-    return f"{type(e).__name__}: {first}"
+    return f"{type(e).__name__}: {shortened(first, 300)}"
 
 
 def _needs_data(e: Exception) -> bool:

@@ -124,10 +124,11 @@ def measure_step(step: Step, clock, deadline: float, data=None, runs: int = 10,
     for i in range(clock.warmup + runs):
         if i >= clock.warmup + 2 and time.monotonic() > deadline:
             break
-        if i == 1 and time.monotonic() + (time.monotonic() - start) * (clock.warmup + 1) \
-                > deadline:
-            raise OverBudget(f"one run took {time.monotonic() - start:.1f} s: its "
-                             f"{clock.warmup + 2} runs would outlast the time budget")
+        if i == 1:
+            now = time.monotonic()
+            if now + (now - start) * (clock.warmup + 1) > deadline:
+                raise OverBudget(f"one run took {now - start:.1f} s: its "
+                                 f"{clock.warmup + 2} runs would outlast the time budget")
         a = mark()
         if train:
             loss = logits_loss(model(**inputs))
