@@ -87,8 +87,22 @@ def test_serve_one_output_token_has_no_tpot(data_dir, mixed_dir, tmp_path, capsy
     assert main(argv) == 0
     table = capsys.readouterr().out.splitlines()
     head = table.index(next(t for t in table if t.split()[:1] == ["concurrency"]))
-    col = table[head].split().index("tpot_ms") - 2        # "in KV cache" is three words
+    col = table[head].split().index("tpot_ms")
     assert [t.split()[col] for t in table[head + 1:head + 3]] == ["n/a", "n/a"]
+
+
+def test_serve_says_when_the_engine_keeps_a_request_waiting(data_dir, mixed_dir, tmp_path,
+                                                            capsys):
+    argv = ["serve", "--model", _file(tmp_path, LLAMA, "llama"), "--gpu", "H100", "--isl",
+            "16", "--osl", "4", "--concurrency", "1", "8", *ROOFLINE]
+    assert main(argv + ["--framework", "trtllm"]) == 0
+    out = capsys.readouterr().out
+    assert "trtllm serves all but 1 of the requests" in out and "KV cache holds 1" not in out
+    assert main(argv + ["--framework", "trtllm", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["forecasts"]
+    assert [r["running"] for r in rows] == [1, 7] and not any(r["kv_bound"] for r in rows)
+    assert main(argv + ["--framework", "vllm"]) == 0
+    assert "serves all but" not in capsys.readouterr().out
 
 
 # -- 8: serve's messages name serve's options ------------------------------------------------

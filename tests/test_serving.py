@@ -206,6 +206,24 @@ def test_kv_cache_bound_queues_by_littles_law():
     assert out["ttft_ms"] > out["queue_ms"] > 0
 
 
+def test_an_engine_that_keeps_one_request_waiting_serves_one_fewer():
+    """A closed loop of 8 clients served 7 at a time: by Little's law each request waits
+    8 / 7 - 1 = 1 / 7 of a cycle (one interval between completions), inside TTFT."""
+    fw = Framework("w", 8192, True, 0.9, waiting=1)
+    out = serve(LinearCost(), [1, 8], 100, 11, fw)
+    assert list(out["running"]) == [1, 7] and not out["kv_bound"].any()
+    one = _mixed(LinearCost(), fw, np.array([7.0]), np.array([100.0]), np.array([11.0]))
+    cycle = one["ttft_ms"][0] + 10 * one["tpot_ms"][0]
+    assert out["queue_ms"] == pytest.approx([0.0, cycle / 7])
+    assert out["tokens_per_s"][1] == pytest.approx(7 / cycle * 1000 * 11)
+    # the engine without the waiting request serves all eight
+    plain = serve(LinearCost(), 8, 100, 11, Framework("m", 8192, True, 0.9))
+    assert plain["running"] == 8 and plain["queue_ms"] == 0
+    # a KV cache that holds fewer than 7 sets the count itself, and says so
+    small = serve(LinearCost(kv_per_token=2e7), 64, 100, 11, fw)
+    assert small["kv_bound"].all() and small["running"] < 63
+
+
 def test_weights_that_do_not_fit():
     out = serve(LinearCost(weights=100e9), 8, 100, 11, "vllm")
     assert not out["fits"]
@@ -234,10 +252,11 @@ def test_ttft_inside_its_range_and_throughput_the_cycles(fw, isl, osl):
     # the arrival pattern moves TTFT, not the GPU's work per request: throughput is the
     # schedule's own cycle whatever the TTFT forecast
     f = framework(fw)
-    one = (_mixed if f.mixed else _waves)(LinearCost(), f, c, np.full_like(c, isl),
+    served = np.maximum(c - f.waiting, 1.0)     # an engine's waiting request is not served
+    one = (_mixed if f.mixed else _waves)(LinearCost(), f, served, np.full_like(c, isl),
                                           np.full_like(c, osl))
     cycle = one["ttft_ms"] + (osl - 1) * one["tpot_ms"]
-    assert out["tokens_per_s"] == pytest.approx(c / cycle * 1000 * osl)
+    assert out["tokens_per_s"] == pytest.approx(served / cycle * 1000 * osl)
 
 
 def test_latency_is_ttft_plus_the_decode():
@@ -467,3 +486,23 @@ def test_sample_with_bad_sizes_and_nothing_priced(mixed_dir, tmp_path, capsys):
     assert (got["reason"] == "missing or bad isl / osl / batch_size / tp_size").all()
     assert main(["eval-serving", "--sample", str(tmp_path / "s.csv")]) == 2
     assert "no row of the sample can be priced" in capsys.readouterr().err
+
+
+def test_waiting_requests_counts_the_requests_that_wait():
+    """Rows differing only in the output length: TTFT = 40 ms + k intervals between
+    completions (osl x TPOT / concurrency) gives slope k, per engine and concurrency."""
+    import pandas as pd
+    from nslib.evaluation.serving_eval import waiting_requests
+    rows = []
+    for fw, k in (("waits", 1.0), ("flat", 0.0)):
+        for c in (8, 16):
+            for osl in (128, 256, 512):
+                tpot = 5.0 + osl / 256          # any TPOT: the interval uses the measured one
+                rows.append(dict(framework=fw, model_path="m", gpu="g", isl=1024,
+                                 batch_size=c, tp_size=1, osl=osl, silicon_tpot_ms=tpot,
+                                 silicon_ttft_ms=40.0 + k * osl * tpot / c))
+    rows.append(dict(rows[0], isl=2048))        # one output length only: no slope
+    got = waiting_requests(pd.DataFrame(rows))
+    assert list(got["groups"]) == [1, 1, 1, 1]
+    assert got.loc[("waits", 8), "median"] == pytest.approx(1.0)
+    assert got.loc[("flat", 16), "median"] == pytest.approx(0.0, abs=1e-9)

@@ -53,10 +53,15 @@ def _serve(args) -> int:
           f"{fmt_count(mem['kv_tokens'])} tokens")
     print(_table(frame, args.osl).to_string(index=False))
     print(_ttft_note(FRAMEWORKS[args.framework].mixed))
-    short = frame[frame["running"] < frame["concurrency"]]
+    short = frame[frame["kv_bound"]]
     if len(short):
         print(f"the KV cache holds {fmt_count(short['running'].iloc[0])} requests of this "
               "length: the others queue (their wait is in TTFT)")
+    waiting = FRAMEWORKS[args.framework].waiting
+    if waiting and (frame["concurrency"] > 1).any():
+        print(f"{args.framework} serves all but {waiting} of the requests in flight at once, "
+              "the rest wait (their wait is in TTFT): measured at concurrency 8-32 on the "
+              "silicon sample, extrapolated elsewhere")
     if "interval_coverage" not in frame.attrs:
         hint = calibrate_hint(args.predictor, args.quick, args.tensor_predictor)
         if hint:
@@ -118,7 +123,7 @@ def _table(frame: pd.DataFrame, osl: int) -> pd.DataFrame:
     def fixed(col):
         return [fmt_fixed(v, 1) for v in frame[col]]
     show = pd.DataFrame({"concurrency": [fmt_count(v) for v in frame["concurrency"]],
-                         "in KV cache": [fmt_count(v) for v in frame["running"]],
+                         "running": [fmt_count(v) for v in frame["running"]],
                          "ttft_ms": fixed("ttft_ms"),
                          "tpot_ms": fixed("tpot_ms") if osl > 1 else "n/a",
                          "latency_ms": fixed("latency_ms"), "tok/s": fixed("tokens_per_s"),

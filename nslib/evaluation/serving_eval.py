@@ -97,6 +97,29 @@ def error_table(pred: pd.DataFrame, by=("framework", "model_path", "gpu"),
     return pd.DataFrame(out)
 
 
+def waiting_requests(rows: pd.DataFrame) -> pd.DataFrame:
+    """How many requests an engine keeps waiting, read off the measurements alone: per
+    group of rows that differ only in the output length (same engine, model, GPU, prompt
+    length, concurrency and tensor-parallel degree; at least two lengths), the least-squares
+    slope of the measured TTFT against one interval between completions, ``osl x TPOT /
+    concurrency`` (measured TPOT). By Little's law a request that always waits adds one such
+    interval to the mean TTFT: slope 1; none, 0. Per engine and concurrency: ``groups`` and
+    the slopes' median, 10th and 90th percentiles (:mod:`nslib.model.serving.schedule`)."""
+    keys = ["framework", "model_path", "gpu", "isl", "batch_size", "tp_size"]
+    slopes = []
+    for key, g in rows.groupby(keys, sort=True):
+        gap = (g["osl"] * g["silicon_tpot_ms"] / g["batch_size"]).to_numpy(float)
+        if g["osl"].nunique() < 2:
+            continue
+        ttft = g["silicon_ttft_ms"].to_numpy(float)
+        slope = np.polyfit(gap, ttft, 1)[0]
+        slopes.append(dict(zip(keys, key), slope=float(slope)))
+    frame = pd.DataFrame(slopes, columns=keys + ["slope"])
+    by = frame.groupby(["framework", "batch_size"], sort=True)["slope"]
+    return pd.DataFrame({"groups": by.size(), "median": by.median(),
+                         "p10": by.quantile(0.1), "p90": by.quantile(0.9)})
+
+
 def unpriced(rows: pd.DataFrame) -> pd.DataFrame:
     """Rows the forecast cannot price, counted by reason (and by model within it)."""
     bad = rows[rows["reason"] != ""]

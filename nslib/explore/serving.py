@@ -49,8 +49,8 @@ def serving_curves(gpus, model, workload: Workload = Workload(), *, most: int = 
             notes.append(f"{f.attrs['gpu']}: not forecast: {what} ({tp} GPU(s)); raise tp"
                          + ("" if weights else " or shorten the requests"))
             continue
-        if (f["running"] < f["concurrency"]).any():
-            first = int(f.loc[f["running"] < f["concurrency"], "concurrency"].iloc[0])
+        if f["kv_bound"].any():
+            first = int(f.loc[f["kv_bound"], "concurrency"].iloc[0])
             notes.append(f"{f.attrs['gpu']}: from {first} requests on, the KV cache holds only "
                          f"{int(f['running'].max())}; the rest queue (TTFT includes the wait)")
         parts.append(f.assign(gpu=f.attrs["gpu"]))

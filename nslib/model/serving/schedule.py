@@ -45,6 +45,16 @@ When the KV cache holds ``running < concurrency`` requests, a request waits for 
 ``running`` at a time waits ``R (concurrency / running - 1)`` on average (Little's law); that
 wait is part of TTFT. Throughput: ``running / R`` requests per second on the ``tp`` GPUs.
 
+An engine may also keep requests waiting when its KV cache has room (``Framework.waiting``).
+TensorRT-LLM 1.0 does, as the silicon sample measured it: at a fixed concurrency (8-32),
+prompt length and tensor-parallel degree, its mean TTFT grows with the output length by one
+interval between completions, ``osl x TPOT / concurrency`` (the slope of TTFT against that
+interval: median 0.97 over the sample's 36 such groups, 10-90% 0.84-1.18; vLLM's -0.02, its
+TTFT flat in the output length). By Little's law a mean wait of one such interval is one
+request always waiting, so the engine serves ``concurrency - 1`` at once and the same
+queue term prices the wait. Why it waits (the engine's slot bookkeeping, the harness's
+batch limit) the sample does not say; at concurrency 1 nothing waits.
+
 Not modelled: prefix caching (the benchmark prompts are random), speculative decoding,
 chunked-prefill attention over a prompt's earlier chunks (a prompt's attention is priced once,
 over its whole length), preemption, request-rate (open-loop) arrivals, the HTTP front end.
@@ -71,7 +81,9 @@ class Framework:
     for weights and KV cache (``free_only``: of the memory left after the weights, as
     TensorRT-LLM's ``free_gpu_memory_fraction``); ``chunked``: prompts are cut to fill an
     iteration's budget (vLLM V1, SGLang), else an iteration takes whole prompts only
-    (TensorRT-LLM without ``enable_chunked_prefill``)."""
+    (TensorRT-LLM without ``enable_chunked_prefill``); ``waiting``: requests of a closed
+    loop that wait at the engine's door whatever its room (it serves at most
+    ``concurrency - waiting`` at once, never fewer than one; module doc)."""
 
     name: str
     token_budget: int
@@ -79,14 +91,17 @@ class Framework:
     memory_fraction: float
     free_only: bool = False
     chunked: bool = True
+    waiting: int = 0
 
 
 # Documented defaults of the engine versions in the silicon sample (vLLM 0.12 online serving
 # on GPUs of 70 GiB or more; SGLang 0.5 on 80-160 GB GPUs; TensorRT-LLM 1.0 trtllm-serve).
+# TensorRT-LLM's one waiting request is measured, not documented (module doc).
 FRAMEWORKS = {
     "vllm": Framework("vllm", 8192, True, 0.90),
     "sglang": Framework("sglang", 8192, False, 0.88),
-    "trtllm": Framework("trtllm", 8192, True, 0.90, free_only=True, chunked=False),
+    "trtllm": Framework("trtllm", 8192, True, 0.90, free_only=True, chunked=False,
+                        waiting=1),
 }
 
 
@@ -134,7 +149,8 @@ def no_fit(memory: dict, tokens: int) -> tuple[str, bool]:
 def serve(cost: StepCost, concurrency, isl, osl, fw="vllm") -> dict:
     """Forecast aggregated serving at each (``concurrency``, ``isl``, ``osl``) (arrays
     broadcast together): a dict of arrays ``ttft_ms``, ``tpot_ms``, ``latency_ms`` (a request
-    from arrival to last token), ``running`` (requests the KV cache holds at once),
+    from arrival to last token), ``running`` (requests served at once: what the KV cache
+    holds, less the engine's ``waiting``), ``kv_bound`` (the KV cache sets ``running``),
     ``queue_ms`` (the wait for a slot, inside TTFT), ``tokens_per_s`` (output tokens per
     second, all GPUs), ``tokens_per_s_gpu`` (per GPU), ``fits`` (at least one request fits);
     ``ttft_lone_ms`` and ``ttft_burst_ms``: TTFT if a request arrived alone into the steady
@@ -164,7 +180,10 @@ def _serve(cost, fw: Framework, c, isl, osl) -> dict:
     """:func:`serve` on validated arrays."""
     cap = kv_capacity(cost, fw)
     fits_one = np.floor(cap["kv_tokens"] / (isl + osl))
-    running = np.clip(fits_one, 1.0, c)
+    # the clients the engine serves at once: what the KV cache holds, less the requests
+    # the engine keeps waiting (one client is always served)
+    served = np.maximum(c - fw.waiting, 1.0)
+    running = np.clip(fits_one, 1.0, served)
     out = (_mixed if fw.mixed else _waves)(cost, fw, running, isl, osl)
     # the arrival patterns the schedule assumes nothing about: one request alone into the
     # steady decode load, and every running request at once (their prompts back to back)
@@ -191,7 +210,8 @@ def _serve(cost, fw: Framework, c, isl, osl) -> dict:
             "latency_ms": ttft + queue + (osl - 1) * out["tpot_ms"], "running": running,
             "queue_ms": queue,
             "tokens_per_s": rate * osl, "tokens_per_s_gpu": rate * osl / cost.setup.tp,
-            "fits": fits_one >= 1, "kv_tokens": np.full(c.shape, cap["kv_tokens"])}
+            "fits": fits_one >= 1, "kv_bound": fits_one < served,
+            "kv_tokens": np.full(c.shape, cap["kv_tokens"])}
 
 
 class _Wanted:
