@@ -108,6 +108,19 @@ fig = serving_scatter(pred)
 save_figure(fig, "12_serving_scatter", out)
 
 # %% [markdown]
+# ## The same rows as if nobody had measured the GPU
+# The 16-bit GEMM and attention predictors above trained on every measured GPU, the sample's
+# own among them. A GPU nobody measured has no kernels in training: here each GPU's rows are
+# priced by predictors trained without its kernels (the leave-one-GPU-out folds of
+# `nslib eval-kernels --dtype bf16`, cached), the view the kept-back GPUs' rows will take.
+
+# %%
+held = predict_sample(rows, methods=("nslib",), quick=quick, progress=True, held_out=True)
+held_table = error_table(held, methods=("nslib",))
+save_table(held_table.set_index(["framework", "model_path", "gpu"]), "12_serving_held_out", out)
+held_table.round(2)
+
+# %% [markdown]
 # ## Where the error lies: concurrency and prompt length
 # TPOT is an iteration's time, mostly the GEMMs at the decode batch plus the KV-cache read; it
 # holds across engines. TTFT depends on how the engine admits prompts: SGLang runs prompts

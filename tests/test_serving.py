@@ -506,3 +506,42 @@ def test_waiting_requests_counts_the_requests_that_wait():
     assert list(got["groups"]) == [1, 1, 1, 1]
     assert got.loc[("waits", 8), "median"] == pytest.approx(1.0)
     assert got.loc[("flat", 16), "median"] == pytest.approx(0.0, abs=1e-9)
+
+
+def test_unseen_predictors_leave_the_gpu_out(data_dir, mixed_dir, monkeypatch):
+    """Each learned predictor is trained without the GPU where its data measures it."""
+    import nslib.evaluation.serving_eval as se
+    from nslib.data.serving_sample import system_gpus
+    calls = []
+
+    def fake(name, settings=None, *, kind="fp32", exclude_gpus=()):
+        calls.append((kind, tuple(exclude_gpus)))
+        return name
+    monkeypatch.setattr(se, "trained", fake)
+    h100 = system_gpus(["h100_sxm"])["h100_sxm"]
+    assert se.unseen_predictors(("nslib", "nslib"), h100, quick=True)[0] == "nslib"
+    assert calls == [("gemm", (h100,)), ("attention", (h100,))]   # not an FP32 training GPU
+    calls.clear()
+    se.unseen_predictors(("nslib", "roofline"), "NVIDIA A100-PCIE-40GB", quick=True)
+    assert calls == [("fp32", ("NVIDIA A100-PCIE-40GB",)), ("gemm", ()), ("attention", ())]
+
+
+def test_eval_serving_held_out(mixed_dir, tmp_path, capsys):
+    from nslib.data.serving_sample import serving_rows
+    rows = serving_rows()
+    keep = rows[(rows["reason"] == "") & (rows["framework"] == "vllm")].head(2)
+    keep.drop(columns=["gpu", "config", "framework", "reason"]).to_csv(tmp_path / "s.csv",
+                                                                      index=False)
+    got = {}
+    for flag in ([], ["--held-out"]):
+        assert main(["eval-serving", "--sample", str(tmp_path / "s.csv"), "--quick", "--json",
+                     *flag]) == 0
+        got[bool(flag)] = json.loads(capsys.readouterr().out)
+    (key, by_gpu), = ((k, v) for k, v in got[True].items() if k != "unpriced")
+    (gpu, held), = by_gpu.items()
+    assert held["n"] == 2 and held["ttft_mape"] >= 0
+    # the GPU's own kernels trained the default predictors, not the held-out ones
+    assert held != got[False][key][gpu]
+    assert main(["eval-serving", "--sample", str(tmp_path / "s.csv"), "--quick",
+                 "--held-out"]) == 0
+    assert "never saw its kernels" in capsys.readouterr().out

@@ -147,7 +147,8 @@ def _eval_serving(args) -> int:
     rows = serving_rows(args.sample)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        pred = predict_sample(rows, quick=args.quick, progress=not args.json)
+        pred = predict_sample(rows, quick=args.quick, progress=not args.json,
+                              held_out=args.held_out)
     if pred.empty:
         reasons = rows["reason"].value_counts()
         raise ValueError("no row of the sample can be priced: " + "; ".join(
@@ -158,7 +159,9 @@ def _eval_serving(args) -> int:
     if args.json:
         print(json.dumps(summary_json(tab, rows), indent=1))
         return 0
-    print(f"Serving sample: {len(pred)} rows priced, {int((rows['reason'] != '').sum())} not")
+    print(f"Serving sample: {len(pred)} rows priced, {int((rows['reason'] != '').sum())} not"
+          + ("; each GPU's rows by predictors that never saw its kernels" if args.held_out
+             else ""))
     cols = {"nslib_ttft_mape": "TTFT MAPE", "nslib_ttft_ratio": "TTFT pred/meas",
             "nslib_tpot_mape": "TPOT MAPE", "nslib_tpot_ratio": "TPOT pred/meas",
             "roofline_ttft_mape": "roofline TTFT", "roofline_tpot_mape": "roofline TPOT",
@@ -208,6 +211,9 @@ def add_serving_parsers(sub) -> None:
                        "measured TTFT/TPOT sample")
     s.add_argument("--sample", help="silicon_sample.csv (default: the one in the 16-bit data)")
     s.add_argument("--quick", action="store_true", help="quick-profile predictors")
+    s.add_argument("--held-out", action="store_true",
+                   help="price each GPU's rows with predictors trained without its kernels "
+                        "(leave-one-GPU-out folds, cached): the GPU as one nobody measured")
     s.add_argument("--json", action="store_true",
                    help="{framework/model: {GPU: {ttft_mape, tpot_mape, n}}, unpriced: {...}}")
     s.set_defaults(func=_eval_serving)

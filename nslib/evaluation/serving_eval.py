@@ -13,31 +13,39 @@ import numpy as np
 import pandas as pd
 
 from nslib.data.serving_sample import serving_rows
+from nslib.data.settings import Settings
+from nslib.kernels import measured
 from nslib.evaluation.metrics import ape
 from nslib.model.serving import ScaledCost, ServingSetup, StepCost, part_factors, serve
+from nslib.model.stream16 import TENSOR_KINDS
+from nslib.predictors import trained
+from nslib.predictors.mixed_training import kind_table
 
 METHODS = {"nslib": ("nslib", "nslib"), "roofline": ("roofline", "roofline")}
 
 
 def predict_sample(rows: pd.DataFrame | None = None, methods=("nslib", "roofline"),
                    quick: bool = False, data=None, sample=None, mixed=None,
-                   progress: bool = False) -> pd.DataFrame:
+                   progress: bool = False, held_out: bool = False) -> pd.DataFrame:
     """The priced rows of the sample with ``<method>_ttft_ms`` and ``<method>_tpot_ms`` for
     each of ``methods`` (keys of :data:`METHODS`: vector and tensor predictor names), and the
-    bounds where calibrations are cached. Rows whose model cannot be set up on their GPU
-    (e.g. a tp that does not divide the heads) are left out and listed, with the reason, in
-    ``attrs["not_priced"]``."""
+    bounds where calibrations are cached. ``held_out``: each GPU's rows priced by predictors
+    that never saw its kernels (:func:`unseen_predictors`). Rows whose model cannot be set up
+    on their GPU (e.g. a tp that does not divide the heads) are left out and listed, with the
+    reason, in ``attrs["not_priced"]``."""
     rows = serving_rows(sample, mixed) if rows is None else rows
     rows = rows[rows["reason"] == ""].copy()
     groups = list(rows.groupby(["config", "gpu", "tp_size"], sort=True))
     failed = pd.Series("", index=rows.index, dtype=object)
     for method in methods:
-        vec, tensor = METHODS[method]
-        bounds = part_factors(vec, tensor, quick, data)
+        names = METHODS[method]
+        bounds = part_factors(*names, quick, data)
         cols = {f"{method}_{k}": np.full(len(rows), np.nan) for k in (
             "ttft_ms", "tpot_ms", "ttft_lo_ms", "ttft_hi_ms", "tpot_lo_ms", "tpot_hi_ms",
             "ttft_lone_ms", "ttft_burst_ms")}
         for (config, gpu, tp), g in _bar(groups, progress, f"serving ({method})"):
+            vec, tensor = (unseen_predictors(names, gpu, quick, data, mixed) if held_out
+                           else names)
             try:
                 cost = StepCost(ServingSetup(config, gpu, tp=int(tp), predictor=vec,
                                              tensor_predictor=tensor, quick=quick, data=data))
@@ -63,6 +71,23 @@ def predict_sample(rows: pd.DataFrame | None = None, methods=("nslib", "roofline
     out.attrs["not_priced"] = rows.loc[failed != "", ["model_path", "system", "tp_size"]] \
         .assign(reason=failed[failed != ""])
     return out
+
+
+def unseen_predictors(names, gpu: str, quick: bool = False, data=None, mixed=None):
+    """(vector predictor, tensor predictors) of ``names`` (a :data:`METHODS` value) that
+    never saw ``gpu`` (a Device name): the 16-bit GEMM and attention predictors trained
+    without its kernels where the 16-bit data measures them, the FP32 one without them where
+    it is one of the FP32 training GPUs (leave-one-GPU-out folds, cached); names unchanged
+    where the data never measured the GPU."""
+    vec, tensor = names
+    settings = Settings(quick=quick, data=data, mixed=mixed)
+    if gpu in measured.gpu_splits(data)["train_gpus"]:
+        vec = trained(vec, settings, exclude_gpus=[gpu])
+    pair = []
+    for kind in TENSOR_KINDS:
+        seen = gpu in set(kind_table(kind, quick, mixed)["gpu"])
+        pair.append(trained(tensor, settings, kind=kind, exclude_gpus=[gpu] if seen else []))
+    return vec, tuple(pair)
 
 
 def _bar(items, progress: bool, desc: str):
