@@ -11,7 +11,7 @@ import pytest
 from nslib.cli import main
 from nslib.data.gpus import gpu_from_dict
 from nslib.data.settings import Settings
-from nslib.model.serving import Framework, Workload, kv_capacity, serve
+from nslib.model.serving import Framework, Workload, kv_capacity, serve, waiting_note
 from nslib.model.serving.schedule import _mixed, _waves, framework
 from nslib.model.serving.steps import engine_kernels
 from nslib.model.trace import trace
@@ -421,6 +421,11 @@ def test_serving_explorer_view(data_dir, mixed_dir):
     res = serving_curves(["L40S"], "Qwen/Qwen3-32B", Workload(tp=1), most=4,
                          settings=Settings(quick=True))
     assert res["curves"].empty and "not forecast: the weights" in res["notes"][0]
+    # an engine that keeps a request waiting says so above its curves
+    res = serving_curves(["H100"], "meta-llama/Llama-3.1-8B-Instruct",
+                         Workload(tp=1, framework="trtllm"), most=4, settings=Settings(quick=True))
+    assert res["notes"] == [waiting_note("trtllm")] and "all but 1" in res["notes"][0]
+    assert list(res["curves"]["running"]) == [1, 1, 2, 3]
     ex = build_serving_explorer(gpus=["NVIDIA H100 80GB HBM3"],
                                 model="meta-llama/Llama-3.1-8B-Instruct",
                                 workload=Workload(tp=1), most=16,

@@ -22,7 +22,7 @@ GPU_FILE = "--gpu FILE.json"  # where serve takes a datasheet file
 
 def _serve(args) -> int:
     from nslib.data.settings import Settings
-    from nslib.model.serving import FRAMEWORKS, Workload, serving_forecast
+    from nslib.model.serving import FRAMEWORKS, Workload, serving_forecast, waiting_note
     if args.framework not in FRAMEWORKS:
         raise ValueError(f"unknown --framework {args.framework!r}; use one of "
                          f"{', '.join(FRAMEWORKS)}")
@@ -57,11 +57,8 @@ def _serve(args) -> int:
     if len(short):
         print(f"the KV cache holds {fmt_count(short['running'].iloc[0])} requests of this "
               "length: the others queue (their wait is in TTFT)")
-    waiting = FRAMEWORKS[args.framework].waiting
-    if waiting and (frame["concurrency"] > 1).any():
-        print(f"{args.framework} serves all but {waiting} of the requests in flight at once, "
-              "the rest wait (their wait is in TTFT): measured at concurrency 8-32 on the "
-              "silicon sample, extrapolated elsewhere")
+    if (frame["concurrency"] > 1).any() and waiting_note(args.framework):
+        print(waiting_note(args.framework))
     if "interval_coverage" not in frame.attrs:
         hint = calibrate_hint(args.predictor, args.quick, args.tensor_predictor)
         if hint:

@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from nslib.data.settings import Settings
-from nslib.model.serving import Workload, no_fit, serving_forecast
+from nslib.model.serving import Workload, no_fit, serving_forecast, waiting_note
 
 # concurrency points of a curve: powers of two up to the chosen maximum, and the steps between
 POINTS_PER_OCTAVE = 2
@@ -31,12 +31,15 @@ def serving_curves(gpus, model, workload: Workload = Workload(), *, most: int = 
     """``{"curves": frame, "notes": [...], "seconds": s}`` of ``workload`` (a
     :class:`nslib.model.serving.Workload`) on each GPU: the frame has a ``gpu`` column
     and the columns of :func:`nslib.model.serving.serving_forecast`; ``notes`` says which
-    GPUs were left out and why, and where the KV cache makes requests queue. The curves run
+    GPUs were left out and why, where the KV cache makes requests queue, and when the engine
+    keeps requests waiting (:func:`nslib.model.serving.waiting_note`). The curves run
     over ``concurrency`` (default :func:`concurrencies` up to ``most``)."""
     tp = workload.tp
     t0 = time.perf_counter()
     conc = concurrencies(most) if concurrency is None else np.asarray(concurrency)
     parts, notes = [], []
+    if (conc > 1).any() and waiting_note(workload.framework):
+        notes.append(waiting_note(workload.framework))
     for g in gpus:
         name = getattr(g, "name", str(g))
         try:

@@ -117,6 +117,17 @@ def framework(name) -> Framework:
     return FRAMEWORKS[key]
 
 
+def waiting_note(fw) -> str:
+    """What the engine's ``waiting`` requests mean for a forecast, in one line ("" when it
+    keeps none)."""
+    fw = framework(fw)
+    if not fw.waiting:
+        return ""
+    return (f"{fw.name} serves all but {fw.waiting} of the requests in flight at once, the "
+            "rest wait (their wait is in TTFT): measured at concurrency 8-32 on the silicon "
+            "sample, extrapolated elsewhere")
+
+
 def kv_capacity(cost: StepCost, fw: Framework) -> dict:
     """KV-cache room on one GPU: ``{kv_bytes, kv_tokens, weight_bytes, reserved_bytes,
     memory_bytes}`` (tokens over every layer; 0 when the weights do not fit)."""
