@@ -168,6 +168,71 @@ def test_data_dependent_shape_is_a_clear_error(tmp_path):
         problem_trace(path)
 
 
+class _Scheduled(nn.Module):
+    """Built as vision transformers are: Python numbers read from tensors in the constructor
+    (drop-path rates) and a buffer computed from an index grid."""
+
+    def __init__(self, depth=3):
+        super().__init__()
+        self.rates = [x.item() for x in torch.linspace(0, 0.1, depth)]
+        self.blocks = nn.ModuleList(nn.Linear(16, 16) for _ in range(depth))
+        grid = torch.stack(torch.meshgrid(torch.arange(4), torch.arange(4), indexing="ij"))
+        self.register_buffer("index", grid.flatten(1).sum(0))
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = torch.relu(block(x))
+        return x
+
+
+def test_a_constructor_that_reads_tensor_values_is_built():
+    # built again with its small tensors on the CPU, then moved to meta: the same kernels
+    trace = trace_module(_Scheduled().to("meta"), [torch.empty(8, 16, device="meta")])
+    from nslib.model.module_trace import meta_trace
+    got = meta_trace(_Scheduled, lambda: [torch.empty(8, 16)], "scheduled")
+    assert list(got["cls"]) == list(trace["cls"]) and (got["cls"] == "linear").sum() == 3
+
+    class Big(nn.Module):   # reads a value of a tensor too large to make for its value
+        def __init__(self):
+            super().__init__()
+            self.n = int(torch.ones(2048, 1024).sum().item())
+
+    with pytest.raises(ProblemError, match="building the module failed.*real data"):
+        meta_trace(Big, lambda: [], "big")
+
+
+class _OnTheGpu(nn.Module):
+    """Written for a GPU, as research code is: ``.cuda()``, ``device="cuda"``, ``.to(dev)``."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(16, 16).cuda()
+        self.register_buffer("shift", torch.zeros(16, device="cuda"))
+
+    def forward(self, x):
+        x = x.cuda(non_blocking=True)
+        return self.fc(x).to("cuda:0", torch.float32) + self.shift
+
+
+def test_a_module_written_for_a_gpu_traces_on_meta():
+    from nslib.model.module_trace import meta_trace
+    got = meta_trace(_OnTheGpu, lambda: [torch.randn(8, 16)], "gpu code")
+    assert list(got["cls"]) == ["linear", "elementwise"]   # no kernel for the moves
+    # a dtype change still converts (a cast kernel), only the device is dropped
+    class Cast(nn.Module):
+        def forward(self, x):
+            return x.to("cuda", torch.float16)
+    assert list(meta_trace(Cast, lambda: [torch.randn(8, 16)], "cast")["cls"]) == ["memory"]
+
+    class Synced(nn.Linear):   # a torch.cuda call needs a GPU: said, with the fix
+        def forward(self, x):
+            torch.cuda.synchronize()
+            return super().forward(x)
+    if not torch.cuda.is_available():
+        with pytest.raises(ProblemError, match=r"calls a torch.cuda function.*is_available"):
+            meta_trace(lambda: Synced(4, 4), lambda: [torch.randn(2, 4)], "synced")
+
+
 class _Chains(nn.Module):
     """A 2-D batch norm, a 2-D and a 4-D group norm, and a logsumexp (PyTorch's composites)."""
 

@@ -17,6 +17,7 @@ import pandas as pd
 
 from nslib.model.aten import tensors_in
 from nslib.model.blocks import install_hooks
+from nslib.model.meta_devices import on_meta
 from nslib.model.recorder import Tracer, make_modes
 from nslib.model.rnn_trace import RnnError, rnn_hooks
 from nslib.model.trace import mark_storages
@@ -224,7 +225,19 @@ def _input_hint(e: Exception) -> str:
     if "Long" in text and ("Int" in text or "indices" in text):
         return ("token ids and indices need an integer type: give that input as "
                 "8x512:int64 (--inputs) or a torch.long tensor")
-    return "check that the input shapes are the ones the module expects"
+    return CUDA_HINT if _calls_cuda(e) else "check that the input shapes are the ones the " \
+        "module expects"
+
+
+# a torch.cuda call (synchronize, current_device, streams) needs a GPU; tensors do not
+CUDA_HINT = ("the module calls a torch.cuda function, which needs a GPU (its tensors' devices "
+             "do not: they all trace on meta); guard the call with `if "
+             "torch.cuda.is_available():` or leave it out")
+
+
+def _calls_cuda(e: Exception) -> bool:
+    """Whether ``e`` came from a ``torch.cuda`` call on a machine without CUDA."""
+    return "not compiled with CUDA" in str(e) or "No CUDA GPUs" in str(e)
 
 
 def _build_hint(e: Exception) -> str:
@@ -233,13 +246,16 @@ def _build_hint(e: Exception) -> str:
         return ("; the module is built with no arguments: name a zero-argument factory "
                 "instead (def make(): return Net(...), then FILE.py:make), or use "
                 "KernelBench's convention (Model, get_inputs(), get_init_inputs())")
+    if _calls_cuda(e):
+        return f"; {CUDA_HINT}"
     return f"; {DATA_HINT}" if _needs_data(e) else ""
 
 
 def meta_trace(build, make_inputs, label: str, eval_mode: bool = True, mode: str = "inf"
                ) -> pd.DataFrame:
     """:func:`trace_module` (``mode``) of ``build()`` on ``make_inputs()``, both called under
-    ``torch.device("meta")`` (tensors the forward makes without a device stay on meta too).
+    ``torch.device("meta")`` and :func:`nslib.model.meta_devices.on_meta` (every tensor on
+    meta, whatever device the code names: ``.cuda()``, ``device="cuda"``).
     :class:`ProblemError` starting with ``label`` that says which step failed: building the
     module, making its inputs, or its forward (wrong input shapes, or a module that needs real
     data: a data-dependent shape, a CPU-only op)."""
@@ -247,34 +263,59 @@ def meta_trace(build, make_inputs, label: str, eval_mode: bool = True, mode: str
 
     with torch.device("meta"), warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        try:
+        model = _built(build, label)
+        with on_meta():
+            return _traced(model, make_inputs, label, mode, eval_mode)
+
+
+def _traced(model, make_inputs, label: str, mode: str, eval_mode: bool) -> pd.DataFrame:
+    """:func:`meta_trace`'s inputs and trace, on the meta device (its errors said)."""
+    import torch
+
+    try:
+        inputs = [t.to("meta") if isinstance(t, torch.Tensor) else t for t in make_inputs()]
+    except ProblemError:
+        raise
+    except (Exception, SystemExit) as e:
+        raise ProblemError(f"{label}: making its inputs failed ({_why(e)})") from None
+    try:
+        return trace_module(model, inputs, mode, eval_mode=eval_mode)
+    except ProblemError as e:
+        raise ProblemError(f"{label}: {e}") from None
+    except (Exception, SystemExit) as e:  # the module's code raises anything on meta
+        shapes = ", ".join(_described(t) for t in inputs) or "none"
+        if any(f.name == "pack_padded_sequence"
+               for f in traceback.extract_tb(e.__traceback__)):
+            raise ProblemError(f"{label}: a packed sequence is not traced (its lengths "
+                               "are data); give the recurrent layers the padded batch "
+                               "(batch x steps x features)") from None
+        hint = DATA_HINT if _needs_data(e) else _input_hint(e)
+        what = "forward" if mode == "inf" else "forward or backward"
+        raise ProblemError(f"{label}: its {what} failed on the meta device with inputs "
+                           f"[{shapes}] ({_why(e)}); {hint}") from None
+
+
+def _built(build, label: str):
+    """``build()`` with every tensor on meta (:func:`nslib.model.meta_devices.on_meta`). A
+    constructor that reads tensor values (``[x.item() for x in torch.linspace(0, rate,
+    depth)]``, common in vision transformers) fails there; it is built again with its small
+    tensors on the CPU and the module then moved to meta. :class:`ProblemError` naming the
+    first failure."""
+    try:
+        with on_meta():
+            return build()
+    except ProblemError:
+        raise
+    except (Exception, SystemExit) as e:  # the user's constructor raises anything
+        first = e
+    if _needs_data(first):
+        model = None
+        with contextlib.suppress(Exception, SystemExit), on_meta(small_on_cpu=True):
             model = build()
-        except ProblemError:
-            raise
-        except (Exception, SystemExit) as e:  # the user's constructor raises anything
-            raise ProblemError(f"{label}: building the module failed ({_why(e)})"
-                               + _build_hint(e)) from None
-        try:
-            inputs = [t.to("meta") if isinstance(t, torch.Tensor) else t for t in make_inputs()]
-        except ProblemError:
-            raise
-        except (Exception, SystemExit) as e:
-            raise ProblemError(f"{label}: making its inputs failed ({_why(e)})") from None
-        try:
-            return trace_module(model, inputs, mode, eval_mode=eval_mode)
-        except ProblemError as e:
-            raise ProblemError(f"{label}: {e}") from None
-        except (Exception, SystemExit) as e:  # the module's code raises anything on meta
-            shapes = ", ".join(_described(t) for t in inputs) or "none"
-            if any(f.name == "pack_padded_sequence"
-                   for f in traceback.extract_tb(e.__traceback__)):
-                raise ProblemError(f"{label}: a packed sequence is not traced (its lengths "
-                                   "are data); give the recurrent layers the padded batch "
-                                   "(batch x steps x features)") from None
-            hint = DATA_HINT if _needs_data(e) else _input_hint(e)
-            what = "forward" if mode == "inf" else "forward or backward"
-            raise ProblemError(f"{label}: its {what} failed on the meta device with inputs "
-                               f"[{shapes}] ({_why(e)}); {hint}") from None
+        if model is not None:
+            return model.to("meta") if hasattr(model, "to") else model
+    raise ProblemError(f"{label}: building the module failed ({_why(first)})"
+                       + _build_hint(first)) from None
 
 
 def _described(t) -> str:
