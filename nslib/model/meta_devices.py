@@ -5,10 +5,11 @@ device="cuda")``, ``x.to(device)`` with ``device`` picked by ``torch.cuda.is_ava
 None of that may run here (no GPU, and a CPU copy would allocate the weights), and none of it
 changes which kernels the model launches. :func:`on_meta` makes every tensor a factory
 function makes land on meta whatever device it names, and turns device moves
-(``Tensor.cuda``, ``Tensor.cpu``, ``Tensor.to(device)``) into no moves (a dtype change is
-kept). With ``small_on_cpu``, tensors of at most :data:`SMALL_ON_CPU` elements are made on the
-CPU instead, so that a constructor can read their values (drop-path rates from
-``torch.linspace(...).item()``); the caller moves the built module to meta.
+(``Tensor.cuda``, ``Tensor.cpu``, ``Tensor.to(device)``) into moves to meta (a dtype change
+is kept: a cast is a kernel). With ``small_on_cpu``, tensors of at most :data:`SMALL_ON_CPU`
+elements are made on the CPU instead and device moves move nothing, so that a constructor
+can read their values (drop-path rates from ``torch.linspace(...).item()``); the caller moves
+the built module to meta, outside the block.
 """
 from __future__ import annotations
 
