@@ -224,6 +224,16 @@ def test_a_module_written_for_a_gpu_traces_on_meta():
             return x.to("cuda", torch.float16)
     assert list(meta_trace(Cast, lambda: [torch.randn(8, 16)], "cast")["cls"]) == ["memory"]
 
+    class Amp(nn.Linear):      # CUDA autocast cannot run here: said, priced as FP32
+        def forward(self, x):
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                return super().forward(x)
+    from nslib.model.module_predict import trace_notes
+    amp = meta_trace(lambda: Amp(4, 4), lambda: [torch.randn(2, 4)], "amp")
+    if not torch.cuda.is_available():
+        assert any("CUDA autocast" in n for n in trace_notes(amp))
+    assert not any("autocast" in n for n in trace_notes(got))
+
     class Synced(nn.Linear):   # a torch.cuda call needs a GPU: said, with the fix
         def forward(self, x):
             torch.cuda.synchronize()

@@ -211,8 +211,8 @@ def module_trace_of(model, inputs=None, eval_mode: bool = True, mode: str = "inf
 
 
 def trace_notes(trace: pd.DataFrame) -> list[str]:
-    """Warnings a module's trace carries: branches on tensor values taken as True, and
-    tensors in a floating format other than FP32 (priced as FP32 kernels)."""
+    """Warnings a module's trace carries: branches on tensor values taken as True, tensors
+    in a floating format other than FP32 and CUDA autocast (priced as FP32 kernels)."""
     notes = []
     reads = int(trace.attrs.get("bool_reads", 0))
     if reads:
@@ -224,6 +224,10 @@ def trace_notes(trace: pd.DataFrame) -> list[str]:
         notes.append(f"the module holds {', '.join(other)} tensors: --module prices FP32 "
                      "kernels, so this is the FP32 step's forecast (a 16-bit model: --model "
                      "CONFIG --dtype bf16)")
+    if trace.attrs.get("autocast"):
+        notes.append("the module runs under CUDA autocast (mixed precision), which a trace "
+                     "without a GPU cannot enter: this is the FP32 step's forecast, as if "
+                     "autocast were off")
     return notes
 
 

@@ -47,7 +47,8 @@ def trace_module(model, inputs, mode: str = "inf", eval_mode: bool = True,
     calls). ``frame.attrs["bool_reads"]``: the boolean tensor values the module read (a branch
     on data, ``if x.sum() > 0``), each taken as True: a meta tensor has no values;
     ``frame.attrs["other_floats"]``: floating dtypes other than FP32 among the parameters,
-    buffers and inputs (the rows are FP32 kernels all the same)."""
+    buffers and inputs (the rows are FP32 kernels all the same); ``frame.attrs["autocast"]``:
+    the module entered CUDA autocast, which turns itself off without a GPU (the rows are FP32)."""
     import torch
 
     if mode not in ("inf", "train"):
@@ -62,8 +63,8 @@ def trace_module(model, inputs, mode: str = "inf", eval_mode: bool = True,
         mark_storages(tracer, model, [t for t in inputs if isinstance(t, torch.Tensor)])
         handles = install_hooks(model, tracer) + rnn_hooks(model, tracer, train)
         try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("default")   # kept, not shown: autocast's looked for
                 with torch.set_grad_enabled(train), recorder, calls:
                     out = model(*inputs)
                     tracer.mark([t for t in tensors_in(out, []) if isinstance(t, torch.Tensor)],
@@ -77,6 +78,8 @@ def trace_module(model, inputs, mode: str = "inf", eval_mode: bool = True,
             for h in handles:
                 h.remove()
     frame = tracer.frame()
+    # torch.autocast("cuda") turns itself off without a GPU: the step ran in FP32
+    frame.attrs["autocast"] = any("Disabling autocast" in str(w.message) for w in caught)
     frame.attrs["unknown_ops"] = dict(tracer.unknown)
     frame.attrs["bool_reads"] = tracer.bool_reads
     tensors = [*model.parameters(), *model.buffers(),
