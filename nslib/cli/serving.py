@@ -57,8 +57,9 @@ def _serve(args) -> int:
     if len(short):
         print(f"the KV cache holds {fmt_count(short['running'].iloc[0])} requests of this "
               "length: the others queue (their wait is in TTFT)")
-    if (frame["concurrency"] > 1).any() and waiting_note(args.framework):
-        print(waiting_note(args.framework))
+    waits = waiting_note(args.framework)
+    if waits and (frame["concurrency"] > 1).any():
+        print(waits)
     if "interval_coverage" not in frame.attrs:
         hint = calibrate_hint(args.predictor, args.quick, args.tensor_predictor)
         if hint:

@@ -37,6 +37,7 @@ def predict_sample(rows: pd.DataFrame | None = None, methods=("nslib", "roofline
     rows = rows[rows["reason"] == ""].copy()
     groups = list(rows.groupby(["config", "gpu", "tp_size"], sort=True))
     failed = pd.Series("", index=rows.index, dtype=object)
+    seen = measured_gpus(quick, data, mixed) if held_out else None   # read once, not per group
     for method in methods:
         names = METHODS[method]
         bounds = part_factors(*names, quick, data)
@@ -44,7 +45,7 @@ def predict_sample(rows: pd.DataFrame | None = None, methods=("nslib", "roofline
             "ttft_ms", "tpot_ms", "ttft_lo_ms", "ttft_hi_ms", "tpot_lo_ms", "tpot_hi_ms",
             "ttft_lone_ms", "ttft_burst_ms")}
         for (config, gpu, tp), g in _bar(groups, progress, f"serving ({method})"):
-            vec, tensor = (unseen_predictors(names, gpu, quick, data, mixed) if held_out
+            vec, tensor = (unseen_predictors(names, gpu, quick, data, mixed, seen) if held_out
                            else names)
             try:
                 cost = StepCost(ServingSetup(config, gpu, tp=int(tp), predictor=vec,
@@ -73,21 +74,31 @@ def predict_sample(rows: pd.DataFrame | None = None, methods=("nslib", "roofline
     return out
 
 
-def unseen_predictors(names, gpu: str, quick: bool = False, data=None, mixed=None):
+def measured_gpus(quick: bool = False, data=None, mixed=None) -> dict[str, set]:
+    """``{kind: Device names}`` of the GPUs whose kernels train each predictor kind: ``fp32``
+    (the FP32 training GPUs) and the 16-bit :data:`TENSOR_KINDS`."""
+    out = {"fp32": set(measured.gpu_splits(data)["train_gpus"])}
+    out.update({kind: set(kind_table(kind, quick, mixed)["gpu"]) for kind in TENSOR_KINDS})
+    return out
+
+
+def unseen_predictors(names, gpu: str, quick: bool = False, data=None, mixed=None,
+                      seen: dict | None = None):
     """(vector predictor, tensor predictors) of ``names`` (a :data:`METHODS` value) that
     never saw ``gpu`` (a Device name): the 16-bit GEMM and attention predictors trained
     without its kernels where the 16-bit data measures them, the FP32 one without them where
     it is one of the FP32 training GPUs (leave-one-GPU-out folds, cached); names unchanged
-    where the data never measured the GPU."""
+    where the data never measured the GPU. ``seen``: :func:`measured_gpus` when the caller
+    holds it."""
     vec, tensor = names
+    seen = measured_gpus(quick, data, mixed) if seen is None else seen
     settings = Settings(quick=quick, data=data, mixed=mixed)
-    if gpu in measured.gpu_splits(data)["train_gpus"]:
+    if gpu in seen["fp32"]:
         vec = trained(vec, settings, exclude_gpus=[gpu])
-    pair = []
-    for kind in TENSOR_KINDS:
-        seen = gpu in set(kind_table(kind, quick, mixed)["gpu"])
-        pair.append(trained(tensor, settings, kind=kind, exclude_gpus=[gpu] if seen else []))
-    return vec, tuple(pair)
+    pair = tuple(trained(tensor, settings, kind=kind,
+                         exclude_gpus=[gpu] if gpu in seen[kind] else [])
+                 for kind in TENSOR_KINDS)
+    return vec, pair
 
 
 def _bar(items, progress: bool, desc: str):
@@ -133,9 +144,9 @@ def waiting_requests(rows: pd.DataFrame) -> pd.DataFrame:
     keys = ["framework", "model_path", "gpu", "isl", "batch_size", "tp_size"]
     slopes = []
     for key, g in rows.groupby(keys, sort=True):
-        gap = (g["osl"] * g["silicon_tpot_ms"] / g["batch_size"]).to_numpy(float)
         if g["osl"].nunique() < 2:
             continue
+        gap = (g["osl"] * g["silicon_tpot_ms"] / g["batch_size"]).to_numpy(float)
         ttft = g["silicon_ttft_ms"].to_numpy(float)
         slope = np.polyfit(gap, ttft, 1)[0]
         slopes.append(dict(zip(keys, key), slope=float(slope)))

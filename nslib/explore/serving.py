@@ -38,8 +38,9 @@ def serving_curves(gpus, model, workload: Workload = Workload(), *, most: int = 
     t0 = time.perf_counter()
     conc = concurrencies(most) if concurrency is None else np.asarray(concurrency)
     parts, notes = [], []
-    if (conc > 1).any() and waiting_note(workload.framework):
-        notes.append(waiting_note(workload.framework))
+    waits = waiting_note(workload.framework)
+    if waits and (conc > 1).any():
+        notes.append(waits)
     for g in gpus:
         name = getattr(g, "name", str(g))
         try:
