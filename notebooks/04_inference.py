@@ -198,7 +198,10 @@ by_batch
 # each operator call costs it the campaign's cheapest level-1 call (about 3 us on one machine,
 # 21-50 us on the others) times the class's floor ratio, not the NeuSight hosts' floor; a
 # call's further kernels (cuDNN's per-step kernels) are launched from C++, each at 0.175 of
-# that call (`nslib.model.stream.library_launch_ms`).
+# that call (`nslib.model.stream.library_launch_ms`). Beside the errors, `trial_cv` is how
+# steady each machine was while it measured: the median over the problems of their 100 trials'
+# standard deviation over their mean (%). Where nothing else ran it is a few %; a campaign far
+# above the others timed more than its GPU's work, and a forecast of the GPU cannot follow it.
 
 # %%
 from nslib.data.paths import DataNotFoundError
@@ -220,7 +223,8 @@ for level, st in kb_steps.items():
     skipped = st[st["reason"] != ""].drop_duplicates("problem")
     save_table(skipped.set_index("problem")[["reason", "unpriced", "unpriced_share"]],
                f"04_kernelbench_level{level}_unpriced", out)
-    bars = per_gpu.rename(columns={"n_priced": "n"}).drop(columns="n_total")
+    bars = per_gpu.rename(columns={"n_priced": "n"}).drop(columns=["n_total", "trial_cv"],
+                                                         errors="ignore")
     fig = error_bars(bars, f"KernelBench level {level}: median error of the priced problems")
     fig.axes[0].set_ylabel("median APE (%)")
     save_figure(fig, f"04_kernelbench_level{level}", out)

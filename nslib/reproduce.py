@@ -145,7 +145,9 @@ HEADLINE = {"11_reported_vs_reproduced.csv": "The paper side by side: mean end-t
                                           "over the GPUs",
             "04_kernelbench_level3.csv": "KernelBench level 3 (whole small models, any "
                                          "PyTorch module traced): median APE (%) per "
-                                         "campaign over the priced problems",
+                                         "campaign over the priced problems; trial_cv: "
+                                         "median spread of each problem's timed trials "
+                                         "(std / mean, %), how steady the machine was",
             "04_kernelbench_level2.csv": "KernelBench level 2 (short fused chains): median "
                                          "APE (%) per campaign",
             "04_inf_summary.csv": "Inference: mean end-to-end error (%) per GPU",

@@ -325,7 +325,10 @@ def campaign(tmp_path):
         (camp / f"level{level}").mkdir(parents=True)
         for name, text in files.items():
             (camp / f"level{level}" / name).write_text(text)
-        entries[f"level{level}"] = {k: {"mean": 0.2, "hardware": "Fake GPU 9"} for k in files}
+        # the trials spread 1, 2 and 6 % of their mean
+        entries[f"level{level}"] = {k: {"mean": 0.2, "std": 0.002 * [1, 2, 6][i],
+                                        "hardware": "Fake GPU 9"}
+                                    for i, k in enumerate(files)}
     (camp / kb.TIMING_FILE).write_text(json.dumps(entries))
     return root
 
@@ -343,6 +346,12 @@ def test_level3_scored_with_unpriced_listed(campaign, data_dir):
     assert [km.family(p, 3) for p in by.index] == ["cnn", "recurrent", "other"]
     js = km.summary_json(steps, "roofline")
     assert js["Fake GPU 9"]["n_priced"] == 2 and js["Fake GPU 9"]["n_total"] == 3
+    # the trials' spread: std over mean per problem, its median (%) per GPU and family
+    assert by["trial_cv"].tolist() == pytest.approx([0.01, 0.02, 0.06])
+    assert js["Fake GPU 9"]["trial_cv"] == pytest.approx(2.0)
+    assert km.summary(steps, by=("family",))["trial_cv"].to_dict() == pytest.approx(
+        {"cnn": 1.0, "other": 6.0, "recurrent": 2.0})
+    assert "trial_cv" not in km.summary(steps.drop(columns="trial_cv"))
 
 
 def test_price_issues_calls_at_the_campaigns_host(campaign, data_dir):
@@ -374,7 +383,7 @@ def test_cli_eval_models_kernelbench(campaign, data_dir, capsys):
     assert main(["eval-models", "--kernelbench", str(campaign), "--level", "3",
                  "--predictor", "roofline", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert set(out["Fake GPU 9"]) == {"median_error", "n_priced", "n_total"}
+    assert set(out["Fake GPU 9"]) == {"median_error", "n_priced", "n_total", "trial_cv"}
     assert main(["eval-models", "--kernelbench", str(campaign), "--logo"]) == 2
     assert "drop --logo" in capsys.readouterr().err
 

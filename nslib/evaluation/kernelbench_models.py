@@ -64,8 +64,10 @@ def family(problem: str, level: int) -> str:
 
 def problem_steps(root=None, level: int = 3, progress: bool = True) -> pd.DataFrame:
     """One row per (campaign, problem): ``campaign, problem, hardware, family, latency_ms``,
-    ``n_kernels``, ``unpriced`` (aten ops without a mapping, ``op xN``; "" when none),
-    ``unpriced_share`` (their share of the traced calls), ``reason`` ("" when priced)."""
+    ``trial_cv`` (the spread of the harness's trials: their standard deviation over their mean,
+    NaN where the file gives none), ``n_kernels``, ``unpriced`` (aten ops without a mapping,
+    ``op xN``; "" when none), ``unpriced_share`` (their share of the traced calls), ``reason``
+    ("" when priced)."""
     times = kb.timings(root, level)
     sheets = kb.datasheets(root)
     rows = []
@@ -73,6 +75,7 @@ def problem_steps(root=None, level: int = 3, progress: bool = True) -> pd.DataFr
                   desc=f"KernelBench level {level}"):
         row = {"campaign": t.campaign, "problem": t.problem, "hardware": t.hardware,
                "family": family(t.problem, level), "latency_ms": t.latency_ms,
+               "trial_cv": t.std_ms / t.latency_ms,
                "n_kernels": 0, "unpriced": "", "unpriced_share": 0.0, "reason": "",
                "path": t.path}
         if t.hardware not in sheets:
@@ -162,21 +165,29 @@ def evaluate(predictors=("nslib", "roofline"), root=None, level: int = 3,
 
 
 def summary(steps: pd.DataFrame, by=("hardware",)) -> pd.DataFrame:
-    """Per group: median APE (%) of each predictor over the priced problems, ``n_priced`` and
-    ``n_total``."""
+    """Per group: median APE (%) of each predictor over the priced problems, ``n_priced``,
+    ``n_total`` and, where the timings give it, ``trial_cv``: the median over the group's
+    problems of their trials' standard deviation over their mean (%), how steady the machine
+    was while it measured (a few % where nothing else ran; a campaign far above its peers
+    measured something besides its GPU's work, and no forecast of the GPU can follow it)."""
     names = [c.removeprefix("err_") for c in steps.columns if c.startswith("err_")]
     keys = [steps[b] for b in by]
     tab = steps.groupby(keys, sort=True)[[f"err_{n}" for n in names]].median()
     tab.columns = names
     tab["n_priced"] = (steps["reason"] == "").groupby(keys, sort=True).sum()
     tab["n_total"] = steps.groupby(keys, sort=True).size()
+    if "trial_cv" in steps:
+        tab["trial_cv"] = 100 * steps["trial_cv"].groupby(keys, sort=True).median()
     return tab
 
 
 def summary_json(steps: pd.DataFrame, predictor: str = "nslib") -> dict:
-    """``{GPU: {median_error, n_priced, n_total}}`` of one predictor (the issue's JSON)."""
+    """``{GPU: {median_error, n_priced, n_total, trial_cv}}`` of one predictor (the issue's
+    JSON; ``trial_cv`` as in :func:`summary`, %, null where the timings give no spread)."""
     tab = summary(steps)
-    return {g: {"median_error": (round(float(r[predictor]), 2) if pd.notna(r[predictor])
-                                 else None),
-                "n_priced": int(r["n_priced"]), "n_total": int(r["n_total"])}
+
+    def number(v):
+        return round(float(v), 2) if pd.notna(v) else None
+    return {g: {"median_error": number(r[predictor]), "n_priced": int(r["n_priced"]),
+                "n_total": int(r["n_total"]), "trial_cv": number(r.get("trial_cv"))}
             for g, r in tab.iterrows()}
