@@ -32,7 +32,7 @@ logo_predictors = ["nslib", "roofline", "habitat", "li"]  # also priced leave-on
 seed = 0
 quick = False      # quick profile: quick-trained predictors, a subset of configurations
 kernelbench = None  # KernelBench timings folder; None: $NSLIB_KERNELBENCH or datasets/kernelbench
-kernelbench_levels = [3, 2]  # its whole models (3) and fused chains (2); [] skips the section
+kernelbench_levels = [3, 2, 1]  # whole models, fused chains, single operators; [] skips
 own_modules = True  # forecast two modules written below on every datasheet of the data
 mixed = None       # 16-bit data root (its datasheets give tensor-core peaks); None: $NSLIB_MIXED or datasets/mixed
 
@@ -192,7 +192,10 @@ by_batch
 # datasheet's roofline says that form is faster), batch norms
 # and pooling as streams (a 2-D batch norm, a group norm and `logsumexp` as the several kernels
 # PyTorch launches for them), recurrent layers as cuDNN's standard algorithm launches them
-# (`nslib.evaluation.kernelbench_models`; `nslib eval-models --kernelbench --level 3`).
+# (`nslib.evaluation.kernelbench_models`; `nslib eval-models --kernelbench --level 3`). Level 1
+# checks those kernels one operator at a time: its single convolutions, poolings, norms,
+# reductions and losses (the operators the kernel table of notebook 02 has no class for), each
+# priced as a one-call step, per family.
 # Predictors are trained on the NeuSight training GPUs; problems that do not trace, or hold ops
 # without a kernel mapping, are listed with the reason, not scored. The host is the campaign's:
 # each operator call costs it the campaign's cheapest level-1 call (about 3 us on one machine,

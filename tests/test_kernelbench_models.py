@@ -158,6 +158,37 @@ def test_custom_attention_block_by_hand():
     assert (sm["B"], sm["H"]) == (2 * 4 * 8, 8)
 
 
+class _Losses(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(16, 10)
+
+    def forward(self, x, y, t):
+        z = self.lin(x)
+        return (nn.functional.cross_entropy(z, t) + nn.functional.huber_loss(z, y)
+                + nn.functional.mse_loss(z, y) + torch.diag_embed(z).sum())
+
+
+def test_losses_are_memory_passes():
+    # cross entropy: log-softmax rows, then nll gathering (reads the 8 int64 targets and as
+    # many log-probabilities as it writes, 2 values); Huber / MSE read both 8 x 10 operands
+    with torch.device("meta"):
+        m, ins = _Losses(), [torch.randn(8, 16), torch.rand(8, 10), torch.randint(0, 10, (8,))]
+    tr = trace_module(m, ins)
+    assert not tr.attrs["unknown_ops"]
+    ops = [a.split(".")[1] for a in tr["aten"]]
+    assert [o for o in ops if o != "add"] == ["addmm", "_log_softmax", "nll_loss_forward",
+                                             "huber_loss", "mse_loss", "diag_embed", "sum"]
+    by = tr.assign(op_name=ops).drop_duplicates("op_name").set_index("op_name")
+    assert by.loc["nll_loss_forward", "bytes"] == 8 * 8 + 2 * 4 + 2 * 4
+    assert by.loc["huber_loss", "bytes"] == 2 * 80 * 4 + 4
+    assert by.loc["diag_embed", "H"] == 8 * 10 * 10
+    back = trace_module(m, ins, mode="train")
+    assert not back.attrs["unknown_ops"]
+    assert {"nll_loss_backward", "huber_loss_backward", "mse_loss_backward"} <= {
+        a.split(".")[1] for a in back.loc[back["phase"] == "bw", "aten"]}
+
+
 def test_data_dependent_shape_is_a_clear_error(tmp_path):
     path = tmp_path / "1_Dynamic.py"
     path.write_text("import torch\nimport torch.nn as nn\nclass Model(nn.Module):\n"
@@ -316,12 +347,18 @@ LEVEL3 = {
 }
 
 
+LEVEL1 = {   # a kernel-table row (the ReLU) and an operator the table has no class for
+    "1_ReLU.py": _problem("torch.relu(x)", "[torch.randn(16, 4096)]", ctor="pass"),
+    "2_Conv.py": _problem("self.conv(x)", "[torch.randn(2, 3, 32, 32)]",
+                          ctor="self.conv = nn.Conv2d(3, 8, 3)"),
+}
+
+
 @pytest.fixture
 def campaign(tmp_path):
     root, camp = fake_root(tmp_path)
     entries = {}
-    for level, files in ((1, {"1_ReLU.py": _problem("torch.relu(x)", "[torch.randn(16, 4096)]",
-                                                    ctor="pass")}), (3, LEVEL3)):
+    for level, files in ((1, LEVEL1), (3, LEVEL3)):
         (camp / f"level{level}").mkdir(parents=True)
         for name, text in files.items():
             (camp / f"level{level}" / name).write_text(text)
@@ -352,6 +389,20 @@ def test_level3_scored_with_unpriced_listed(campaign, data_dir):
     assert km.summary(steps, by=("family",))["trial_cv"].to_dict() == pytest.approx(
         {"cnn": 1.0, "other": 6.0, "recurrent": 2.0})
     assert "trial_cv" not in km.summary(steps.drop(columns="trial_cv"))
+
+
+def test_level1_scores_the_operators_the_kernel_table_skips(campaign, data_dir):
+    steps = km.evaluate(["roofline"], root=campaign, level=1,
+                        settings=Settings(progress=False))
+    assert steps["problem"].tolist() == ["2_Conv.py"]   # the ReLU is the kernel table's
+    assert steps["family"].tolist() == ["convolution"] and steps["pred_roofline"].iloc[0] > 0
+    names = {"33_BatchNorm.py": "normalization", "43_Max_Pooling_3D.py": "pooling",
+             "51_Argmax_over_a_dimension.py": "reduction", "89_cumsum.py": "reduction",
+             "94_MSELoss.py": "loss", "25_Swish.py": "other",
+             "75_conv_transposed_2D_asymmetric_input.py": "convolution"}
+    assert {p: km.family(p, 1) for p in names} == names
+    with pytest.raises(ValueError, match="level must be 1"):
+        km.evaluate(["roofline"], root=campaign, level=4, settings=Settings(progress=False))
 
 
 def test_price_issues_calls_at_the_campaigns_host(campaign, data_dir):

@@ -18,7 +18,7 @@ from nslib.data.settings import Settings
 def _eval_kernelbench_models(args) -> int:
     from nslib.evaluation import kernelbench_models as km
     if args.logo or args.gpus or args.models or args.mode != "inf":
-        raise ValueError("--kernelbench scores KernelBench's level-2/3 problems (inference, as "
+        raise ValueError("--kernelbench scores KernelBench's problems (inference, as "
                          "its harness ran them) on their own GPUs: drop --logo, --gpus, "
                          "--models and --mode")
     names = list(dict.fromkeys(args.predictor + ["roofline"]))
@@ -100,11 +100,14 @@ def add_eval_models_parser(sub) -> None:
                    help="also price each training GPU's labels with the predictor trained "
                         "without it (JSON: {'<predictor> (<protocol>)': {GPU: error}})")
     s.add_argument("--kernelbench", nargs="?", const="", metavar="DIR",
-                   help="score KernelBench's level-2/3 problems (any PyTorch module) against "
+                   help="score KernelBench's problems (any PyTorch module; --level) against "
                         "their measured times instead (DIR, default: $NSLIB_KERNELBENCH or "
-                        "datasets/kernelbench; JSON: {GPU: {median_error, n_priced, n_total}})")
-    s.add_argument("--level", type=int, choices=(2, 3), default=3,
-                   help="with --kernelbench: 2 (fused chains) or 3 (whole models; default)")
+                        "datasets/kernelbench; JSON: {GPU: {median_error, n_priced, n_total, "
+                        "trial_cv}})")
+    s.add_argument("--level", type=int, choices=(1, 2, 3), default=3,
+                   help="with --kernelbench: 3 (whole models; default), 2 (fused chains) or 1 "
+                        "(the single operators eval-kernels has no class for: convolutions, "
+                        "pooling, norms, reductions, losses)")
     s.add_argument("--seed", type=arg_int(minimum=0), default=0)
     s.add_argument("--quick", action="store_true", help="the quick profile (tests)")
     s.add_argument("--json", action="store_true",

@@ -1,5 +1,9 @@
 """KernelBench's level-2 (short fused chains) and level-3 (whole small models) problems as
 whole-step checks: any PyTorch module, traced and priced, against its measured eager time.
+Level 1's single operators that the kernel table (:mod:`nslib.evaluation.kernelbench`) has no
+class for (convolutions, pooling, norms, reductions, losses, operators of several kernels) are
+checked the same way, one operator call each: the kernels a module's layers map to, one
+family at a time.
 
 Each problem file is traced on the meta device as KernelBench's harness runs it (the module as
 built, in training mode, under ``no_grad``; :func:`nslib.model.module_trace.problem_trace`),
@@ -44,6 +48,8 @@ from nslib.model.tf32 import tensor_for, tensor_gemm
 
 # (family, words of the problem name), first match wins; level 2 by its first operator
 FAMILIES = {
+    1: (("convolution", ("conv",)), ("pooling", ("pool",)), ("normalization", ("norm",)),
+        ("reduction", ("reduction", "argm", "cum")), ("loss", ("loss",))),
     3: (("recurrent", ("rnn", "lstm", "ltsm", "gru")),
         ("attention", ("attention", "gpt", "transformer", "vit", "swin")),
         ("mlp", ("mlp",)),
@@ -62,13 +68,17 @@ def family(problem: str, level: int) -> str:
     return "other"
 
 
-def problem_steps(root=None, level: int = 3, progress: bool = True) -> pd.DataFrame:
-    """One row per (campaign, problem): ``campaign, problem, hardware, family, latency_ms``,
+def problem_steps(root=None, level: int = 3, progress: bool = True,
+                  keep: set | None = None) -> pd.DataFrame:
+    """One row per (campaign, problem) (those in ``keep``, a set of such pairs, when given):
+    ``campaign, problem, hardware, family, latency_ms``,
     ``trial_cv`` (the spread of the harness's trials: their standard deviation over their mean,
     NaN where the file gives none), ``n_kernels``, ``unpriced`` (aten ops without a mapping,
     ``op xN``; "" when none), ``unpriced_share`` (their share of the traced calls), ``reason``
     ("" when priced)."""
     times = kb.timings(root, level)
+    if keep is not None:
+        times = times[[(c, p) in keep for c, p in zip(times["campaign"], times["problem"])]]
     sheets = kb.datasheets(root)
     rows = []
     for t in tqdm(times.itertuples(index=False), total=len(times), disable=not progress,
@@ -140,16 +150,21 @@ def evaluate(predictors=("nslib", "roofline"), root=None, level: int = 3,
     """:func:`problem_steps` with ``pred_<name>`` (ms) and ``err_<name>`` (APE, %) per
     predictor (registered names, trained on the NeuSight training GPUs with ``settings`` and
     the training ``overrides``; ``tf32``: convolutions in TF32 where a datasheet allows,
-    :func:`price`)."""
+    :func:`price`). ``level`` 1 scores the level-1 problems the kernel table skips."""
     from nslib.predictors import trained
 
     s = settings_of(settings)
     data, progress = s.data, s.progress
-    if level not in (2, 3):
-        raise ValueError(f"level must be 2 (fused chains) or 3 (whole models), not {level}")
-    steps = problem_steps(root, level, progress)
+    if level not in (1, 2, 3):
+        raise ValueError(f"level must be 1 (the single operators the kernel table has no "
+                         f"class for), 2 (fused chains) or 3 (whole models), not {level}")
     # each campaign's per-call cost, bounded on its level-1 problems (once for every predictor)
-    harness = level1.harness_ms(level1.problem_rows(root, 1, progress=False)[0])
+    kernels, skipped = level1.problem_rows(root, 1, progress=False)
+    harness = level1.harness_ms(kernels)
+    # level 1: the operators the kernel table skips (convolutions, pooling, norms, reductions,
+    # losses, ops of several kernels), each priced as a one-call step as in a model
+    keep = set(zip(skipped["campaign"], skipped["problem"])) if level == 1 else None
+    steps = problem_steps(root, level, progress, keep)
     lacking = sorted(set(steps["campaign"]) - set(harness.index)) if len(steps) else []
     if lacking:
         raise ValueError(f"campaign(s) {', '.join(lacking)}: no priced level-1 problem, which "

@@ -42,7 +42,8 @@ Mapping choices (what a CUDA build of PyTorch 2.1 launches for these ops):
   ``where``, ``masked_fill``, comparisons and logical ops (mask building), reductions
   (``sum``, ``mean``, ``max``, ``argmax``, ``cumsum``; e.g. bias gradients), fills
   (``zeros``, ``ones_like``, ``fill_``; they launch a fill kernel), RNG fills and
-  ``native_dropout`` -> ``memory``, ``op="mem"``, ``B = 1``, ``H`` = elements written,
+  ``native_dropout``, losses (``mse_loss``, ``smooth_l1_loss``, ``nll_loss_forward``, ...) and
+  their gradients -> ``memory``, ``op="mem"``, ``B = 1``, ``H`` = elements written,
   ``bytes`` = bytes read + written at their real dtypes (gathers read only the rows they
   gather; ``embedding_dense_backward`` reads the gradient and writes the table gradient).
 - No row: views, reshapes, permutes, transposes, ``expand``, ``t``, ``detach``, ``alias``,
@@ -140,9 +141,17 @@ MEMORY = {
         "max_pool2d_with_indices", "max_pool3d_with_indices", "max_pool1d", "max_pool2d",
         "max_pool3d", "avg_pool1d", "avg_pool2d", "avg_pool3d", "_adaptive_avg_pool2d",
         "_adaptive_avg_pool3d", "adaptive_max_pool2d", "adaptive_max_pool3d",
-        "upsample_nearest2d", "upsample_bilinear2d", "pixel_shuffle", "channel_shuffle")},
+        "upsample_nearest2d", "upsample_bilinear2d", "pixel_shuffle", "channel_shuffle",
+        "diag_embed",
+        # losses and their gradients: an elementwise pass over the inputs and a reduction
+        "mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss", "soft_margin_loss",
+        "binary_cross_entropy", "binary_cross_entropy_with_logits", "mse_loss_backward",
+        "smooth_l1_loss_backward", "huber_loss_backward", "soft_margin_loss_backward",
+        "binary_cross_entropy_backward", "nll_loss_backward", "nll_loss2d_backward")},
     **{k: "gather" for k in (
-        "embedding", "index_select", "index", "gather", "take", "take_along_dim")},
+        "embedding", "index_select", "index", "gather", "take", "take_along_dim",
+        # the negative log-likelihood reads one log-probability per target
+        "nll_loss_forward", "nll_loss2d_forward")},
     **{k: "scatter" for k in (
         "index_add", "index_put", "_index_put_impl", "index_copy", "scatter", "scatter_add",
         "scatter_reduce")},
