@@ -158,6 +158,24 @@ def test_custom_attention_block_by_hand():
     assert (sm["B"], sm["H"]) == (2 * 4 * 8, 8)
 
 
+def test_transposed_convolution_is_its_outputs_gemm():
+    # 8 -> 16 channels, 3x3, stride 2 on 10x10 -> 20x20: per output position the
+    # 8 x 9 x 100 / 400 = 18 multiplies that meet an input, the true count 2 x 2 x 100 x 8 x
+    # 16 x 9; the backward is the convolution it inverts (its weight gradient here: the data
+    # input needs none) and the bias gradient, one value per output channel
+    with torch.device("meta"):
+        conv, x = nn.ConvTranspose2d(8, 16, 3, stride=2, padding=1, output_padding=1), \
+            torch.randn(2, 8, 10, 10)
+    fw = trace_module(conv, [x]).iloc[0]
+    assert (fw["cls"], fw["M"], fw["N"], fw["K"]) == ("linear", 2 * 400, 18, 16)
+    assert fw["flops"] == 2 * 2 * 100 * 8 * 16 * 9
+    bw = trace_module(conv, [x], mode="train")
+    bw = bw[bw["phase"] == "bw"]
+    wgrad = bw[bw["cls"] == "linear"].iloc[0]
+    assert (wgrad["M"], wgrad["N"], wgrad["K"]) == (8, 2 * 100, 16 * 9)
+    assert wgrad["flops"] == fw["flops"] and bw["H"].iloc[-1] == 16
+
+
 class _Losses(nn.Module):
     def __init__(self):
         super().__init__()

@@ -198,27 +198,27 @@ class KernelRows:
 
     def _conv(self, base, aten, args, ins, outs):
         """A convolution as the implicit GEMM cuDNN runs: ``(batch * output positions) x
-        (in channels * kernel size) @ (... x out channels)`` (transposed: ``(batch * input
-        positions) x in channels @ (... x out channels * kernel size)``); the backward as the two GEMMs of
-        the input and weight gradients plus a reduction for the bias gradient. A forward one
-        of :func:`winograd_shape` also gets its Winograd rows as the alternative
-        (:meth:`_winograd`)."""
+        (in channels * kernel size) @ (... x out channels)``; the backward as the GEMMs of the
+        input and weight gradients plus a reduction for the bias gradient. A transposed one:
+        the implicit GEMM of its output over the taps that meet an input (``kernel size x
+        input / output positions`` on average, the true multiply count; no column matrix),
+        its backward the convolution it inverts and that one's weight gradient. A forward one
+        of :func:`winograd_shape` also gets Winograd rows as the alternative (:meth:`_winograd`)."""
         fw = base == "convolution"
         x, w = (args[0], args[1]) if fw else (args[1], args[2])
         y = outs[0] if fw else args[0]                       # output / its gradient
-        groups = int(args[8] if fw else args[9])
-        M = int(y.shape[0]) * math.prod(int(v) for v in y.shape[2:])
-        N = int(w.shape[1]) * math.prod(int(v) for v in w.shape[2:])
-        K = int(w.shape[0]) // max(groups, 1)
-        if fw and bool(args[6]):  # transposed: the data-gradient GEMM of the forward conv
-            M = int(x.shape[0]) * math.prod(int(v) for v in x.shape[2:])
-            N = int(w.shape[0]) // max(groups, 1)
-            K = int(w.shape[1]) * math.prod(int(v) for v in w.shape[2:])
+        groups, transposed = max(int(args[8] if fw else args[9]), 1), bool(args[6 if fw else 7])
+        taps = math.prod(int(v) for v in w.shape[2:])
+        x_pos, y_pos = (math.prod(int(v) for v in t.shape[2:]) for t in (x, y))
+        M, N, K = int(y.shape[0]) * y_pos, int(w.shape[1]) * taps, int(w.shape[0]) // groups
+        if transposed and fw:     # weights (in, out / groups, taps): the output's GEMM
+            N, K = max(1, round(K * taps * x_pos / y_pos)), int(w.shape[1])
+        elif transposed:          # the inverted convolution's input and weight gradients
+            M = int(x.shape[0]) * x_pos
         mask = (True, False, False) if fw else tuple(bool(m) for m in args[10])
-        gemms = [(M, N, K)] if fw else [g for g, m in zip(((M, K, N), (K, M, N)), mask) if m]
-        cls = "bmm" if groups > 1 else "linear"
-        inputs = self.producers(ins)
-        kids = []
+        grads = ((M, N, K), (K, M, N)) if transposed else ((M, K, N), (K, M, N))
+        gemms = [(M, N, K)] if fw else [g for g, m in zip(grads, mask) if m]
+        cls, inputs, kids = "bmm" if groups > 1 else "linear", self.producers(ins), []
         fp32 = x.is_floating_point() and x.element_size() == 4
         touched = {"dram_elems": float(x.numel() + w.numel() + y.numel())} if fp32 else None
         for m, n, k in gemms:
@@ -227,13 +227,13 @@ class KernelRows:
                                          2.0 * groups * m * n * k, float(
                                              self.elem(x) * groups * (m * n + n * k + m * k)),
                                          inputs, touched))
-        if (self.algorithms and kids and fw and x.is_floating_point() and x.element_size() == 4
-                and winograd_shape(w, args[3], args[5], bool(args[6]), groups)):
+        if (self.algorithms and kids and fw and fp32
+                and winograd_shape(w, args[3], args[5], transposed, groups)):
             wino = self._winograd(aten, x, w, y, inputs)
             self.alternatives.append((tuple(kids), wino))
             kids = [kids[0], wino[-1]]   # the output's writer is either form's last kernel
         if not fw and len(mask) > 2 and mask[2]:
-            written = int(w.shape[0])
+            written = int(y.shape[1])    # one per output channel
             kids.append(self.add_row(aten, "memory", "mem", (1, None, None, None, written), 0.0,
                                      float(tensor_bytes(y) + written * y.element_size()), inputs))
         if kids:
