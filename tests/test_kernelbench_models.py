@@ -5,6 +5,7 @@ campaign (and the shared one when there is one)."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -158,22 +159,41 @@ def test_custom_attention_block_by_hand():
     assert (sm["B"], sm["H"]) == (2 * 4 * 8, 8)
 
 
-def test_transposed_convolution_is_its_outputs_gemm():
-    # 8 -> 16 channels, 3x3, stride 2 on 10x10 -> 20x20: per output position the
-    # 8 x 9 x 100 / 400 = 18 multiplies that meet an input, the true count 2 x 2 x 100 x 8 x
-    # 16 x 9; the backward is the convolution it inverts (its weight gradient here: the data
-    # input needs none) and the bias gradient, one value per output channel
+def _pairs(conv, x):
+    """Independent count of a transposed convolution's (input position, tap) pairs that land
+    in its output: the same convolution of ones with one channel, summed (on the CPU)."""
+    ones = getattr(torch.nn.functional, f"conv_transpose{x.dim() - 2}d")(
+        torch.ones(1, 1, *x.shape[2:]), torch.ones(1, 1, *conv.kernel_size),
+        stride=conv.stride, padding=conv.padding, output_padding=conv.output_padding,
+        dilation=conv.dilation)
+    return int(ones.sum())
+
+
+@pytest.mark.parametrize("conv,shape", [
+    (lambda: nn.ConvTranspose2d(8, 16, 3, stride=2, padding=1, output_padding=1), (2, 8, 10, 10)),
+    (lambda: nn.ConvTranspose2d(8, 8, 5, padding=4), (1, 8, 16, 16)),     # padding crops
+    (lambda: nn.ConvTranspose3d(4, 6, 3, stride=2, dilation=2, groups=2), (1, 4, 5, 6, 7)),
+    (lambda: nn.ConvTranspose1d(3, 5, 4, stride=3, padding=2), (2, 3, 33))])
+def test_transposed_convolution_is_its_outputs_gemm(conv, shape):
+    # the implicit GEMM of the output: per output position the multiplies that meet an
+    # input, the true count 2 x channel pairs x pairs that land; the backward is the
+    # convolution it inverts (input gradient: input positions x (out channels x taps) @ in
+    # channels, then the weight gradient, per group) and the bias gradient, per output channel
     with torch.device("meta"):
-        conv, x = nn.ConvTranspose2d(8, 16, 3, stride=2, padding=1, output_padding=1), \
-            torch.randn(2, 8, 10, 10)
+        conv, x = conv(), torch.randn(*shape, requires_grad=True)
+    g, cin, cout = conv.groups, conv.in_channels, conv.out_channels
+    y_pos = math.prod(conv(x).shape[2:]) * shape[0]
+    x_pos, taps = math.prod(shape[2:]) * shape[0], math.prod(conv.kernel_size)
+    true = 2 * cin * cout // g * shape[0] * _pairs(conv, torch.empty(shape, device="cpu"))
     fw = trace_module(conv, [x]).iloc[0]
-    assert (fw["cls"], fw["M"], fw["N"], fw["K"]) == ("linear", 2 * 400, 18, 16)
-    assert fw["flops"] == 2 * 2 * 100 * 8 * 16 * 9
+    assert (fw["B"], fw["M"], fw["K"]) == (g, y_pos, cout // g)
+    assert fw["N"] == round(true / (2 * y_pos * cout)) and fw["flops"] == pytest.approx(true)
     bw = trace_module(conv, [x], mode="train")
-    bw = bw[bw["phase"] == "bw"]
-    wgrad = bw[bw["cls"] == "linear"].iloc[0]
-    assert (wgrad["M"], wgrad["N"], wgrad["K"]) == (8, 2 * 100, 16 * 9)
-    assert wgrad["flops"] == fw["flops"] and bw["H"].iloc[-1] == 16
+    gemms = bw[(bw["phase"] == "bw") & bw["cls"].isin(["linear", "bmm"])]
+    assert gemms[["M", "N", "K"]].values.tolist() == [
+        [x_pos, cout // g * taps, cin // g], [cin // g, x_pos, cout // g * taps]]
+    assert (gemms["flops"] == 2 * x_pos * cin * cout // g * taps).all()
+    assert bw["H"].iloc[-1] == cout
 
 
 class _Losses(nn.Module):
@@ -188,8 +208,8 @@ class _Losses(nn.Module):
 
 
 def test_losses_are_memory_passes():
-    # cross entropy: log-softmax rows, then nll gathering (reads the 8 int64 targets and as
-    # many log-probabilities as it writes, 2 values); Huber / MSE read both 8 x 10 operands
+    # cross entropy: log-softmax rows, then nll gathering (reads the 8 int64 targets and one
+    # log-probability per target, writes 2 values); Huber / MSE read both 8 x 10 operands
     with torch.device("meta"):
         m, ins = _Losses(), [torch.randn(8, 16), torch.rand(8, 10), torch.randint(0, 10, (8,))]
     tr = trace_module(m, ins)
@@ -198,7 +218,7 @@ def test_losses_are_memory_passes():
     assert [o for o in ops if o != "add"] == ["addmm", "_log_softmax", "nll_loss_forward",
                                              "huber_loss", "mse_loss", "diag_embed", "sum"]
     by = tr.assign(op_name=ops).drop_duplicates("op_name").set_index("op_name")
-    assert by.loc["nll_loss_forward", "bytes"] == 8 * 8 + 2 * 4 + 2 * 4
+    assert by.loc["nll_loss_forward", "bytes"] == 8 * 8 + 8 * 4 + 2 * 4
     assert by.loc["huber_loss", "bytes"] == 2 * 80 * 4 + 4
     assert by.loc["diag_embed", "H"] == 8 * 10 * 10
     back = trace_module(m, ins, mode="train")

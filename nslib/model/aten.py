@@ -55,7 +55,7 @@ from __future__ import annotations
 import math
 
 __all__ = ["NO_KERNEL", "GEMM", "EW_PAIR", "EW_FIXED", "CONV", "SOFTMAX", "LAYERNORM", "MEMORY",
-           "split_name", "tensors_in", "rows_of", "tensor_bytes"]
+           "split_name", "tensors_in", "rows_of", "tensor_bytes", "taps_met"]
 
 # views, metadata and allocations without data: no kernel
 NO_KERNEL = {
@@ -208,3 +208,16 @@ def tensor_bytes(t) -> int:
     """Bytes of a tensor's elements at its real dtype."""
     return int(t.numel()) * t.element_size()
 
+
+
+def taps_met(in_sizes, kernel, out_sizes, stride, padding, dilation) -> int:
+    """Of a transposed convolution (input spatial sizes ``in_sizes``, filter ``kernel``
+    sizes): the (input position, filter tap) pairs whose product lands inside the output
+    (``out_sizes``, after ``padding`` cropped it), the multiplies per input and output
+    channel pair; dimension by dimension, input ``i`` and tap ``t`` land at
+    ``i * stride + t * dilation - padding``."""
+    total = 1
+    for n, k, y, s, p, d in zip(in_sizes, kernel, out_sizes, stride, padding, dilation):
+        total *= sum(0 <= i * int(s) + t * int(d) - int(p) < int(y)
+                     for i in range(int(n)) for t in range(int(k)))
+    return total

@@ -13,7 +13,7 @@ from collections import Counter
 
 from nslib.kernels import sizes
 from nslib.model.aten import (CONV, EW_FIXED, EW_PAIR, GEMM, LAYERNORM, MEMORY, NO_KERNEL, NORM,
-                              SOFTMAX, rows_of, split_name, tensor_bytes, tensors_in)
+                              SOFTMAX, rows_of, split_name, taps_met, tensor_bytes, tensors_in)
 
 __all__ = ["KernelRows", "WINOGRAD_TILE", "winograd_shape"]
 
@@ -86,13 +86,11 @@ class KernelRows:
             return  # host-side work (e.g. on Python scalars wrapped as CPU tensors): no kernel
 
         if kind in ("gemm", "conv"):
-            (self._gemm if kind == "gemm" else self._conv)(base, aten, args, ins, outs)
-            return
+            return (self._gemm if kind == "gemm" else self._conv)(base, aten, args, ins, outs)
         if outs and all(t.numel() == 0 for t in outs):
             return  # a kernel over no elements is not launched
         if kind in ("ln", "norm"):
-            (self._layernorm if kind == "ln" else self._norm)(base, aten, args, ins, outs)
-            return
+            return (self._layernorm if kind == "ln" else self._norm)(base, aten, args, ins, outs)
         if kind == "ew":
             if base in EW_FIXED:
                 op = EW_FIXED[base]
@@ -122,10 +120,8 @@ class KernelRows:
             return
         if kind == "mem":
             if base == "logsumexp":
-                self._logsumexp(aten, ins[0], outs)
-                return
-            self._memory(MEMORY[base], base, inplace, aten, args, ins, outs)
-            return
+                return self._logsumexp(aten, ins[0], outs)
+            return self._memory(MEMORY[base], base, inplace, aten, args, ins, outs)
         # unknown: no row; its outputs inherit its inputs' producers
         self.unknown[aten] += 1
         self.set_writer(outs, self.producers(ins))
@@ -133,10 +129,9 @@ class KernelRows:
     def _vector(self, aten, cls, op, B, H, ins, outs):
         """One row of a measured vector op over ``B`` rows of ``H`` elements."""
         n_in, ops_per_o = sizes.OPS[op][1], sizes.OPS[op][2]
-        flops = B * H * ops_per_o
         nbytes = B * H * self.elem(outs[0] if outs else None) * (n_in + 1)
-        kid = self.add_row(aten, cls, op, (B, None, None, None, H), float(flops), float(nbytes),
-                           self.producers(ins))
+        kid = self.add_row(aten, cls, op, (B, None, None, None, H), float(B * H * ops_per_o),
+                           float(nbytes), self.producers(ins))
         self.set_writer(outs, (kid,))
 
     def _chain(self, aten, steps, ins, outs) -> int:
@@ -145,10 +140,9 @@ class KernelRows:
         vector row, or ``("memory", n_written, bytes)`` of a memory row. Returns the last kid."""
         inputs = self.producers(ins)
         for step in steps:
-            if step[0] == "memory":
-                _, written, nbytes = step
-                kid = self.add_row(aten, "memory", "mem", (1, None, None, None, written), 0.0,
-                                   float(nbytes), inputs)
+            if step[0] == "memory":   # ("memory", elements written, bytes)
+                kid = self.add_row(aten, "memory", "mem", (1, None, None, None, step[1]), 0.0,
+                                   float(step[2]), inputs)
             else:
                 cls, op, B, H = step
                 n_in, per_o = sizes.OPS[op][1], sizes.OPS[op][2]
@@ -211,8 +205,10 @@ class KernelRows:
         taps = math.prod(int(v) for v in w.shape[2:])
         x_pos, y_pos = (math.prod(int(v) for v in t.shape[2:]) for t in (x, y))
         M, N, K = int(y.shape[0]) * y_pos, int(w.shape[1]) * taps, int(w.shape[0]) // groups
+        n_true = N
         if transposed and fw:     # weights (in, out / groups, taps): the output's GEMM
-            N, K = max(1, round(K * taps * x_pos / y_pos)), int(w.shape[1])
+            n_true = K * taps_met(x.shape[2:], w.shape[2:], y.shape[2:], *args[3:6]) / y_pos
+            N, K = max(1, round(n_true)), int(w.shape[1])
         elif transposed:          # the inverted convolution's input and weight gradients
             M = int(x.shape[0]) * x_pos
         mask = (True, False, False) if fw else tuple(bool(m) for m in args[10])
@@ -221,10 +217,10 @@ class KernelRows:
         cls, inputs, kids = "bmm" if groups > 1 else "linear", self.producers(ins), []
         fp32 = x.is_floating_point() and x.element_size() == 4
         touched = {"dram_elems": float(x.numel() + w.numel() + y.numel())} if fp32 else None
-        for m, n, k in gemms:
+        for m, n, k in gemms:     # the multiplies counted exactly, the shape rounded
             if min(m, n, k) > 0:
-                kids.append(self.add_row(aten, cls, cls, (groups, m, n, k, None),
-                                         2.0 * groups * m * n * k, float(
+                kids.append(self.add_row(aten, cls, cls, (groups, m, n, k, None), 2.0 * groups
+                                         * m * (n_true if fw else n) * k, float(
                                              self.elem(x) * groups * (m * n + n * k + m * k)),
                                          inputs, touched))
         if (self.algorithms and kids and fw and fp32
@@ -367,7 +363,9 @@ class KernelRows:
             inputs = ()
         elif kind == "gather":
             idx = [t for t in ins if not t.is_floating_point()]
-            rbytes = sum(tensor_bytes(t) for t in idx) + wbytes
+            # at least one source element per integer index (nll_loss: one per target)
+            rbytes = sum(tensor_bytes(t) for t in idx) + max(wbytes, sum(
+                t.numel() for t in idx if t.element_size() > 1) * self.elem(outs[0]))
             inputs = self.producers(ins)
         elif kind == "scatter":
             # (self, ..., index, src): reads index and src, read-modify-writes src-many rows
