@@ -110,6 +110,11 @@ def test_harness_bound_and_table(fake):
     assert tab.loc["linear", "Fake GPU 9"] == pytest.approx(want)
     assert "matrix-vector" in tab.index and ev.MEAN in tab.columns
     assert ev.table_json(tab)["elementwise"] == {"Fake GPU 9": 0.0}
+    # per class, the least slack of the class's problems (the matmul and the matvec: linear)
+    slack = rows["latency_ms"] - sizes.roofline_ms(rows)
+    by_class = ev.class_harness_ms(rows)["Fake_campaign"]
+    assert by_class == pytest.approx({"elementwise": 0.01,
+                                      "linear": slack[rows["cls"] == "linear"].min()})
 
 
 def test_bad_folders(tmp_path, monkeypatch):

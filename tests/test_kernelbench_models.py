@@ -449,7 +449,7 @@ def test_price_issues_calls_at_the_campaigns_host(campaign, data_dir):
     # without a bound keeps the predictor's own floors; the plain sum has no host term
     from nslib.evaluation import kernelbench as level1
     from nslib.model.inputs import kernel_frame
-    from nslib.model.stream import LAUNCH_US, step_ms
+    from nslib.model.stream import LAUNCH_US, HostFloor, step_ms
     from nslib.predictors import trained
     steps = km.problem_steps(campaign, 3, progress=False)
     steps = steps[steps["problem"] == "1_TinyCNN.py"]
@@ -466,6 +466,15 @@ def test_price_issues_calls_at_the_campaigns_host(campaign, data_dir):
     assert unknown == pytest.approx(step_ms(pred, frame, LAUNCH_US, per_call=True).sum())
     plain = km.price(pred, steps, pd.Series({camp: h}), campaign, launch_us=None)[0]
     assert plain == pytest.approx(step_ms(pred, frame, None).sum() + h)
+    # a class's measured bound caps h x its ratio (the convolution's GEMM is a linear call)
+    bound = HostFloor(h, (("linear", 0.001),))
+    assert (bound.dispatch_ms(frame, np.full(len(frame), 3.0))
+            == np.where(frame["cls"] == "linear", 0.001, 3 * h)).all()
+    capped = km.price(pred, steps, pd.Series({camp: h}), campaign,
+                      class_harness={camp: {"linear": 0.001}})[0]
+    assert capped == pytest.approx(
+        step_ms(pred, frame, LAUNCH_US, per_call=True, host_floor_ms=bound).sum() + h)
+    assert capped < got
 
 
 def test_cli_eval_models_kernelbench(campaign, data_dir, capsys):

@@ -126,6 +126,18 @@ def harness_ms(frame: pd.DataFrame) -> pd.Series:
             .clip(0.0, MAX_HARNESS_MS))
 
 
+def class_harness_ms(frame: pd.DataFrame) -> dict[str, dict[str, float]]:
+    """Per campaign, ``{kernel class: ms}``: the least ``measured - roofline`` over its priced
+    problems of that class (at least 0), which bounds what one operator call of the class costs
+    the campaign's host, as :func:`harness_ms` bounds the cheapest call."""
+    if not len(frame):
+        return {}
+    slack = pd.Series(frame["latency_ms"].to_numpy(float) - sizes.roofline_ms(frame),
+                      index=frame.index).clip(lower=0.0)
+    tab = slack.groupby([frame["campaign"], frame["cls"]]).min()
+    return {c: tab.loc[c].to_dict() for c in tab.index.get_level_values(0).unique()}
+
+
 def predict(pred, frame: pd.DataFrame, data=None) -> np.ndarray:
     """Predicted per-call time (ms) of each row: the campaign's :func:`harness_ms` plus the
     kernel's GPU time as ``pred`` (a fitted predictor) prices it on a GPU it never saw (tiles

@@ -15,7 +15,9 @@ fixed per-call cost ``h`` bounded on its level-1 problems
 
 The host is the campaign's, not the NeuSight measurement hosts': ``h`` is also what the
 campaign's host took for its cheapest one-operator problem, so each operator call costs the
-host ``h`` times its class's floor ratio (:func:`nslib.model.stream.floors`) to issue. Hosts
+host ``h`` times its class's floor ratio (:func:`nslib.model.stream.floors`) to issue, but
+never more than the least any of the campaign's level-1 calls of that class took beyond its
+roofline (:func:`nslib.evaluation.kernelbench.class_harness_ms`). Hosts
 differ by more than GPUs do here (the cheapest level-1 call: about 3 us on one campaign's
 machine, 21-50 us on the others, 50 us being
 :data:`nslib.evaluation.kernelbench.MAX_HARNESS_MS`), and a chain of a few small operators
@@ -43,7 +45,7 @@ from nslib.evaluation import kernelbench as level1
 from nslib.evaluation.metrics import ape
 from nslib.model.module_predict import priced_frame
 from nslib.model.module_trace import ProblemError, shortened, unpriced_calls
-from nslib.model.stream import LAUNCH_US
+from nslib.model.stream import LAUNCH_US, HostFloor
 from nslib.model.tf32 import tensor_for, tensor_gemm
 
 # (family, words of the problem name), first match wins; level 2 by its first operator
@@ -111,7 +113,8 @@ def problem_steps(root=None, level: int = 3, progress: bool = True,
 
 def price(pred, steps: pd.DataFrame, harness: pd.Series, root=None, data=None,
           launch_us: float | None = LAUNCH_US, tensor="nslib",
-          settings: Settings | None = None, tf32: bool = False) -> np.ndarray:
+          settings: Settings | None = None, tf32: bool = False,
+          class_harness: dict | None = None) -> np.ndarray:
     """Predicted time (ms) of each priced problem of ``steps`` (NaN for the others): the step
     of its traced kernels on its GPU's datasheet, issued by the campaign's host, plus the
     campaign's per-call cost (``harness``, ms per campaign:
@@ -120,7 +123,10 @@ def price(pred, steps: pd.DataFrame, harness: pd.Series, root=None, data=None,
     method that sums kernels as measured (NeuSight as published), prices the plain sum,
     which has no host term to replace. ``tf32``: the convolutions may run in TF32 on a
     datasheet with a tensor-core peak, priced by ``tensor``, a 16-bit GEMM predictor (a name
-    or a fitted one; :func:`nslib.model.tf32.tf32_gpu_ms`; ``settings`` find its data)."""
+    or a fitted one; :func:`nslib.model.tf32.tf32_gpu_ms`; ``settings`` find its data).
+    ``class_harness``: per campaign, ``{kernel class: ms}``, the most one call of the class
+    costs its host (:func:`nslib.evaluation.kernelbench.class_harness_ms`), bounding ``h``
+    times the class ratio."""
     sheets = kb.datasheets(root)
     s = settings_of(settings).but(data=data)
     if tf32 and isinstance(tensor, str) and any(g.bf16_gflops for g in sheets.values()):
@@ -134,7 +140,9 @@ def price(pred, steps: pd.DataFrame, harness: pd.Series, root=None, data=None,
             continue
         h = harness.get(r.campaign)
         # a campaign without a bound on its host (or the plain sum) keeps the predictor's floor
-        host = None if h is None or launch_us is None else max(float(h), launch_us / 1000.0)
+        host = None if h is None or launch_us is None else HostFloor(
+            max(float(h), launch_us / 1000.0),
+            tuple(sorted((class_harness or {}).get(r.campaign, {}).items())))
         frame, notes = priced_frame(level1.trace_of(r.path), sheets[r.hardware], pred,
                                     launch_us, s, tf32, tensor, host)
         for note in notes:
@@ -160,7 +168,7 @@ def evaluate(predictors=("nslib", "roofline"), root=None, level: int = 3,
                          f"class for), 2 (fused chains) or 3 (whole models), not {level}")
     # each campaign's per-call cost, bounded on its level-1 problems (once for every predictor)
     kernels, skipped = level1.problem_rows(root, 1, progress=False)
-    harness = level1.harness_ms(kernels)
+    harness, by_class = level1.harness_ms(kernels), level1.class_harness_ms(kernels)
     # level 1: the operators the kernel table skips (convolutions, pooling, norms, reductions,
     # losses, ops of several kernels), each priced as a one-call step as in a model
     keep = set(zip(skipped["campaign"], skipped["problem"])) if level == 1 else None
@@ -174,7 +182,8 @@ def evaluate(predictors=("nslib", "roofline"), root=None, level: int = 3,
     for name in [predictors] if isinstance(predictors, str) else predictors:
         pred = trained(name, s, **overrides)
         steps[f"pred_{name}"] = price(pred, steps, harness, root, data,
-                                      tensor=tensor_for(name), settings=s, tf32=tf32)
+                                      tensor=tensor_for(name), settings=s, tf32=tf32,
+                                      class_harness=by_class)
         steps[f"err_{name}"] = ape(steps[f"pred_{name}"], steps["latency_ms"])
     return steps
 

@@ -233,7 +233,7 @@ def trace_notes(trace: pd.DataFrame) -> list[str]:
 
 def priced_frame(trace: pd.DataFrame, spec, pred, launch_us: float | None = LAUNCH_US,
                  settings: Settings | None = None, tf32: bool = False, tensor="nslib",
-                 host_floor_ms: float | None = None) -> tuple[pd.DataFrame, list[str]]:
+                 host_floor_ms=None) -> tuple[pd.DataFrame, list[str]]:
     """(the kernel frame of a module's ``trace`` on ``spec`` with ``pred_ms``, each operator
     call dispatched once (:func:`nslib.model.stream.step_ms`), warnings).
 
@@ -243,7 +243,8 @@ def priced_frame(trace: pd.DataFrame, spec, pred, launch_us: float | None = LAUN
     whose TF32 price wins). Which of a 3x3 convolution's forms runs is read off the rooflines
     (:func:`nslib.model.inputs.one_algorithm`), where TF32 can favour the implicit GEMM that
     the predictors price above Winograd: the step is priced both ways and the faster kept, so
-    allowing TF32 never makes a step slower."""
+    allowing TF32 never makes a step slower. ``host_floor_ms``: another host's (ms, or a
+    :class:`nslib.model.stream.HostFloor`), as :func:`nslib.model.stream.step_ms` takes it."""
     s = settings_of(settings)
     frame = kernel_frame(trace, spec)
     frame["pred_ms"] = step_ms(pred, frame, launch_us, s.data, per_call=True,

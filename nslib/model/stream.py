@@ -31,6 +31,7 @@ time (small kernels on a fast GPU), the phase takes the floors' sum. Units: ms t
 from __future__ import annotations
 
 import warnings
+from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
@@ -101,15 +102,41 @@ def probe_kernels(data=None, exclude_gpus=()) -> pd.DataFrame:
     return _probes(str(data_root(data)), tuple(sorted(exclude_gpus))).copy()
 
 
-def floors(pred, frame: pd.DataFrame, data=None, host_floor_ms: float | None = None
-           ) -> np.ndarray:
+@dataclass(frozen=True)
+class HostFloor:
+    """A host other than the training data's, measured on its own: ``ms``, its cheapest
+    operator call (ms); ``class_max_ms``, ``(kernel class, ms)`` pairs: the most a call of
+    that class can cost it (the least any measured call of the class took beyond its
+    roofline), bounding ``ms`` times the class ratio."""
+    ms: float
+    class_max_ms: tuple = ()
+
+    def dispatch_ms(self, frame: pd.DataFrame, ratio: np.ndarray) -> np.ndarray:
+        """Per row of ``frame``: the host's cost of the row's call (ms)."""
+        out = float(self.ms) * np.asarray(ratio, float)
+        if self.class_max_ms and len(frame):
+            cap = frame["cls"].map(dict(self.class_max_ms)).to_numpy(float)
+            out = np.fmin(out, cap)   # NaN (a class never measured): the ratio's cost
+        return out
+
+
+def as_host_floor(host_floor_ms) -> HostFloor | None:
+    """``host_floor_ms`` (None, ms, or a :class:`HostFloor`) as a :class:`HostFloor`."""
+    if host_floor_ms is None or isinstance(host_floor_ms, HostFloor):
+        return host_floor_ms
+    return HostFloor(float(host_floor_ms))
+
+
+def floors(pred, frame: pd.DataFrame, data=None, host_floor_ms=None) -> np.ndarray:
     """Per row of a predictor-input ``frame``: the dispatch floor (ms) its prediction carries,
     the predictor's latency of the elementwise probe on the row's GPU times the row's class
     ratio (:func:`probe_kernels`, without the GPUs the predictor's training left out).
-    ``host_floor_ms``: another host's measured one-op floor (ms) in place of the elementwise
-    probe's, the class ratios kept (a harness whose host is not the training data's)."""
-    base, ratio, _ = _floor_parts(pred, frame, data, host_floor_ms is None)
-    return (base if host_floor_ms is None else float(host_floor_ms)) * ratio
+    ``host_floor_ms``: another host's measured one-op floor (ms, or a :class:`HostFloor`) in
+    place of the elementwise probe's, the class ratios kept (a harness whose host is not the
+    training data's)."""
+    host = as_host_floor(host_floor_ms)
+    base, ratio, _ = _floor_parts(pred, frame, data, host is None)
+    return base * ratio if host is None else host.dispatch_ms(frame, ratio)
 
 
 def _floor_parts(pred, frame: pd.DataFrame, data=None, probe_floor: bool = True
@@ -171,7 +198,7 @@ def stream_ms(pred, frame: pd.DataFrame, launch_us: float | None = LAUNCH_US,
 
 def stream_terms(pred, frame: pd.DataFrame, launch_us: float | None = LAUNCH_US,
                  data=None, raw=None, plain_sum: bool | None = None,
-                 host_floor_ms: float | None = None
+                 host_floor_ms: float | HostFloor | None = None
                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per kernel of ``frame``, from one prediction and one floor lookup (ms): the
     microbenchmark latency, the time in the stream (:func:`stream_ms`) and the host's time to
@@ -212,8 +239,8 @@ def _stream_parts(pred, frame, launch_us, data, raw=None, plain_sum=None, host_f
     if getattr(pred, "library_sizing", False):  # kernels as the library runs them
         gpu_ms = np.maximum(gpu_ms, row_latency.floor_ms(frame))
     if host_floor_ms is not None:   # another host's measured floor
-        host = np.full(len(raw), float(host_floor_ms))
-        return raw, gpu_ms, host * ratio, host
+        other = as_host_floor(host_floor_ms)
+        return raw, gpu_ms, other.dispatch_ms(frame, ratio), np.full(len(raw), other.ms)
     host = np.full(len(raw), host_ms)   # the measurement hosts', capped at the whole latency
     return raw, gpu_ms, np.minimum(host * ratio, raw), host
 
@@ -236,7 +263,7 @@ def published_memory(pred, frame: pd.DataFrame, raw) -> np.ndarray:
 
 
 def step_ms(pred, frame: pd.DataFrame, launch_us: float | None = LAUNCH_US,
-            data=None, per_call: bool = False, host_floor_ms: float | None = None,
+            data=None, per_call: bool = False, host_floor_ms: float | HostFloor | None = None,
             other_gpu_ms: np.ndarray | None = None, raw=None) -> np.ndarray:
     """Per kernel of a model step's ``frame`` (launch order, ``phase`` column): ms in the
     step, the kernel stream (:func:`stream_ms`) no faster than the host issues it
@@ -247,7 +274,8 @@ def step_ms(pred, frame: pd.DataFrame, launch_us: float | None = LAUNCH_US,
     of kernels, e.g. cuDNN's recurrent layers, costs the host no Python dispatch per kernel,
     but a share of one). ``host_floor_ms``: the host is not the training data's but one whose
     cheapest operator call was measured at this floor (ms): each call costs it that times its
-    class ratio (:func:`floors`); ignored by the plain sum (:func:`stream_terms`).
+    class ratio (:func:`floors`; a :class:`HostFloor` also bounds it per class); ignored by the
+    plain sum (:func:`stream_terms`).
     ``other_gpu_ms``: another algorithm's GPU time per row (:func:`faster_of`). ``raw``:
     ``pred``'s latencies of ``frame`` when already predicted (ms)."""
     _, gpu_ms, dispatch, host = _stream_parts(pred, frame, launch_us, data, raw=raw,
