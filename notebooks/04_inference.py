@@ -200,7 +200,7 @@ by_batch
 # without a kernel mapping, are listed with the reason, not scored. The host is the campaign's:
 # each operator call costs it the campaign's cheapest level-1 call (about 3 us on one machine,
 # 21-50 us on the others) times the class's floor ratio, not the NeuSight hosts' floor (and
-# no more than the least any level-1 call of its class took beyond its roofline); a
+# no more than the least any one-kernel level-1 problem of its class took beyond its roofline); a
 # call's further kernels (cuDNN's per-step kernels) are launched from C++, each at 0.175 of
 # that call (`nslib.model.stream.library_launch_ms`). Beside the errors, `trial_cv` is how
 # steady each machine was while it measured: the median over the problems of their 100 trials'

@@ -385,11 +385,13 @@ LEVEL3 = {
 }
 
 
-LEVEL1 = {   # a kernel-table row (the ReLU) and an operator the table has no class for
+LEVEL1 = {   # kernel-table rows (a ReLU, a GEMM) and an operator the table has no class for
     "1_ReLU.py": _problem("torch.relu(x)", "[torch.randn(16, 4096)]", ctor="pass"),
     "2_Conv.py": _problem("self.conv(x)", "[torch.randn(2, 3, 32, 32)]",
                           ctor="self.conv = nn.Conv2d(3, 8, 3)"),
+    "3_Matmul.py": _problem("x @ x", "[torch.randn(64, 64)]", ctor="pass"),
 }
+MEANS = {"1_ReLU.py": 0.06, "3_Matmul.py": 0.07}   # ms: h is 50 us, a GEMM call 70 at most
 
 
 @pytest.fixture
@@ -400,8 +402,8 @@ def campaign(tmp_path):
         (camp / f"level{level}").mkdir(parents=True)
         for name, text in files.items():
             (camp / f"level{level}" / name).write_text(text)
-        # the trials spread 1, 2 and 6 % of their mean
-        entries[f"level{level}"] = {k: {"mean": 0.2, "std": 0.002 * [1, 2, 6][i],
+        # the trials spread 1, 2 and 6 % of their mean (0.2 ms, but level 1's ReLU and GEMM)
+        entries[f"level{level}"] = {k: {"mean": MEANS.get(k, 0.2), "std": 0.002 * [1, 2, 6][i],
                                         "hardware": "Fake GPU 9"}
                                     for i, k in enumerate(files)}
     (camp / kb.TIMING_FILE).write_text(json.dumps(entries))
@@ -449,7 +451,8 @@ def test_price_issues_calls_at_the_campaigns_host(campaign, data_dir):
     # without a bound keeps the predictor's own floors; the plain sum has no host term
     from nslib.evaluation import kernelbench as level1
     from nslib.model.inputs import kernel_frame
-    from nslib.model.stream import LAUNCH_US, HostFloor, step_ms
+    from nslib.model import stream
+    from nslib.model.stream import LAUNCH_US, HostFloor, floors, step_ms
     from nslib.predictors import trained
     steps = km.problem_steps(campaign, 3, progress=False)
     steps = steps[steps["problem"] == "1_TinyCNN.py"]
@@ -466,15 +469,43 @@ def test_price_issues_calls_at_the_campaigns_host(campaign, data_dir):
     assert unknown == pytest.approx(step_ms(pred, frame, LAUNCH_US, per_call=True).sum())
     plain = km.price(pred, steps, pd.Series({camp: h}), campaign, launch_us=None)[0]
     assert plain == pytest.approx(step_ms(pred, frame, None).sum() + h)
-    # a class's measured bound caps h x its ratio (the convolution's GEMM is a linear call)
-    bound = HostFloor(h, (("linear", 0.001),))
-    assert (bound.dispatch_ms(frame, np.full(len(frame), 3.0))
-            == np.where(frame["cls"] == "linear", 0.001, 3 * h)).all()
+    # a class's measured bound caps h x its ratio (the convolution's GEMM is a linear call),
+    # never under h; the GPU time and a further kernel's C++ launch (h's share) keep h's
+    lin = (frame["cls"] == "linear").to_numpy()
+    bound = HostFloor(h, (("linear", 1.5 * h),))
+    assert (bound.dispatch_ms(frame, np.full(len(frame), 3.0)) == np.where(lin, 1.5 * h, 3 * h)
+            ).all()
+    assert (HostFloor(h, (("linear", 0.0),)).dispatch_ms(frame, np.full(len(frame), 3.0))
+            == np.where(lin, h, 3 * h)).all()
+    ratio = floors(pred, frame, host_floor_ms=h) / h
+    assert floors(pred, frame, host_floor_ms=bound) == pytest.approx(
+        np.where(lin, np.minimum(ratio, 1.5) * h, ratio * h))
+    plain_h, capped_h = (stream._stream_parts(pred, frame, LAUNCH_US, None, host_floor_ms=v)
+                         for v in (h, bound))
+    assert (plain_h[1] == capped_h[1]).all() and (capped_h[3] == h).all()
     capped = km.price(pred, steps, pd.Series({camp: h}), campaign,
-                      class_harness={camp: {"linear": 0.001}})[0]
+                      class_harness={camp: {"linear": 1.5 * h}})[0]
     assert capped == pytest.approx(
         step_ms(pred, frame, LAUNCH_US, per_call=True, host_floor_ms=bound).sum() + h)
     assert capped < got
+
+
+def test_level1_bounds_each_classs_call(campaign, data_dir):
+    # the fixture's level-1 GEMM leaves h beyond its roofline (h's own bound): a linear call
+    # costs h, not h x the training hosts' linear ratio, so the CNN's step is cheaper
+    from nslib.evaluation import kernelbench as level1
+    rows = level1.problem_rows(campaign, 1, progress=False)[0]
+    h, by_class = level1.harness_ms(rows), level1.class_harness_ms(rows)
+    camp = rows["campaign"].iloc[0]
+    assert by_class[camp]["linear"] < 1.5 * h[camp]
+    steps = km.evaluate(["roofline"], root=campaign, level=3, settings=Settings(progress=False))
+    cnn = steps[steps["problem"] == "1_TinyCNN.py"]
+    from nslib.predictors import trained
+    pred = trained("roofline", Settings(progress=False))
+    unbounded = km.price(pred, cnn, h, campaign)[0]
+    assert cnn["pred_roofline"].iloc[0] == pytest.approx(
+        km.price(pred, cnn, h, campaign, class_harness=by_class)[0])
+    assert cnn["pred_roofline"].iloc[0] < unbounded
 
 
 def test_cli_eval_models_kernelbench(campaign, data_dir, capsys):

@@ -16,8 +16,8 @@ fixed per-call cost ``h`` bounded on its level-1 problems
 The host is the campaign's, not the NeuSight measurement hosts': ``h`` is also what the
 campaign's host took for its cheapest one-operator problem, so each operator call costs the
 host ``h`` times its class's floor ratio (:func:`nslib.model.stream.floors`) to issue, but
-never more than the least any of the campaign's level-1 calls of that class took beyond its
-roofline (:func:`nslib.evaluation.kernelbench.class_harness_ms`). Hosts
+never more than the least any of the campaign's level-1 kernel-table problems of that class
+took beyond its roofline (:func:`nslib.evaluation.kernelbench.class_harness_ms`). Hosts
 differ by more than GPUs do here (the cheapest level-1 call: about 3 us on one campaign's
 machine, 21-50 us on the others, 50 us being
 :data:`nslib.evaluation.kernelbench.MAX_HARNESS_MS`), and a chain of a few small operators

@@ -29,8 +29,8 @@ from nslib.data.settings import Settings, settings_of
 from nslib.model.inputs import get_predictor, kernel_frame, resolve_gpu
 from nslib.model.module_trace import (ProblemError, load_problem, meta_trace, run_file,
                                       unpriced_calls)
-from nslib.model.stream import (LAUNCH_US, faster_of, power_bound, step_ms, step_summary,
-                                 stream_terms)
+from nslib.model.stream import (LAUNCH_US, HostFloor, faster_of, power_bound, step_ms,
+                                 step_summary, stream_terms)
 from nslib.model.tf32 import tensor_for, tf32_gpu_ms, tf32_peak
 
 __all__ = ["is_module_spec", "module_trace_of", "predict_module", "priced_frame",
@@ -233,7 +233,8 @@ def trace_notes(trace: pd.DataFrame) -> list[str]:
 
 def priced_frame(trace: pd.DataFrame, spec, pred, launch_us: float | None = LAUNCH_US,
                  settings: Settings | None = None, tf32: bool = False, tensor="nslib",
-                 host_floor_ms=None) -> tuple[pd.DataFrame, list[str]]:
+                 host_floor_ms: float | HostFloor | None = None
+                 ) -> tuple[pd.DataFrame, list[str]]:
     """(the kernel frame of a module's ``trace`` on ``spec`` with ``pred_ms``, each operator
     call dispatched once (:func:`nslib.model.stream.step_ms`), warnings).
 

@@ -112,11 +112,13 @@ class HostFloor:
     class_max_ms: tuple = ()
 
     def dispatch_ms(self, frame: pd.DataFrame, ratio: np.ndarray) -> np.ndarray:
-        """Per row of ``frame``: the host's cost of the row's call (ms)."""
+        """Per row of ``frame``: the host's cost of the row's call (ms): ``ms`` times the
+        class ratio, at most the class's bound, at least ``ms`` (the cheapest call)."""
         out = float(self.ms) * np.asarray(ratio, float)
         if self.class_max_ms and len(frame):
             cap = frame["cls"].map(dict(self.class_max_ms)).to_numpy(float)
-            out = np.fmin(out, cap)   # NaN (a class never measured): the ratio's cost
+            # a class never measured (NaN) keeps the ratio's cost
+            out = np.where(np.isnan(cap), out, np.minimum(out, np.maximum(cap, self.ms)))
         return out
 
 
@@ -127,7 +129,8 @@ def as_host_floor(host_floor_ms) -> HostFloor | None:
     return HostFloor(float(host_floor_ms))
 
 
-def floors(pred, frame: pd.DataFrame, data=None, host_floor_ms=None) -> np.ndarray:
+def floors(pred, frame: pd.DataFrame, data=None,
+           host_floor_ms: float | HostFloor | None = None) -> np.ndarray:
     """Per row of a predictor-input ``frame``: the dispatch floor (ms) its prediction carries,
     the predictor's latency of the elementwise probe on the row's GPU times the row's class
     ratio (:func:`probe_kernels`, without the GPUs the predictor's training left out).
@@ -213,16 +216,18 @@ def stream_terms(pred, frame: pd.DataFrame, launch_us: float | None = LAUNCH_US,
     time is the microbenchmark latency and the dispatch 0 (the plain sum); ``plain_sum=False``
     takes the dispatch floor off whatever the predictor (a kernel's GPU time). ``raw``:
     ``pred``'s latencies of ``frame`` when already predicted (ms). ``host_floor_ms``: the
-    dispatch is another host's one-op floor times the class ratio (:func:`floors`); the GPU
-    time still takes the predictor's own floor off. The plain sum (``launch_us=None`` or
+    dispatch is another host's one-op floor times the class ratio (:func:`floors`; a
+    :class:`HostFloor` also bounds it per class); the GPU time still takes the predictor's own
+    floor off. The plain sum (``launch_us=None`` or
     ``plain_sum``) has no dispatch term and ignores it."""
     return _stream_parts(pred, frame, launch_us, data, raw, plain_sum, host_floor_ms)[:3]
 
 
 def _stream_parts(pred, frame, launch_us, data, raw=None, plain_sum=None, host_floor_ms=None):
     """:func:`stream_terms`' three arrays and, fourth, the host's one-op floor per row (ms:
-    ``host_floor_ms`` or the measurement hosts', :func:`host_dispatch_ms`; zeros for the
-    plain sum), from one prediction and one probe lookup."""
+    ``host_floor_ms``'s (:attr:`HostFloor.ms`) or the measurement hosts',
+    :func:`host_dispatch_ms`; zeros for the plain sum), from one prediction and one probe
+    lookup."""
     if not len(frame):
         return np.zeros(0), np.zeros(0), np.zeros(0), np.zeros(0)
     raw = published_memory(pred, frame, pred.predict(frame)) if raw is None else raw
