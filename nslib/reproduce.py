@@ -150,6 +150,10 @@ HEADLINE = {"11_reported_vs_reproduced.csv": "The paper side by side: mean end-t
                                          "(std / mean, %), how steady the machine was",
             "04_kernelbench_level2.csv": "KernelBench level 2 (short fused chains): median "
                                          "APE (%) per campaign",
+            "04_kernelbench_level1_families.csv": "KernelBench level 1's single operators the "
+                                                  "kernel table has no class for, one call "
+                                                  "each: median APE (%) per family, every "
+                                                  "campaign",
             "04_inf_summary.csv": "Inference: mean end-to-end error (%) per GPU",
             "05_train_summary.csv": "Training: mean end-to-end error (%) per GPU",
             "04_inf_logo.csv": "Inference, training GPUs' labels: mean end-to-end error (%) "
