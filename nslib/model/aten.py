@@ -209,7 +209,6 @@ def tensor_bytes(t) -> int:
     return int(t.numel()) * t.element_size()
 
 
-
 def taps_met(in_sizes, kernel, out_sizes, stride, padding, dilation) -> int:
     """Of a transposed convolution (input spatial sizes ``in_sizes``, filter ``kernel``
     sizes): the (input position, filter tap) pairs whose product lands inside the output

@@ -194,10 +194,10 @@ class KernelRows:
         """A convolution as the implicit GEMM cuDNN runs: ``(batch * output positions) x
         (in channels * kernel size) @ (... x out channels)``; the backward as the GEMMs of the
         input and weight gradients plus a reduction for the bias gradient. A transposed one:
-        the implicit GEMM of its output over the taps that meet an input (``kernel size x
-        input / output positions`` on average, the true multiply count; no column matrix),
-        its backward the convolution it inverts and that one's weight gradient. A forward one
-        of :func:`winograd_shape` also gets Winograd rows as the alternative (:meth:`_winograd`)."""
+        the implicit GEMM of its output over the (input, tap) pairs landing on each output
+        position (:func:`nslib.model.aten.taps_met`, the true multiply count; no column
+        matrix), its backward the convolution it inverts and that one's weight gradient. A
+        forward :func:`winograd_shape` one also gets Winograd rows (:meth:`_winograd`)."""
         fw = base == "convolution"
         x, w = (args[0], args[1]) if fw else (args[1], args[2])
         y = outs[0] if fw else args[0]                       # output / its gradient
@@ -207,7 +207,8 @@ class KernelRows:
         M, N, K = int(y.shape[0]) * y_pos, int(w.shape[1]) * taps, int(w.shape[0]) // groups
         n_true = N
         if transposed and fw:     # weights (in, out / groups, taps): the output's GEMM
-            n_true = K * taps_met(x.shape[2:], w.shape[2:], y.shape[2:], *args[3:6]) / y_pos
+            n_true = K * taps_met(x.shape[2:], w.shape[2:], y.shape[2:], *args[3:6]) \
+                / max(y_pos, 1)
             N, K = max(1, round(n_true)), int(w.shape[1])
         elif transposed:          # the inverted convolution's input and weight gradients
             M = int(x.shape[0]) * x_pos
