@@ -229,12 +229,16 @@ for level, st in kb_steps.items():
                f"04_kernelbench_level{level}_unpriced", out)
     bars = per_gpu.rename(columns={"n_priced": "n"}).drop(columns=["n_total", "trial_cv"],
                                                          errors="ignore")
-    fig = error_bars(bars, f"KernelBench level {level}: median error of the priced problems")
+    what = {1: "single operators without a kernel class", 2: "fused chains",
+            3: "whole models"}[level]
+    fig = error_bars(bars, f"KernelBench level {level} ({what}): median error of the priced "
+                     "problems")
     fig.axes[0].set_ylabel("median APE (%)")
     save_figure(fig, f"04_kernelbench_level{level}", out)
     priced = st[st["reason"] == ""]
     save_figure(predicted_vs_measured(priced, ["nslib", "roofline"], "family",
-                                      f"KernelBench level {level}, every priced problem run"),
+                                      f"KernelBench level {level} ({what}), every priced "
+                                      "problem run"),
                 f"04_kernelbench_level{level}_scatter", out)
     print(f"level {level}: {len(priced)} of {len(st)} problem runs priced;",
           "median error per family:", per_family["nslib"].round(1).to_dict())
