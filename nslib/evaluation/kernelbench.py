@@ -116,14 +116,18 @@ def problem_rows(root=None, level: int = 1, progress: bool = True) -> tuple[pd.D
     return frame, pd.DataFrame(skipped, columns=["campaign", "problem", "hardware", "reason"])
 
 
+def _slack_ms(frame: pd.DataFrame) -> pd.Series:
+    """Per kernel row: ``measured - roofline`` (ms), what the harness and host took at most."""
+    return pd.Series(frame["latency_ms"].to_numpy(float) - sizes.roofline_ms(frame),
+                     index=frame.index)
+
+
 def harness_ms(frame: pd.DataFrame) -> pd.Series:
     """Per campaign, the fixed per-call cost (ms): ``min(measured - roofline)`` over its
     priced problems, within ``[0, MAX_HARNESS_MS]`` (module docstring)."""
     if not len(frame):
         return pd.Series(dtype=float)
-    slack = frame["latency_ms"].to_numpy(float) - sizes.roofline_ms(frame)
-    return (pd.Series(slack, index=frame.index).groupby(frame["campaign"]).min()
-            .clip(0.0, MAX_HARNESS_MS))
+    return _slack_ms(frame).groupby(frame["campaign"]).min().clip(0.0, MAX_HARNESS_MS)
 
 
 def class_harness_ms(frame: pd.DataFrame) -> dict[str, dict[str, float]]:
@@ -132,9 +136,7 @@ def class_harness_ms(frame: pd.DataFrame) -> dict[str, dict[str, float]]:
     the campaign's host, as :func:`harness_ms` bounds the cheapest call."""
     if not len(frame):
         return {}
-    slack = pd.Series(frame["latency_ms"].to_numpy(float) - sizes.roofline_ms(frame),
-                      index=frame.index).clip(lower=0.0)
-    tab = slack.groupby([frame["campaign"], frame["cls"]]).min()
+    tab = _slack_ms(frame).clip(lower=0.0).groupby([frame["campaign"], frame["cls"]]).min()
     return {c: tab.loc[c].to_dict() for c in tab.index.get_level_values(0).unique()}
 
 

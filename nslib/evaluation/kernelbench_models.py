@@ -134,17 +134,19 @@ def price(pred, steps: pd.DataFrame, harness: pd.Series, root=None, data=None,
             tensor = tensor_gemm(tensor, s)
         except DataNotFoundError:
             pass   # priced_frame warns and keeps the FP32 prices
+    # each campaign's host, once; a campaign without a bound on its host (or the plain sum)
+    # keeps the predictor's floor
+    hosts = {} if launch_us is None else {
+        c: HostFloor(max(float(h), launch_us / 1000.0),
+                     tuple(sorted((class_harness or {}).get(c, {}).items())))
+        for c, h in harness.items()}
     out = np.full(len(steps), np.nan)
     for i, r in enumerate(steps.itertuples(index=False)):
         if r.reason:
             continue
         h = harness.get(r.campaign)
-        # a campaign without a bound on its host (or the plain sum) keeps the predictor's floor
-        host = None if h is None or launch_us is None else HostFloor(
-            max(float(h), launch_us / 1000.0),
-            tuple(sorted((class_harness or {}).get(r.campaign, {}).items())))
         frame, notes = priced_frame(level1.trace_of(r.path), sheets[r.hardware], pred,
-                                    launch_us, s, tf32, tensor, host)
+                                    launch_us, s, tf32, tensor, hosts.get(r.campaign))
         for note in notes:
             warnings.warn(note, stacklevel=2)
         gpu_ms = frame["pred_ms"].sum()
