@@ -104,6 +104,20 @@ def test_never_below_floor_and_save_load(trained, table, tmp_path):
     np.testing.assert_array_equal(again.predict(table), pred)
 
 
+def test_more_queries_or_keys_never_cost_less(trained, table):
+    # each phase has its own MLP: a prefill row must still cost at least the one-query kernel
+    # over the same keys, and every row at least one query over one key (same batch, heads)
+    pred = trained.predict(table)
+    pre = (table["q_len"] > 1).to_numpy()
+    assert pre.any() and (~pre).any()
+    one_query = trained.predict(table[pre].assign(q_len=1))
+    assert (pred[pre] >= one_query).all()
+    assert (pred >= trained.predict(table.assign(q_len=1, kv_len=1))).all()
+    prefill_only = TensorAttention(quick=True).fit(table[pre].reset_index(drop=True),
+                                                   progress=False)
+    assert np.isfinite(prefill_only.predict(table[pre])).all()
+
+
 def test_faster_gpu_scales_big_prefill(trained, table):
     big = table[table["phase"] == "prefill"].nlargest(5, "latency_ms")
     base = trained.predict(big)

@@ -235,8 +235,22 @@ class TensorAttention(Predictor):
         self.models[grp] = [w.astype(np.float64) for w in weights]
 
     def predict(self, frame: pd.DataFrame) -> np.ndarray:
-        """Latency (ms) per row, never below the row's floor (:func:`floor_ms`)."""
+        """Latency (ms) per row, never below the row's floor (:func:`floor_ms`), nor below
+        the kernels it contains: one query over the same keys (a prefill row) and one query
+        over one key (every row), same batch, heads and GPU. Each phase has its own MLP, and
+        neither is monotone in the shape by construction; a kernel with more queries or keys
+        reads and computes all that the smaller one does, so it never costs less."""
         check_frame(frame, gpu=True, extra=GPU_INPUTS)
+        out = self._predict_mlp(frame)
+        if not (self.shared or "decode" in self.models):
+            return out   # a prefill-only fit has no one-query kernel to compare with
+        pre = np.flatnonzero(phase_of(frame) == "prefill")
+        if len(pre):
+            out[pre] = np.maximum(out[pre], self._predict_mlp(frame.iloc[pre].assign(q_len=1)))
+        return np.maximum(out, self._predict_mlp(frame.assign(q_len=1, kv_len=1)))
+
+    def _predict_mlp(self, frame: pd.DataFrame) -> np.ndarray:
+        """Each row's own phase MLP under the law, at least the physical floor (ms)."""
         out = np.empty(len(frame))
         groups = self._groups(frame)
         for grp in pd.unique(groups):
