@@ -32,6 +32,7 @@ seed = 0
 quick = False    # quick profile: a subsample of each table and short training, for tests
 forecast_model = "configs/llama3_8b.json"  # HuggingFace config of the forecast model
 forecast_steps = [["inf", 1, 2048], ["inf", 16, 512], ["train", 1, 2048]]  # mode, batch, seq
+property_rows = 3000  # measured rows per kind in the property checks
 
 # %%
 import matplotlib.pyplot as plt
@@ -107,6 +108,32 @@ for kind in KINDS:
         fig = pred_vs_measured_scatter(logo[kind], "pred_nslib", seed=seed)
         fig.axes[0].set_title(f"{kind}: leave-one-GPU-out")
         save_figure(fig, f"09_{kind}_pred_vs_measured", out)
+
+# %% [markdown]
+# ## More hardware never makes a kernel slower?
+# The forecast of a GPU nobody measured must move the way hardware does. Each check takes
+# `property_rows` measured rows per kind (shapes and datasheets as measured), gives one
+# datasheet figure 1.5x or 3x more and counts the rows whose forecast did not grow (nslib's
+# predictors trained on every measured GPU). More SMs are SMs of the same kind, their peaks
+# with them; a faster clock raises the peaks with it. Bandwidth and clock hold on every row
+# by construction; the SM count holds where the MLP's inputs do not move with it (the GEMM
+# tries the launches a GPU with fewer SMs would run); the L2 size does not, since each MLP
+# reads the working set over the L2 size and may give resident bytes a lower rate than DRAM.
+
+# %%
+from nslib.evaluation.tensor_properties import tensor_property_checks
+from nslib.predictors import trained
+from nslib.data.settings import Settings
+
+fitted = Settings(seed=seed, quick=quick, mixed=mixed, progress=False)
+props = {}
+for kind in KINDS:
+    rows = kind_table(kind, quick, mixed)
+    rows = rows.sample(min(property_rows, len(rows)), random_state=seed).reset_index(drop=True)
+    props[kind] = tensor_property_checks(trained("nslib", fitted, kind=kind), rows)
+props = pd.concat(props, names=["kind"]).reset_index(level=0)
+save_table(props, "09_property_checks", out, digits=2)
+props.round(2)
 
 # %% [markdown]
 # ## Whole layers against vidur's fp16 timings

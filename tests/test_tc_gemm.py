@@ -124,6 +124,39 @@ def test_terms_follow_the_tiles(table):
     assert np.all(padded >= GEMM.flops(table.head(50)))
 
 
+def test_tile_term_counts_the_launched_ctas(table):
+    # the tile term is the bytes the CTAs launched load, not a full last wave's: a 1-wave
+    # GEMM with a third of the SMs busy loads a third of what every SM would
+    t = gemm_terms(table.head(50), macs=True)
+    want = 2.0 * t["ctas"] * t["k_split"] * (t["tile_m"] + t["tile_n"]) / \
+        (table.mem_bw[:50].to_numpy() * 1e9) * 1e3
+    np.testing.assert_allclose(t["tile"], want)
+
+
+def test_second_cheapest_tile_by_hand():
+    # 4096^3 on 132 SMs (test above): 256x128 (723,296 clocks) first, 128x256 ties it and
+    # comes second; a GEMM with one usable candidate keeps it at every rank
+    second = choose_tiles([4096], [4096], [4096], [132], rank=1).iloc[0]
+    assert (second.tile_m, second.tile_n, second.split) == (128, 256, 1)
+    tiny = [choose_tiles([1], [1], [1], [1], rank=r).iloc[0] for r in (0, 29, 40)]
+    assert all((t.tile_m, t.split) == (tiny[0].tile_m, 1) for t in tiny)
+
+
+def test_prediction_is_the_fastest_launch(trained, table):
+    head = table.head(200)
+    launches = list(trained._launches(head))
+    assert len(launches) == (1 + len(trained.config["sm_fractions"])) * \
+        trained.config["tiles_tried"]
+    each = np.array([trained._predict_launch(f, r) for f, r in launches])
+    np.testing.assert_allclose(trained.predict(head), each.min(axis=0))
+    # a restricted GPU keeps whole SMs and its share of the peaks, all of its L2 and bandwidth
+    sub, _ = launches[-1]
+    share = sub.num_sm / head.num_sm
+    assert np.all(sub.num_sm == np.maximum(np.floor(head.num_sm * 0.25), 1))
+    np.testing.assert_allclose(sub.bf16_gflops, head.bf16_gflops * share)
+    assert sub.l2_mb.equals(head.l2_mb) and sub.mem_bw.equals(head.mem_bw)
+
+
 def test_quick_logo_finite_per_gpu(table):
     from nslib.evaluation.kernel_level import logo_over, mape_table
     small = table.groupby("gpu", group_keys=False).head(600).reset_index(drop=True)

@@ -54,12 +54,17 @@ def candidate_costs(m, n, k, num_sm, macs=MACS) -> np.ndarray:
     return np.where(s <= np.maximum(k / 64.0, 1.0), waves * (loop + CTA_FIXED) + reduce, np.inf)
 
 
-def choose_tiles(m, n, k, num_sm, macs=MACS) -> pd.DataFrame:
+def choose_tiles(m, n, k, num_sm, macs=MACS, rank: int = 0) -> pd.DataFrame:
     """The chosen tile of each GEMM: columns ``tile_m, tile_n, split`` (split-K factor),
     ``ctas`` (CTAs launched), ``waves`` (``ceil(ctas / num_sm)``) and ``fill``
-    (``ctas / (waves * num_sm)``, in (0, 1])."""
+    (``ctas / (waves * num_sm)``, in (0, 1]). ``rank``: the ``rank``-th cheapest candidate
+    instead (0: the cheapest; a GEMM with fewer usable candidates keeps its cheapest)."""
     cost = candidate_costs(m, n, k, num_sm, macs)
-    best = np.array(CANDIDATES, float)[np.argmin(cost, axis=1)]
+    order = np.argsort(cost, axis=1, kind="stable")  # stable: ties keep the bigger tile
+    pick = order[:, min(rank, cost.shape[1] - 1)]
+    rows = np.arange(len(cost))
+    pick = np.where(np.isfinite(cost[rows, pick]), pick, order[:, 0])
+    best = np.array(CANDIDATES, float)[pick]
     m, n, sm = (np.asarray(a, float) for a in (m, n, num_sm))
     ctas = np.ceil(m / best[:, 0]) * np.ceil(n / best[:, 1]) * best[:, 2]
     waves = np.ceil(ctas / sm)

@@ -15,16 +15,18 @@ maximum (p-norm, p = 4, >= the max) of the terms (ms):
   L2 resident (L40S and RTX PRO 6000 GEMMs under their L2 size run up to 3x faster than their
   DRAM roofline);
 - ``l2``: the L2-resident bytes at the DRAM bandwidth, ``lam`` in (0.5, 4) its multiple;
-- ``tile``: the bytes every CTA loads (``k * (tile_m + tile_n)`` elements each) at the DRAM
-  bandwidth, ``eta`` in (1, 16) the L2 reuse: a GPU with little bandwidth per FLOP (L40S)
+- ``tile``: the bytes the launched CTAs load (``k * (tile_m + tile_n)`` elements each) at the
+  DRAM bandwidth, ``eta`` in (1, 16) the L2 reuse: a GPU with little bandwidth per FLOP (L40S)
   cannot feed its tensor cores even for big GEMMs.
 
-A small MLP maps GPU-free inputs (tile, split-K, waves, fill, working set over L2, m, n, k;
-log2, clipped to the training range) to c (``exp(raw_a) * 2 us + exp(raw_b) * 4000`` SM clocks
+A small MLP maps inputs that do not depend on the SM count (tile, split-K, working set over
+L2, m, n, k; log2, clipped to the training range) to c (``exp(raw_a) * 2 us + exp(raw_b) * 4000`` SM clocks
 at the datasheet clock: a launch part and a prologue/k-loop latency part), gamma in (0, 1) and
 the other efficiencies: peak and bandwidth act only through the physical terms, so the law extrapolates
-to datasheets outside the training range (B200/GB200). Design choices and leave-one-GPU-out
-evidence: docs/decisions.md, "BF16 GEMMs".
+to datasheets outside the training range (B200/GB200). A prediction is the fastest of a few
+launches the GPU could run (two tiles; the GPU and it restricted to fewer SMs), so more SMs
+never make a GEMM slower. Design choices and leave-one-GPU-out evidence: docs/decisions.md,
+"BF16 GEMMs".
 """
 from __future__ import annotations
 
@@ -102,12 +104,14 @@ TERMS = {"comp": (0.0, 1.0), "flat": (0.0, 1.0), "dram": (0.5, 1.0), "l2": (0.5,
          "sm": (0.0, 1.0)}
 
 
-def gemm_terms(frame: pd.DataFrame, l2: bool = True, macs: bool = False) -> dict[str, np.ndarray]:
+def gemm_terms(frame: pd.DataFrame, l2: bool = True, macs: bool = False,
+               rank: int = 0) -> dict[str, np.ndarray]:
     """Per GEMM: the chosen tiles' columns (:func:`nslib.kernels.tc_tiles.choose_tiles`; ``macs``:
-    at the datasheet's BF16 multiply-adds per SM clock, else an A100-like SM's), and the
+    at the datasheet's BF16 multiply-adds per SM clock, else an A100-like SM's; ``rank``: the
+    heuristic's ``rank``-th cheapest tile), and the
     law's physical terms in ms: ``comp`` (padded waves at the BF16 peak), ``dram`` (DRAM
     bytes at the bandwidth), ``l2`` (L2-resident bytes at the bandwidth), ``tile`` (the bytes
-    all CTAs load through L2, at the DRAM bandwidth), ``sm`` (all bytes at one byte per FP32
+    the CTAs launched load through L2, at the DRAM bandwidth), ``sm`` (all bytes at one byte per FP32
     FLOP of the occupied SMs), ``roof`` (the bound) and ``l2_ratio`` (bytes over L2 bytes)."""
     m, n, k = _dims(frame)
     sm = frame["num_sm"].to_numpy(float)
@@ -115,7 +119,7 @@ def gemm_terms(frame: pd.DataFrame, l2: bool = True, macs: bool = False) -> dict
     clock = frame["clock_mhz"].to_numpy(float)
     rate = frame["bf16_gflops"].to_numpy(float) * KILO / (FLOP_PER_MAC * sm * clock) if macs \
         else MACS
-    tiles = choose_tiles(m, n, k, sm, rate)
+    tiles = choose_tiles(m, n, k, sm, rate, rank)
     tm, tn, waves = (tiles[c].to_numpy(float) for c in ("tile_m", "tile_n", "waves"))
     k_split = np.ceil(k / tiles["split"].to_numpy(float))
     peak = frame["bf16_gflops"].to_numpy(float) * GIGA
@@ -128,7 +132,7 @@ def gemm_terms(frame: pd.DataFrame, l2: bool = True, macs: bool = False) -> dict
     out.update(comp=FLOP_PER_MAC * waves * sm * tm * tn * k_split / peak * MS_PER_S,
                flat=GEMM.flops(frame) / peak * MS_PER_S, dram=beyond / bw * MS_PER_S,
                l2=(nbytes - beyond) / bw * MS_PER_S,
-               tile=BYTES * waves * sm * k_split * (tm + tn) / bw * MS_PER_S,
+               tile=BYTES * tiles["ctas"].to_numpy(float) * k_split * (tm + tn) / bw * MS_PER_S,
                sm=nbytes / (active * frame["peak_gflops"].to_numpy(float) * GIGA) * MS_PER_S,
                roof=np.maximum(GEMM.flops(frame) / peak,
                                np.maximum(nbytes - l2_bytes, 0.0) / bw) * MS_PER_S,
@@ -173,9 +177,11 @@ class GemmConfig:
     ``macs``: the tile heuristic uses the datasheet's BF16 rate per SM clock (False: an
     A100-like SM); ``rows``: training rows kept, 0 = all, drawn uniformly per GPU (``even``:
     evenly over log2 FLOPs instead); ``epochs``, ``batch``, ``lr`` (cosine to 0), ``layers`` x
-    ``hidden`` ReLU MLP."""
+    ``hidden`` ReLU MLP. Prediction: the fastest launch over the heuristic's ``tiles_tried``
+    cheapest tiles on the GPU and on it restricted to ``sm_fractions`` of its SMs
+    (:meth:`TensorGemm._launches`; training prices the cheapest tile on the whole GPU)."""
 
-    features: tuple = ("tile_m", "tile_n", "k_split", "waves", "fill", "l2_ratio", "m", "n", "k")
+    features: tuple = ("tile_m", "tile_n", "k_split", "l2_ratio", "m", "n", "k")
     terms: tuple = ("comp", "dram", "tile", "l2")
     power: float = 4.0
     members: int = 1
@@ -190,6 +196,8 @@ class GemmConfig:
     weight_decay: float = 1e-4
     layers: int = 3
     hidden: int = 64
+    tiles_tried: int = 2
+    sm_fractions: tuple = tuple(2.0 ** (-j / 4) for j in range(1, 9))
 
 
 QUICK = {"rows": 6000, "epochs": 12}
@@ -236,9 +244,10 @@ class TensorGemm(Predictor):
         self.weights: list[np.ndarray] = []
         self.norm: tuple[np.ndarray, ...] = ()
 
-    def _context(self, frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
-        """(log2 features, law context (comp, dram, sm, roof) ms) of each row."""
-        terms = gemm_terms(frame, self.config["l2"], self.config["macs"])
+    def _context(self, frame: pd.DataFrame, rank: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """(log2 features, law context (comp, dram, sm, roof) ms) of each row, at the
+        heuristic's ``rank``-th cheapest tile."""
+        terms = gemm_terms(frame, self.config["l2"], self.config["macs"], rank)
         feats = np.log2(np.column_stack([terms[f] for f in self.config["features"]]))
         # the fixed cost's scale: SM clocks at the datasheet clock (prologue, k-loop latency)
         cycles = FIXED_CYCLES / (frame["clock_mhz"].to_numpy(float) * KILO)
@@ -277,11 +286,31 @@ class TensorGemm(Predictor):
         return fit_mlp(x, y, fit, ctx=ctx, weights=w, progress=progress, desc="tc-gemm")
 
     def predict(self, frame: pd.DataFrame) -> np.ndarray:
-        """Latency in ms of each GEMM (row order), never below its roofline."""
+        """Latency in ms of each GEMM (row order), never below its roofline: the fastest of
+        the launches the GPU can run (:meth:`_launches`)."""
         if not self.weights:
             raise ValueError("TensorGemm is not trained: call fit(gemm_table rows) first")
         _check_frame(frame, train=False)
-        feats, ctx = self._context(frame)
+        return np.min([self._predict_launch(f, r) for f, r in self._launches(frame)], axis=0)
+
+    def _launches(self, frame: pd.DataFrame):
+        """(frame, tile rank) of each launch tried: the heuristic's ``tiles_tried`` cheapest
+        tiles on the GPU and on the GPU restricted to each of ``sm_fractions`` of its SMs
+        (whole SMs, their share of the peaks; the whole L2 and bandwidth). A GPU can run a
+        GEMM as a smaller one of its kind would, and a library picks its fastest launch, so
+        more SMs never make a GEMM slower (for a fixed tile the MLP's inputs are GPU-free)."""
+        sm = frame["num_sm"].to_numpy(float)
+        for f in (1.0, *self.config["sm_fractions"]):
+            share = np.maximum(np.floor(sm * f), 1.0) / sm
+            sub = frame if f == 1.0 else frame.assign(
+                num_sm=sm * share, bf16_gflops=frame["bf16_gflops"].to_numpy(float) * share,
+                peak_gflops=frame["peak_gflops"].to_numpy(float) * share)
+            for rank in range(self.config["tiles_tried"]):
+                yield sub, rank
+
+    def _predict_launch(self, frame: pd.DataFrame, rank: int) -> np.ndarray:
+        """Latency (ms) of each GEMM at the heuristic's ``rank``-th cheapest tile."""
+        feats, ctx = self._context(frame, rank)
         z = self._inputs(feats)
         # an ensemble averages its members' times in log (geometric mean), still >= roofline
         logs = [np.log(law_ms(mlp_forward(w, z), ctx, self.config["terms"], self.config["power"]))
@@ -296,7 +325,9 @@ class TensorGemm(Predictor):
         self.seed = int(state["seed"])
         self.config = asdict(GemmConfig(**{**state["config"],
                                            "features": tuple(state["config"]["features"]),
-                                           "terms": tuple(state["config"]["terms"])}))
+                                           "terms": tuple(state["config"]["terms"]),
+                                           "sm_fractions": tuple(state["config"].get(
+                                               "sm_fractions", GemmConfig.sm_fractions))}))
         self.weights = [[np.asarray(a, np.float32) for a in w] for w in state["weights"]]
         self.norm = tuple(np.asarray(a, float) for a in state["norm"])
         n_in = len(self.config["features"])
