@@ -27,6 +27,7 @@
 
 # %% tags=["parameters"]
 data = None      # NeuSight data root; None: $NSLIB_DATA or datasets/neusight
+mixed = None     # 16-bit data root; None: $NSLIB_MIXED or datasets/mixed
 out = None       # figures and tables; None: figures/interactive/ (make reproduce: figures/)
 quick = False    # quick profile (tests)
 seed = 0
@@ -41,7 +42,8 @@ import warnings
 import numpy as np
 import pandas as pd
 
-from nslib.evaluation.interval_eval import e2e_summary, e2e_table, kernel_table
+from nslib.evaluation.interval_eval import (e2e_summary, e2e_table, kernel_table,
+                                            tensor_kernel_table)
 from nslib.predictors.intervals import (calibration, logo_residuals, nested_coverage)
 from nslib.viz.figures import save_figure, save_table
 from nslib.viz.interval_plots import coverage_curve, e2e_intervals
@@ -78,6 +80,17 @@ per_gpu = nested_coverage(res, coverage).pivot_table(index="cls", columns="gpu",
                                                      values="covered")
 save_table(per_gpu, "13_coverage_per_gpu", out)
 per_gpu.round(1)
+
+# %% [markdown]
+# The 16-bit kernels (BF16 GEMMs and FlashAttention, which price `--dtype bf16` forecasts and
+# serving) have intervals of their own, calibrated the same way on the leave-one-GPU-out
+# residuals of the 16-bit data's measured GPUs; the same nested check, each of those GPUs
+# against the calibration of the others.
+
+# %%
+table16 = tensor_kernel_table("nslib", coverage, quick, seed, mixed)
+save_table(table16, "13_kernel_coverage_16bit", out)
+table16.round(1)
 
 # %% [markdown]
 # One GPU's kernels err together, so its coverage can sit far from the nominal one: the

@@ -117,6 +117,9 @@ def test_calibrate_cli_roofline(data_dir, capsys):
     assert set(out["kernels"]) >= {"linear", "bmm", "elementwise"}
     for row in out["kernels"].values():
         assert 0 <= row["covered"] <= 100 and row["half_width"] > 0
+    if out["calibration16"] is not None:   # with the 16-bit data: its nested check too
+        assert set(out["kernels16"]) == {"gemm", "attention"}
+        assert all(0 <= r["covered"] <= 100 for r in out["kernels16"].values())
     cal = intervals.calibration("roofline", build=False)
     assert cal is not None and cal.bounds
 

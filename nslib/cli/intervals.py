@@ -14,19 +14,21 @@ from nslib.data.checks import arg_float
 
 
 def _calibrate(args) -> int:
-    from nslib.evaluation.interval_eval import e2e_summary, e2e_table, kernel_table
+    from nslib.evaluation.interval_eval import (e2e_summary, e2e_table, kernel_table,
+                                                tensor_kernel_table)
     from nslib.predictors.intervals import calibration
     cal = calibration(args.predictor, quick=args.quick, coverage=args.coverage,
                       progress=not args.json)
     tensor = _tensor(args)
     tab = kernel_table(args.predictor, args.coverage, quick=args.quick)
+    tab16 = tensor_kernel_table("nslib", args.coverage, quick=args.quick) if tensor else None
     e2e = {m: e2e_summary(e2e_table(m, args.predictor, args.coverage, quick=args.quick))
            for m in (args.e2e or [])}
     if args.json:
         print(json.dumps({"calibration": cal.to_dict(),
                           "calibration16": tensor.to_dict() if tensor else None,
-                          "kernels": {c: {k: round(float(v), 2) for k, v in r.items()}
-                                      for c, r in tab.iterrows()},
+                          "kernels": _rows(tab),
+                          "kernels16": _rows(tab16) if tab16 is not None else None,
                           "e2e": {m: {g: {k: round(float(v), 2) for k, v in r.items()}
                                       for g, r in t.iterrows()} for m, t in e2e.items()}},
                          indent=1))
@@ -49,7 +51,14 @@ def _calibrate(args) -> int:
               f"{', '.join(tensor.gpus)}:")
         for c, (lo, hi) in tensor.bounds.items():
             print(f"  {c:12s} lower {np.exp(-hi):.3f}  upper {np.exp(-lo):.3f}")
+        print("Each of them against the calibration of the others:")
+        print(tab16.round(1).to_string())
     return 0
+
+
+def _rows(tab) -> dict:
+    """``{class: {column: value}}`` of a coverage table, for JSON."""
+    return {c: {k: round(float(v), 2) for k, v in r.items()} for c, r in tab.iterrows()}
 
 
 def _tensor(args):

@@ -20,7 +20,7 @@ from nslib.model.predict import predict_model
 from nslib.model.step import Step
 from nslib.predictors import folds
 from nslib.predictors.intervals import (COVERAGE, calibration, logo_residuals,
-                                        mape_band_coverage, nested_coverage)
+                                        mape_band_coverage, nested_coverage, tensor_residuals)
 from nslib.predictors.training import kernel_eval_frame
 
 
@@ -29,17 +29,33 @@ def kernel_table(name: str = "nslib", coverage: float = COVERAGE, data=None,
     """Per class: mean over held-out GPUs of the achieved coverage (%) and half-width (% of
     the prediction) of the calibrated interval and of the ``+- MAPE`` band, the worst GPU's
     coverage, and the residuals behind it."""
-    res = logo_residuals(name, data, quick, seed)
-    cal, band = nested_coverage(res, coverage), mape_band_coverage(res)
-    out = cal.groupby("cls").agg(covered=("covered", "mean"), worst_gpu=("covered", "min"),
-                                 half_width=("half_width", "mean"), kernels=("n", "sum"))
-    base = band.groupby("cls").agg(mape_band_covered=("covered", "mean"),
-                                   mape_band_half_width=("half_width", "mean"))
+    out, base = coverage_table(logo_residuals(name, data, quick, seed), coverage)
     spread = ensemble_spread_coverage(name, data, quick, seed)
     if len(spread):
         base = base.join(spread.groupby("cls").agg(
             ensemble_covered=("covered", "mean"), ensemble_half_width=("half_width", "mean"),
             ensemble_members=("members", "first")))
+    return out.join(base)
+
+
+def coverage_table(res: pd.DataFrame, coverage: float = COVERAGE):
+    """(calibrated, band) per class of the residuals ``res``: the nested check's mean
+    coverage (%) over held-out GPUs, the worst GPU's, the mean half-width (% of the
+    prediction) and the kernels; the ``+- MAPE`` band's coverage and half-width."""
+    cal, band = nested_coverage(res, coverage), mape_band_coverage(res)
+    out = cal.groupby("cls").agg(covered=("covered", "mean"), worst_gpu=("covered", "min"),
+                                 half_width=("half_width", "mean"), kernels=("n", "sum"))
+    base = band.groupby("cls").agg(mape_band_covered=("covered", "mean"),
+                                   mape_band_half_width=("half_width", "mean"))
+    return out, base
+
+
+def tensor_kernel_table(name: str = "nslib", coverage: float = COVERAGE, quick: bool = False,
+                        seed: int = 0, mixed=None) -> pd.DataFrame:
+    """:func:`kernel_table` for the 16-bit GEMM and attention predictors (classes ``gemm``,
+    ``attention``): each measured GPU of the 16-bit data against the calibration of the
+    others' leave-one-GPU-out residuals, the ``+- MAPE`` band beside."""
+    out, base = coverage_table(tensor_residuals(name, quick, seed, mixed), coverage)
     return out.join(base)
 
 
@@ -118,4 +134,5 @@ def e2e_summary(frame: pd.DataFrame) -> pd.DataFrame:
         median_half_width=("hw", "median"))
 
 
-__all__ = ["e2e_summary", "e2e_table", "ensemble_spread_coverage", "kernel_table", "members"]
+__all__ = ["coverage_table", "e2e_summary", "e2e_table", "ensemble_spread_coverage",
+           "kernel_table", "members", "tensor_kernel_table"]
