@@ -20,13 +20,14 @@ maximum (p-norm, p = 4, >= the max) of the terms (ms):
   cannot feed its tensor cores even for big GEMMs.
 
 A small MLP maps inputs that do not depend on the SM count (tile, split-K, working set over
-L2, m, n, k; log2, clipped to the training range) to c (``exp(raw_a) * 2 us + exp(raw_b) * 4000`` SM clocks
-at the datasheet clock: a launch part and a prologue/k-loop latency part), gamma in (0, 1) and
-the other efficiencies: peak and bandwidth act only through the physical terms, so the law extrapolates
-to datasheets outside the training range (B200/GB200). A prediction is the fastest of a few
-launches the GPU could run (two tiles; the GPU and it restricted to fewer SMs), so more SMs
-never make a GEMM slower. Design choices and leave-one-GPU-out evidence: docs/decisions.md,
-"BF16 GEMMs".
+L2, m, n, k; log2, clipped to the training range) to c (``exp(raw_a) * 2 us + exp(raw_b) *
+4000`` SM clocks at the datasheet clock: a launch part and a prologue/k-loop latency part),
+gamma in (0, 1) and the other efficiencies: peak and bandwidth act only through the physical
+terms, so the law extrapolates to datasheets outside the training range (B200/GB200). A
+prediction is the fastest of a few launches the GPU could run (two tiles; the GPU and it
+restricted to fewer SMs), so more SMs seldom make a GEMM slower (the restrictions are a grid;
+`nslib.evaluation.tensor_properties` counts the rows). Design choices and leave-one-GPU-out
+evidence: docs/decisions.md, "BF16 GEMMs".
 """
 from __future__ import annotations
 
@@ -111,8 +112,9 @@ def gemm_terms(frame: pd.DataFrame, l2: bool = True, macs: bool = False,
     heuristic's ``rank``-th cheapest tile), and the
     law's physical terms in ms: ``comp`` (padded waves at the BF16 peak), ``dram`` (DRAM
     bytes at the bandwidth), ``l2`` (L2-resident bytes at the bandwidth), ``tile`` (the bytes
-    the CTAs launched load through L2, at the DRAM bandwidth), ``sm`` (all bytes at one byte per FP32
-    FLOP of the occupied SMs), ``roof`` (the bound) and ``l2_ratio`` (bytes over L2 bytes)."""
+    the CTAs launched load through L2, at the DRAM bandwidth), ``sm`` (all bytes at one byte
+    per FP32 FLOP of the occupied SMs), ``roof`` (the bound) and ``l2_ratio`` (bytes over L2
+    bytes)."""
     m, n, k = _dims(frame)
     sm = frame["num_sm"].to_numpy(float)
     # the heuristic's tensor rate: a fixed A100-like SM, or the datasheet's per SM clock
@@ -297,8 +299,9 @@ class TensorGemm(Predictor):
         """(frame, tile rank) of each launch tried: the heuristic's ``tiles_tried`` cheapest
         tiles on the GPU and on the GPU restricted to each of ``sm_fractions`` of its SMs
         (whole SMs, their share of the peaks; the whole L2 and bandwidth). A GPU can run a
-        GEMM as a smaller one of its kind would, and a library picks its fastest launch, so
-        more SMs never make a GEMM slower (for a fixed tile the MLP's inputs are GPU-free)."""
+        GEMM as a smaller one of its kind would, and a library picks its fastest launch; for
+        a fixed tile more SMs only shorten the waves (the MLP's inputs do not depend on the
+        SM count), so a GPU with more SMs is slower only where a grid point misses."""
         sm = frame["num_sm"].to_numpy(float)
         for f in (1.0, *self.config["sm_fractions"]):
             share = np.maximum(np.floor(sm * f), 1.0) / sm
