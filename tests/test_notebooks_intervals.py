@@ -15,5 +15,10 @@ def test_13_intervals(data_dir, mixed_dir, tmp_path):
     tab16 = pd.read_csv(tmp_path / "13_kernel_coverage_16bit.csv", index_col=0)
     assert set(tab16.index) == {"gemm", "attention"}
     assert ((tab16["covered"] >= 0) & (tab16["covered"] <= 100)).all()
+    kb = tmp_path / "13_kernelbench_coverage.csv"
+    if kb.exists():   # with KernelBench's timings: its campaigns as a second family
+        kb = pd.read_csv(kb, index_col=0)
+        assert "linear" in kb.index and "mean over GPUs" in kb.columns
+        assert ((kb.fillna(0) >= 0) & (kb.fillna(0) <= 100)).all().all()
     e2e = pd.read_csv(tmp_path / "13_e2e_coverage.csv")
     assert len(e2e) >= 1 and (e2e["labels"] > 0).all()

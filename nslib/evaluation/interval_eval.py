@@ -59,6 +59,30 @@ def tensor_kernel_table(name: str = "nslib", coverage: float = COVERAGE, quick: 
     return out.join(base)
 
 
+def kernelbench_coverage(name: str = "nslib", coverage: float = COVERAGE,
+                         settings: Settings | None = None, root=None) -> pd.DataFrame:
+    """The calibrated kernel intervals on a second family of GPUs never trained on:
+    KernelBench's level-1 kernels (:mod:`nslib.evaluation.kernelbench`), each priced by
+    predictor ``name`` trained on the NeuSight training GPUs, its interval around the kernel's
+    GPU time and the campaign's per-call cost added to both bounds (the calibration is of
+    kernel times; the harness is the campaign's). Rows ``(cls, gpu)``: ``kernels``,
+    ``covered`` (%) and ``half_width`` (median, % of the prediction)."""
+    from nslib.evaluation import kernelbench as kbe
+    s = settings if settings is not None else Settings(progress=False)
+    cal = calibration(name, s.data, s.quick, s.seed, coverage)
+    frame = kbe.evaluate([name], root, settings=s)["frame"]
+    pred = frame[f"pred_{name}"].to_numpy(float)
+    harness = frame["campaign"].map(kbe.harness_ms(frame)).to_numpy(float)
+    lo_f, hi_f = cal.factors(frame["cls"])
+    lo, hi = harness + (pred - harness) * lo_f, harness + (pred - harness) * hi_f
+    y = frame["latency_ms"].to_numpy(float)
+    rows = frame.assign(covered=100.0 * ((y >= lo) & (y <= hi)),
+                        half_width=50.0 * (hi - lo) / pred)
+    return rows.groupby(["cls", "gpu"]).agg(kernels=("covered", "size"),
+                                            covered=("covered", "mean"),
+                                            half_width=("half_width", "median"))
+
+
 def members(pred) -> dict[str, list]:
     """``{class: [predictor of one ensemble member, ...]}`` for the classes ``pred`` trains
     an ensemble of more than one MLP for (each member a shallow copy pricing that class with
@@ -135,4 +159,4 @@ def e2e_summary(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 __all__ = ["coverage_table", "e2e_summary", "e2e_table", "ensemble_spread_coverage",
-           "kernel_table", "members", "tensor_kernel_table"]
+           "kernel_table", "kernelbench_coverage", "members", "tensor_kernel_table"]
