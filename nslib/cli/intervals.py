@@ -29,8 +29,7 @@ def _calibrate(args) -> int:
                           "calibration16": tensor.to_dict() if tensor else None,
                           "kernels": _rows(tab),
                           "kernels16": _rows(tab16) if tab16 is not None else None,
-                          "e2e": {m: {g: {k: round(float(v), 2) for k, v in r.items()}
-                                      for g, r in t.iterrows()} for m, t in e2e.items()}},
+                          "e2e": {m: _rows(t) for m, t in e2e.items()}},
                          indent=1))
         return 0
     pct = 100 * cal.coverage
@@ -57,7 +56,7 @@ def _calibrate(args) -> int:
 
 
 def _rows(tab) -> dict:
-    """``{class: {column: value}}`` of a coverage table, for JSON."""
+    """``{row: {column: value}}`` of a coverage table (rows: classes or GPUs), for JSON."""
     return {c: {k: round(float(v), 2) for k, v in r.items()} for c, r in tab.iterrows()}
 
 

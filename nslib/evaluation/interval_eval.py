@@ -73,8 +73,7 @@ def kernelbench_coverage(name: str = "nslib", coverage: float = COVERAGE,
     frame = kbe.evaluate([name], root, settings=s)["frame"]
     pred = frame[f"pred_{name}"].to_numpy(float)
     harness = frame["campaign"].map(kbe.harness_ms(frame)).to_numpy(float)
-    lo_f, hi_f = cal.factors(frame["cls"])
-    lo, hi = harness + (pred - harness) * lo_f, harness + (pred - harness) * hi_f
+    lo, hi = (harness + b for b in cal.kernel_interval(frame["cls"], pred - harness))
     y = frame["latency_ms"].to_numpy(float)
     rows = frame.assign(covered=100.0 * ((y >= lo) & (y <= hi)),
                         half_width=50.0 * (hi - lo) / pred)
